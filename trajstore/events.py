@@ -1,0 +1,412 @@
+"""Typed events and their validation and conversion to Arrow record batches.
+
+An event is either one of the frozen dataclasses below (`Turn`, `Reward`, `Status`,
+`Checkpoint`, `Metric`) or a plain dict shaped like a JSON line of `trajstore ingest`.
+`to_batch` validates a whole call at once and reports every problem; it never returns a
+partial batch. Checks that are O(1) per event run in Python; checks over token lists
+(non-negative ids, logprob range, element types) run vectorized on the Arrow columns, so
+validation stays far cheaper than the fsync that follows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, ClassVar, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from trajstore import ids
+from trajstore.errors import InvalidEventError
+from trajstore.schema import (
+    COLUMNS,
+    COUNT_COLUMNS,
+    EVENT_SCHEMA,
+    FINISH_REASONS,
+    JSON_COLUMNS,
+    KINDS,
+    STATUSES,
+    WRITER_COLUMNS,
+)
+
+TokenList = Union[Sequence[int], np.ndarray, pa.Array]
+FloatList = Union[Sequence[float], np.ndarray, pa.Array]
+
+# Fields each kind must carry (besides `kind`); everything else is optional.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "turn": ("group_id", "rollout_id", "segment_id", "turn_index", "policy_version",
+             "prompt_ids", "output_ids", "output_logprobs"),
+    "reward": ("group_id", "rollout_id", "reward"),
+    "status": ("group_id", "rollout_id", "status"),
+    "checkpoint": ("policy_version", "step"),
+    "metric": ("step", "metrics"),
+}
+SUPPLIABLE: frozenset[str] = frozenset(COLUMNS) - WRITER_COLUMNS - COUNT_COLUMNS
+_ID_FIELDS = ("event_id", "run", "group_id", "rollout_id", "session_id", "segment_id", "reward_name")
+_INT_FIELDS = ("turn_index", "policy_version", "group_size", "step", "table_version")
+_INT32_MAX = 2**31 - 1
+_LOGPROB_SLACK = 1e-4  # float rounding can push log(1) a hair above zero
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Event:
+    run: str = "default"
+    event_id: str | None = None
+    time: datetime | str | None = None
+    meta: Mapping[str, Any] | None = None
+
+    kind: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        problems = check_record(self.record())
+        problems += _check_token_values(self.record())
+        if problems:
+            raise InvalidEventError([(0, p) for p in problems], what=self.kind)
+
+    def record(self) -> dict[str, Any]:
+        """The event as a dict of columns (what `to_batch` consumes)."""
+        rec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        rec["kind"] = self.kind
+        return rec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Turn(_Event):
+    """One model call: the prompt tokens added before it and the tokens it sampled."""
+
+    kind: ClassVar[str] = "turn"
+    group_id: str
+    rollout_id: str
+    segment_id: str
+    turn_index: int
+    policy_version: int
+    prompt_ids: TokenList
+    output_ids: TokenList
+    output_logprobs: FloatList
+    output_mask: Sequence[bool] | np.ndarray | None = None
+    session_id: str | None = None
+    finish_reason: str | None = None
+    sampling: Mapping[str, Any] | None = None
+    request: Any = None
+    response: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reward(_Event):
+    """One reward component of a rollout (or, with segment_id, of one segment)."""
+
+    kind: ClassVar[str] = "reward"
+    group_id: str
+    rollout_id: str
+    reward: float
+    reward_name: str = "reward"
+    segment_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Status(_Event):
+    """A rollout's status; the latest one counts. `group_size` says how many rollouts the group plans."""
+
+    kind: ClassVar[str] = "status"
+    group_id: str
+    rollout_id: str
+    status: str
+    error: str | None = None
+    group_size: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint(_Event):
+    """A published checkpoint and the rollouts trained into it since the previous one."""
+
+    kind: ClassVar[str] = "checkpoint"
+    policy_version: int
+    step: int
+    consumed: Sequence[str] = field(default_factory=tuple)
+    table_version: int | None = None
+    metrics: Mapping[str, float] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metric(_Event):
+    """Named scalar values of one learner step (loss, clip fraction, ...)."""
+
+    kind: ClassVar[str] = "metric"
+    step: int
+    metrics: Mapping[str, float]
+    policy_version: int | None = None
+    table_version: int | None = None
+    consumed: Sequence[str] | None = None
+
+
+Event = Union[Turn, Reward, Status, Checkpoint, Metric]
+EVENT_TYPES: dict[str, type[_Event]] = {t.kind: t for t in (Turn, Reward, Status, Checkpoint, Metric)}
+
+
+def _length(value: Any) -> int | None:
+    try:
+        return len(value)
+    except TypeError:
+        return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_record(rec: Mapping[str, Any]) -> list[str]:
+    """Structural checks of one event dict, O(1) per event. Returns the problems found."""
+    kind = rec.get("kind")
+    if kind not in KINDS:
+        return [f"kind {kind!r} is not one of {sorted(KINDS)}"]
+    problems: list[str] = []
+    unknown = set(rec) - SUPPLIABLE
+    if unknown:
+        filled = unknown & (WRITER_COLUMNS | COUNT_COLUMNS)
+        other = sorted(unknown - filled)
+        if other:
+            problems.append(f"unknown field(s) {other}; the columns are listed in schemas/events.v1.json")
+        if filled:
+            problems.append(f"field(s) {sorted(filled)} are filled by the store; leave them out")
+    for name in REQUIRED[kind]:
+        if rec.get(name) is None:
+            problems.append(f"a {kind} event needs {name!r}")
+    for name in _ID_FIELDS:
+        value = rec.get(name)
+        if value is not None and (not isinstance(value, str) or not value):
+            problems.append(f"{name} must be a non-empty string, got {value!r}")
+    for name in _INT_FIELDS:
+        value = rec.get(name)
+        if value is None:
+            continue
+        if not _is_int(value):
+            problems.append(f"{name} must be an integer, got {value!r}")
+        elif value < 0 or (name == "turn_index" and value > _INT32_MAX):
+            problems.append(f"{name} must be between 0 and {_INT32_MAX}, got {value}")
+    if rec.get("group_size") is not None and _is_int(rec["group_size"]) and rec["group_size"] < 1:
+        problems.append("group_size must be at least 1")
+    status = rec.get("status")
+    if status is not None and status not in STATUSES:
+        problems.append(f"status {status!r} is not one of {sorted(STATUSES)}")
+    finish = rec.get("finish_reason")
+    if finish is not None and finish not in FINISH_REASONS:
+        problems.append(f"finish_reason {finish!r} is not one of {sorted(FINISH_REASONS)}")
+    reward = rec.get("reward")
+    if reward is not None:
+        if not isinstance(reward, (int, float, np.floating, np.integer)) or isinstance(reward, bool):
+            problems.append(f"reward must be a number, got {reward!r}")
+        elif not math.isfinite(reward):
+            problems.append(f"reward must be finite, got {reward!r}")
+    metrics = rec.get("metrics")
+    if metrics is not None:
+        if not isinstance(metrics, Mapping):
+            problems.append(f"metrics must be an object of name -> number, got {type(metrics).__name__}")
+        else:
+            bad = [k for k, v in metrics.items() if not isinstance(k, str) or isinstance(v, bool)
+                   or not isinstance(v, (int, float, np.floating, np.integer))]
+            if bad:
+                problems.append(f"metrics must map names to numbers; bad entries: {bad[:5]}")
+    consumed = rec.get("consumed")
+    if consumed is not None and (isinstance(consumed, (str, bytes)) or _length(consumed) is None):
+        problems.append("consumed must be a list of rollout ids")
+    for name in ("prompt_ids", "output_ids", "output_logprobs", "output_mask"):
+        value = rec.get(name)
+        if value is not None and (isinstance(value, (str, bytes, Mapping)) or _length(value) is None):
+            problems.append(f"{name} must be a list, got {type(value).__name__}")
+    n_out, n_lp = _length(rec.get("output_ids")), _length(rec.get("output_logprobs"))
+    if n_out is not None and n_lp is not None and n_out != n_lp:
+        problems.append(f"output_ids has {n_out} tokens but output_logprobs has {n_lp} values; they must be equal")
+    mask = rec.get("output_mask")
+    n_mask = _length(mask)
+    if mask is not None and n_out is not None and n_mask is not None and n_mask != n_out:
+        problems.append(f"output_mask has {n_mask} values but output_ids has {n_out} tokens; they must be equal")
+    if kind == "turn" and n_out == 0:
+        problems.append("a turn must have at least one output token")
+    return problems
+
+
+def _check_token_values(rec: Mapping[str, Any]) -> list[str]:
+    """Element checks for one event (used by the dataclasses; `to_batch` does them vectorized)."""
+    problems = []
+    for name in ("prompt_ids", "output_ids"):
+        value = rec.get(name)
+        if value is None or _length(value) is None or isinstance(value, (str, bytes, Mapping)):
+            continue
+        try:
+            arr = np.asarray(value, dtype=np.int64)
+        except (TypeError, ValueError):
+            problems.append(f"{name} must hold integers")
+            continue
+        if arr.ndim != 1:
+            problems.append(f"{name} must be a flat list of token ids")
+        elif arr.size and (arr.min() < 0 or arr.max() > _INT32_MAX):
+            problems.append(f"{name} must hold token ids between 0 and {_INT32_MAX}")
+    value = rec.get("output_logprobs")
+    if value is not None and _length(value) is not None and not isinstance(value, (str, bytes, Mapping)):
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            problems.append("output_logprobs must hold numbers")
+        else:
+            if arr.size and (np.isnan(arr).any() or arr.max() > _LOGPROB_SLACK):
+                problems.append("output_logprobs must be log probabilities (<= 0, not NaN)")
+    return problems
+
+
+# ---------------------------------------------------------------- conversion to Arrow
+
+
+def _list_array(values: list[Any], typ: pa.ListType) -> pa.Array:
+    """Build a list column fast when the items are numpy or Arrow arrays, else via pa.array."""
+    if values and all(isinstance(v, (np.ndarray, pa.Array)) for v in values):
+        np_type = typ.value_type.to_pandas_dtype()
+        parts = [v.to_numpy(zero_copy_only=False) if isinstance(v, pa.Array) else v for v in values]
+        lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+        offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.concatenate(parts).astype(np_type, copy=False) if parts else np.array([], np_type)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, typ.value_type))
+    return pa.array(values, type=typ)
+
+
+def _to_time(value: Any, now: datetime) -> datetime:
+    if value is None:
+        return now
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if isinstance(value, str):
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    raise TypeError(f"time must be an ISO 8601 string or a datetime, got {value!r}")
+
+
+def _json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _rows_failing(values: list[Any], typ: pa.DataType) -> list[int]:
+    bad = []
+    for i, v in enumerate(values):
+        try:
+            pa.array([v], type=typ)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            bad.append(i)
+    return bad
+
+
+def _vector_checks(columns: dict[str, pa.Array]) -> list[tuple[int, str]]:
+    """Element checks over whole list columns; returns (row, problem) for every failing row."""
+    problems: list[tuple[int, str]] = []
+    for name in ("prompt_ids", "output_ids"):
+        col = columns[name]
+        flat = pc.list_flatten(col)
+        if len(flat) and pc.min(flat).as_py() < 0:
+            rows = pc.list_parent_indices(col).filter(pc.less(flat, 0))
+            for row in sorted(set(rows.to_pylist())):
+                problems.append((row, f"{name} holds negative token ids; token ids are >= 0"))
+    lp = columns["output_logprobs"]
+    flat = pc.list_flatten(lp)
+    if len(flat):
+        bad = pc.or_(pc.is_nan(flat), pc.greater(flat, _LOGPROB_SLACK))
+        if pc.any(bad).as_py():
+            rows = pc.list_parent_indices(lp).filter(bad)
+            for row in sorted(set(rows.to_pylist())):
+                problems.append((row, "output_logprobs must be log probabilities (<= 0, not NaN)"))
+    return problems
+
+
+def as_record(event: Event | Mapping[str, Any]) -> dict[str, Any]:
+    """An event as a column dict, whether it came as a typed event or a plain dict."""
+    if isinstance(event, _Event):
+        return event.record()
+    if isinstance(event, Mapping):
+        return dict(event)
+    raise TypeError(f"an event must be a Turn, Reward, Status, Checkpoint, Metric or a dict, got {type(event).__name__}")
+
+
+def to_columns(events: Sequence[Event | Mapping[str, Any]], *, now: datetime | None = None) -> dict[str, pa.Array]:
+    """Validate events and convert them to Arrow columns (without the writer columns).
+
+    Raises InvalidEventError listing every problem of every event; nothing is returned then.
+    Missing event_id gets a new time-ordered id, missing time gets `now`, missing run "default".
+    """
+    now = now or datetime.now(timezone.utc)
+    problems: list[tuple[int, str]] = []
+    records: list[dict[str, Any]] = []
+    for i, event in enumerate(events):
+        try:
+            rec = as_record(event)
+        except TypeError as exc:
+            problems.append((i, str(exc)))
+            continue
+        problems.extend((i, p) for p in check_record(rec))
+        records.append(rec)
+    if problems:
+        raise InvalidEventError(problems)
+
+    n = len(records)
+    columns: dict[str, pa.Array] = {}
+    for name in COLUMNS:
+        if name in WRITER_COLUMNS or name in COUNT_COLUMNS:
+            continue
+        typ = EVENT_SCHEMA.field(name).type
+        values = [r.get(name) for r in records]
+        if name == "event_id":
+            values = [v if v is not None else ids.new_id() for v in values]
+        elif name == "run":
+            values = [v if v is not None else "default" for v in values]
+        elif name == "reward_name":
+            values = [v if v is not None or r["kind"] != "reward" else "reward" for v, r in zip(values, records)]
+        elif name == "time":
+            converted = []
+            for i, v in enumerate(values):
+                try:
+                    converted.append(_to_time(v, now))
+                except (TypeError, ValueError) as exc:
+                    problems.append((i, f"time: {exc}; use ISO 8601 such as 2026-01-31T12:00:00Z"))
+                    converted.append(now)
+            values = converted
+        elif name in JSON_COLUMNS:
+            values = [_json_text(v) for v in values]
+        elif name == "metrics":
+            values = [None if v is None else [(k, float(x)) for k, x in v.items()] for v in values]
+        elif name == "consumed":
+            values = [None if v is None else list(v) for v in values]
+        try:
+            if isinstance(typ, pa.ListType) and name != "consumed":
+                columns[name] = _list_array(values, typ)
+            else:
+                columns[name] = pa.array(values, type=typ)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            for row in _rows_failing(values, typ) or range(n):
+                problems.append((row, f"{name} cannot be stored as {typ}: {exc}"))
+    if problems:
+        raise InvalidEventError(sorted(problems))
+    problems = _vector_checks(columns)
+    if problems:
+        raise InvalidEventError(sorted(problems))
+
+    prompt_len = pc.list_value_length(columns["prompt_ids"])
+    out_len = pc.list_value_length(columns["output_ids"])
+    columns["prompt_tokens"] = prompt_len.cast(pa.int32())
+    columns["output_tokens"] = out_len.cast(pa.int32())
+    columns["trainable_tokens"] = _trainable_counts(columns["output_mask"], out_len)
+    return columns
+
+
+def _trainable_counts(mask: pa.Array, out_len: pa.Array) -> pa.Array:
+    """Per row: output tokens the mask leaves trainable (all of them when the mask is null)."""
+    flat = pc.list_flatten(mask)
+    counts = np.zeros(len(mask), dtype=np.int64)
+    if len(flat):
+        parents = pc.list_parent_indices(mask).to_numpy()
+        np.add.at(counts, parents, flat.to_numpy(zero_copy_only=False).astype(np.int64))
+    has_mask = pc.is_valid(mask)
+    result = pc.if_else(has_mask, pa.array(counts), out_len.cast(pa.int64()))
+    return result.cast(pa.int32())

@@ -1,0 +1,100 @@
+"""Where a store lives: a local directory or an `s3://bucket/prefix` URI.
+
+A local store keeps everything in one directory: `events/` (the Delta table) and `wal/`
+(the write-ahead segments). Object stores cannot append, so for an `s3://` store the
+write-ahead segments live in a local spool directory of the writing machine until sealed
+(`$TRAJSTORE_SPOOL`, default `~/.cache/trajstore/spool/<hash of the URI>`).
+
+S3 settings come from the usual AWS environment variables (AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL for S3-compatible servers) or from
+`storage_options`, and feed both delta-rs (the log) and pyarrow (the Parquet files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_ENDPOINT_URL")
+
+
+@dataclass(frozen=True)
+class Location:
+    uri: str
+    table_uri: str
+    remote: bool
+    filesystem: pafs.FileSystem
+    table_path: str  # the table's path inside `filesystem`
+    wal_root: Path
+    storage_options: dict[str, str] = field(default_factory=dict)
+
+    def data_path(self, name: str) -> str:
+        return f"{self.table_path}/{name}"
+
+
+def resolve(location: str | os.PathLike[str], *, spool: str | os.PathLike[str] | None = None,
+            storage_options: dict[str, str] | None = None) -> Location:
+    text = os.fspath(location)
+    parsed = urlparse(text)
+    if parsed.scheme in ("", "file"):
+        root = Path(parsed.path if parsed.scheme == "file" else text).expanduser().resolve()
+        return Location(
+            uri=str(root),
+            table_uri=str(root / "events"),
+            remote=False,
+            filesystem=pafs.LocalFileSystem(),
+            table_path=str(root / "events"),
+            wal_root=root / "wal",
+        )
+    if parsed.scheme != "s3":
+        raise ValueError(f"store location {text!r}: use a directory path or an s3://bucket/prefix URI")
+    if not parsed.netloc:
+        raise ValueError(f"store location {text!r} names no bucket; write s3://bucket/prefix")
+    options = _s3_options(storage_options or {})
+    prefix = parsed.path.strip("/")
+    table_key = f"{parsed.netloc}/{prefix}/events" if prefix else f"{parsed.netloc}/events"
+    spool_root = Path(spool or os.environ.get("TRAJSTORE_SPOOL") or Path.home() / ".cache/trajstore/spool")
+    digest = hashlib.sha256(text.rstrip("/").encode()).hexdigest()[:16]
+    return Location(
+        uri=text.rstrip("/"),
+        table_uri=f"s3://{table_key}",
+        remote=True,
+        filesystem=_s3_filesystem(options),
+        table_path=table_key,
+        wal_root=spool_root / digest / "wal",
+        storage_options=options,
+    )
+
+
+def _s3_options(given: dict[str, str]) -> dict[str, str]:
+    options = {k: os.environ[k] for k in _ENV_KEYS if os.environ.get(k)}
+    if "AWS_REGION" not in options and os.environ.get("AWS_DEFAULT_REGION"):
+        options["AWS_REGION"] = os.environ["AWS_DEFAULT_REGION"]
+    options.update({k.upper(): v for k, v in given.items()})
+    options.setdefault("AWS_REGION", "us-east-1")
+    endpoint = options.get("AWS_ENDPOINT_URL", "")
+    if endpoint.startswith("http://"):
+        options.setdefault("AWS_ALLOW_HTTP", "true")
+    # S3 has conditional writes (If-None-Match), which delta-rs uses for safe concurrent commits.
+    options.setdefault("AWS_CONDITIONAL_PUT", "etag")
+    return options
+
+
+def _s3_filesystem(options: dict[str, str]) -> pafs.S3FileSystem:
+    endpoint = options.get("AWS_ENDPOINT_URL")
+    kwargs: dict[str, object] = {"region": options["AWS_REGION"]}
+    if options.get("AWS_ACCESS_KEY_ID"):
+        kwargs["access_key"] = options["AWS_ACCESS_KEY_ID"]
+        kwargs["secret_key"] = options.get("AWS_SECRET_ACCESS_KEY", "")
+        if options.get("AWS_SESSION_TOKEN"):
+            kwargs["session_token"] = options["AWS_SESSION_TOKEN"]
+    if endpoint:
+        parsed = urlparse(endpoint)
+        kwargs["endpoint_override"] = parsed.netloc
+        kwargs["scheme"] = parsed.scheme or "https"
+    return pafs.S3FileSystem(**kwargs)

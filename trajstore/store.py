@@ -1,0 +1,178 @@
+"""The store: open a location, hand out writers, and read consistent snapshots by SQL.
+
+A read pins one table version and adds this machine's live write-ahead segments (rows the
+table has not sealed yet, cut at each writer's sealed seq), so every query sees, per
+writer, a gap-free prefix of what it appended: acknowledged events are visible at once,
+whether sealed or not. Segments are listed *before* the table version is read, so a
+segment sealed and deleted in between is already in the table.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from trajstore import wal
+from trajstore.errors import CorruptionError, QueryError, StoreNotFoundError
+from trajstore.location import Location, resolve
+from trajstore.schema import EVENT_SCHEMA
+from trajstore.table import FileInfo, Table, TableSnapshot, sealed_seq
+from trajstore.views import create_views
+from trajstore.writer import Writer
+
+
+@dataclass
+class LiveRows:
+    """Rows of this machine's write-ahead segments, per writer."""
+
+    by_writer: dict[str, list[pa.RecordBatch]]
+
+    def table(self, snapshot: TableSnapshot) -> pa.Table:
+        batches = []
+        for writer, rows in self.by_writer.items():
+            cut = snapshot.sealed_seq(writer)
+            for batch in rows:
+                if batch.num_rows and batch.column("writer_seq")[batch.num_rows - 1].as_py() <= cut:
+                    continue
+                if batch.column("writer_seq")[0].as_py() <= cut:
+                    seqs = batch.column("writer_seq").to_numpy()
+                    batch = batch.filter(pa.array(seqs > cut))
+                batches.append(batch)
+        return pa.Table.from_batches(batches, schema=EVENT_SCHEMA)
+
+
+class Snapshot:
+    """One consistent view of the store: a pinned table version plus live rows. Query it many times."""
+
+    def __init__(self, store: Store, table: TableSnapshot, live: pa.Table,
+                 files: Iterable[FileInfo] | None = None) -> None:
+        self.store = store
+        self.table_version = table.version
+        self.files = tuple(table.files if files is None else files)
+        self.live_rows = live.num_rows
+        self._con = duckdb.connect()
+        self._con.execute("SET TimeZone = 'UTC'")
+        self._con.register("_sealed", store.table.open_dataset(self.files))
+        self._con.register("_live", live)
+        self._con.execute("CREATE TEMP VIEW _raw AS SELECT * FROM _sealed UNION ALL BY NAME SELECT * FROM _live")
+        create_views(self._con)
+
+    def query(self, sql: str, params: Any = None) -> pa.Table:
+        try:
+            return self._con.sql(sql, params=params).to_arrow_table() if params is not None \
+                else self._con.sql(sql).to_arrow_table()
+        except duckdb.Error as exc:
+            if isinstance(exc.__cause__, CorruptionError) or "checksum" in str(exc).lower():
+                raise CorruptionError(f"a sealed file failed its page checksum: {exc}. "
+                                      "Run `trajstore verify` for a full report.") from exc
+            raise QueryError(f"query failed: {exc}\nThe views are: events, turns, samples, rollouts, "
+                             "groups, advantages, checkpoints, consumed, metrics, step_rollouts.") from exc
+
+    def register(self, name: str, data: pa.Table) -> None:
+        self._con.register(name, data)
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Store:
+    """A trajectory store at a location; see `open_store`."""
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+        self.table = Table(location)
+        self._cache_lock = threading.Lock()
+        self._segment_cache: dict[Path, tuple[int, int, wal.SegmentRead]] = {}
+
+    def __repr__(self) -> str:
+        return f"Store({self.location.uri!r})"
+
+    # ------------------------------------------------------------------ writing
+
+    def writer(self, name: str | None = None, **options: Any) -> Writer:
+        """A writer owned by this process (default name: `<host>-<pid>`). Options: seal_bytes,
+        seal_interval (seconds), seal_on_close."""
+        return Writer(self, name or f"{socket.gethostname()}-{os.getpid()}", **options)
+
+    def table_sealed_seq(self, writer: str) -> int:
+        return sealed_seq(self.table._current(), writer)
+
+    # ------------------------------------------------------------------ reading
+
+    def _read_segment(self, path: Path) -> wal.SegmentRead | None:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        key = (st.st_size, st.st_mtime_ns)
+        with self._cache_lock:
+            hit = self._segment_cache.get(path)
+        if hit and hit[:2] == key:
+            return hit[2]
+        try:
+            read = wal.read_segment(path)
+        except FileNotFoundError:
+            return None  # sealed and deleted since listing: the table has it
+        with self._cache_lock:
+            self._segment_cache[path] = (*key, read)
+        return read
+
+    def live(self) -> LiveRows:
+        """This machine's write-ahead rows (all of them; cut per snapshot)."""
+        by_writer: dict[str, list[pa.RecordBatch]] = {}
+        root = self.location.wal_root
+        seen: set[Path] = set()
+        if root.is_dir():
+            for wdir in sorted(p for p in root.iterdir() if p.is_dir()):
+                for path in wal.list_segments(wdir):
+                    seen.add(path)
+                    read = self._read_segment(path)
+                    if read is not None and read.batches:
+                        by_writer.setdefault(wdir.name, []).extend(b.data for b in read.batches)
+        with self._cache_lock:
+            for stale in set(self._segment_cache) - seen:
+                del self._segment_cache[stale]
+        return LiveRows(by_writer)
+
+    def snapshot(self, version: int | None = None, *, live: bool = True) -> Snapshot:
+        """Pin a table version (latest by default) plus, when `live`, the live segments."""
+        rows = self.live() if live and version is None else LiveRows({})
+        table = self.table.snapshot(version, writers=list(rows.by_writer))
+        return Snapshot(self, table, rows.table(table))
+
+    def query(self, sql: str, params: Any = None, *, version: int | None = None) -> pa.Table:
+        """Run SQL over the views (events, turns, samples, rollouts, groups, advantages, ...)."""
+        with self.snapshot(version) as snap:
+            return snap.query(sql, params)
+
+    def version(self) -> int:
+        return self.table._current().version()
+
+
+def open_store(location: str | os.PathLike[str], *, create: bool = True,
+               spool: str | os.PathLike[str] | None = None,
+               storage_options: dict[str, str] | None = None) -> Store:
+    """Open (and by default create) the store at a directory or `s3://bucket/prefix`."""
+    loc = resolve(location, spool=spool, storage_options=storage_options)
+    table = Table(loc)
+    if not table.exists():
+        if not create:
+            raise StoreNotFoundError(f"no trajstore store at {loc.uri}; create one with `trajstore ingest` "
+                                     "or open_store(location) without create=False")
+        table.create_if_missing()
+    loc.wal_root.mkdir(parents=True, exist_ok=True)
+    return Store(loc)

@@ -1,0 +1,230 @@
+"""The cold tier: sealed zstd Parquet files committed to a Delta Lake table.
+
+trajstore writes the Parquet files itself (pyarrow, zstd, *page checksums*) and commits
+them with delta-rs (`create_write_transaction`), instead of letting delta-rs write them,
+for two reasons: DuckDB does not verify Parquet page checksums and returns flipped bytes as
+data, while pyarrow's scanner verifies them on every read (`open_dataset` below); and the
+per-file min/max statistics the shard planner prunes with are computed here, exactly.
+
+A seal commits the file together with a Delta application transaction (app id = writer,
+version = last sealed writer_seq), so a seal whose acknowledgement a crash swallowed is
+recognised on restart and never committed twice. Commits retry on conflicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
+
+from trajstore import ids
+from trajstore.errors import CommitConflictError, StoreNotFoundError
+from trajstore.location import Location
+from trajstore.schema import EVENT_SCHEMA
+
+# Columns whose min/max the planner prunes with (cheap scalars; no JSON text, no lists).
+STATS_COLUMNS = (
+    "kind", "time", "writer", "writer_epoch", "writer_seq", "run", "group_id", "rollout_id",
+    "session_id", "segment_id", "turn_index", "policy_version", "reward", "reward_name",
+    "status", "step", "table_version", "group_size",
+)
+ROW_GROUP_ROWS = 16_384
+COMMIT_ATTEMPTS = 30
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One sealed Parquet file of a snapshot with its statistics."""
+
+    path: str  # relative to the table root
+    size: int
+    rows: int
+    min: dict[str, Any] = field(default_factory=dict)
+    max: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TableSnapshot:
+    """One pinned table version: its files and, per writer asked about, the last sealed seq."""
+
+    version: int
+    files: tuple[FileInfo, ...]
+    sealed: dict[str, int]
+
+    def sealed_seq(self, writer: str) -> int:
+        """The last writer_seq of `writer` committed in this snapshot (-1 if none)."""
+        return self.sealed.get(writer, -1)
+
+
+def sealed_seq(dt: DeltaTable, writer: str) -> int:
+    version = dt.transaction_version(writer)
+    return -1 if version is None else int(version)
+
+
+def _stat_value(value: Any, column: str) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return value
+
+
+def file_stats(table: pa.Table) -> dict[str, Any]:
+    """Delta `add` statistics: record count, per-column min/max and null counts."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in STATS_COLUMNS:
+        col = table.column(name)
+        nulls[name] = col.null_count
+        if col.null_count == len(col):
+            continue
+        mm = pc.min_max(col).as_py()
+        lo, hi = mm["min"], mm["max"]
+        if name == "time":  # Delta keeps milliseconds: floor the min, ceil the max
+            hi = hi + timedelta(microseconds=(1000 - hi.microsecond % 1000) % 1000)
+        mins[name] = _stat_value(lo, name)
+        maxs[name] = _stat_value(hi, name)
+    return {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+def _retry(what: str, attempt: Callable[[], Any]) -> Any:
+    delay = 0.01
+    for _ in range(COMMIT_ATTEMPTS):
+        try:
+            return attempt()
+        except CommitFailedError:
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 1.0)
+    raise CommitConflictError(
+        f"{what}: the table changed under the commit {COMMIT_ATTEMPTS} times in a row; "
+        "too many writers are committing at once, so seal less often (larger seal_bytes) and retry"
+    )
+
+
+class Table:
+    """The Delta table of one store: write sealed files, commit them, read snapshots."""
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+        self._dt: DeltaTable | None = None
+        self._lock = threading.RLock()  # one DeltaTable object, shared by the sealer and readers
+
+    # ------------------------------------------------------------------ open / create
+
+    def create_if_missing(self) -> None:
+        if not self.location.remote:
+            os.makedirs(self.location.table_path, exist_ok=True)
+        DeltaTable.create(
+            self.location.table_uri, EVENT_SCHEMA, mode="ignore", name="trajstore_events",
+            storage_options=self.location.storage_options or None,
+            configuration={"delta.appendOnly": "false"},
+        )
+
+    def exists(self) -> bool:
+        return DeltaTable.is_deltatable(self.location.table_uri, self.location.storage_options or None)
+
+    def _current(self) -> DeltaTable:
+        """The latest table state (cached; brought up to date incrementally)."""
+        with self._lock:
+            if self._dt is None:
+                try:
+                    self._dt = DeltaTable(self.location.table_uri, storage_options=self.location.storage_options or None)
+                except TableNotFoundError as exc:
+                    raise StoreNotFoundError(
+                        f"no trajstore store at {self.location.uri}: create one by appending "
+                        f"(`trajstore ingest --store {self.location.uri} FILE`) or check the path"
+                    ) from exc
+            else:
+                self._dt.update_incremental()
+            return self._dt
+
+    def snapshot(self, version: int | None = None, writers: tuple[str, ...] | list[str] = ()) -> TableSnapshot:
+        """Pin a version (the latest by default); `writers` are the ones whose sealed seq is wanted."""
+        if version is None:
+            dt = self._current()
+            with self._lock:  # the cached table moves on with the next update; read it whole now
+                return TableSnapshot(dt.version(), tuple(_files_of(dt)), {w: sealed_seq(dt, w) for w in writers})
+        dt = DeltaTable(self.location.table_uri, version=version, storage_options=self.location.storage_options or None)
+        return TableSnapshot(dt.version(), tuple(_files_of(dt)), {w: sealed_seq(dt, w) for w in writers})
+
+    # ------------------------------------------------------------------ write / commit
+
+    def write_file(self, data: pa.Table, *, prefix: str) -> AddAction:
+        """Write one zstd Parquet file with page checksums; durable before it is committed."""
+        name = f"{prefix}-{ids.new_id()}.zstd.parquet"
+        path = self.location.data_path(name)
+        data = data.cast(EVENT_SCHEMA) if data.schema != EVENT_SCHEMA else data
+        pq.write_table(
+            data, path, filesystem=self.location.filesystem, compression="zstd",
+            write_page_checksum=True, row_group_size=ROW_GROUP_ROWS, write_statistics=True,
+        )
+        if not self.location.remote:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        size = self.location.filesystem.get_file_info(path).size
+        return AddAction(name, size, {}, int(time.time() * 1000), True, json.dumps(file_stats(data)))
+
+    def commit(self, actions: list[AddAction | RemoveAction], *, operation: str,
+               writer_txn: tuple[str, int] | None = None,
+               precheck: Callable[[DeltaTable], bool] | None = None) -> int | None:
+        """Commit actions atomically (retrying on conflicts); returns the new version.
+
+        `precheck(table)` runs against the latest table before every attempt; when it returns
+        False the commit is skipped (already done by an earlier, unacknowledged attempt) and
+        None is returned.
+        """
+        props = CommitProperties(
+            custom_metadata={"trajstore.operation": operation},
+            app_transactions=[Transaction(writer_txn[0], writer_txn[1])] if writer_txn else None,
+        )
+
+        def attempt() -> int | None:
+            with self._lock:
+                dt = self._current()
+                if precheck is not None and not precheck(dt):
+                    return None
+                dt.create_write_transaction(actions, mode="append", schema=EVENT_SCHEMA, commit_properties=props)
+                return self._current().version()
+
+        return _retry(f"{operation} commit to {self.location.table_uri}", attempt)
+
+    # ------------------------------------------------------------------ read
+
+    def open_dataset(self, files: list[FileInfo] | tuple[FileInfo, ...]) -> ds.Dataset:
+        """A pyarrow dataset over sealed files that verifies page checksums as it reads."""
+        fmt = ds.ParquetFileFormat(
+            default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+        )
+        paths = [self.location.data_path(f.path) for f in files]
+        return ds.dataset(paths, schema=EVENT_SCHEMA, format=fmt, filesystem=self.location.filesystem)
+
+
+def _files_of(dt: DeltaTable) -> list[FileInfo]:
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return []
+    rows = actions.to_pylist()
+    out = []
+    for row in rows:
+        mins = {c: row.get(f"min.{c}") for c in STATS_COLUMNS if row.get(f"min.{c}") is not None}
+        maxs = {c: row.get(f"max.{c}") for c in STATS_COLUMNS if row.get(f"max.{c}") is not None}
+        out.append(FileInfo(row["path"], row["size_bytes"], row["num_records"], mins, maxs))
+    # Oldest first: sealed files are appended in time order, so this keeps scans in log order.
+    out.sort(key=lambda f: (f.min.get("time") or datetime.min.replace(tzinfo=timezone.utc), f.path))
+    return out

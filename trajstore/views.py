@@ -1,0 +1,166 @@
+"""The projections of the event log, as DuckDB SQL over the relation `_raw` (sealed + live rows).
+
+Definitions an RL researcher can rely on:
+
+- `events`: every event once per event_id (the first written wins).
+- `samples`: one row per segment; `tokens` concatenates each turn's prompt delta and output
+  in turn order; `loss_mask` is false on every prompt / tool-observation token and follows
+  `output_mask` (all true when null) on sampled tokens; `logprobs` holds the behaviour
+  logprob of each sampled token and 0 on prompt tokens. The three lists always have equal
+  length.
+- `rollouts`: reward is the sum over reward components (reward_name) of each one's latest
+  value, counting rollout-level rewards only (segment rewards are in `samples`); status is
+  the latest status event; a rollout is *trainable* when its status is completed or
+  truncated and it has a reward.
+- `groups`: a group is *complete* when every rollout it knows has a terminal status and it
+  knows at least `group_size` rollouts (the planned size carried by status events).
+  Reward statistics are over trainable rollouts.
+- `advantages`: per trainable rollout, with group statistics over trainable rollouts:
+  `grpo` = (r - mean) / (std + 1e-6) with the sample std (GRPO), `dr_grpo` = r - mean
+  (Dr. GRPO), `rloo` = r - mean of the other rollouts = n/(n-1) (r - mean) (RLOO),
+  `batch` = r - mean over the run. Groups of one get 0 for grpo and rloo.
+"""
+
+from __future__ import annotations
+
+GRPO_EPS = 1e-6
+
+ESTIMATORS = ("grpo", "dr_grpo", "rloo", "batch")
+
+VIEWS: dict[str, str] = {
+    "events": """
+        SELECT * FROM _raw
+        QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY time, writer, writer_seq) = 1
+    """,
+    "turns": """
+        SELECT event_id, time, run, group_id, rollout_id, session_id, segment_id, turn_index,
+               policy_version, prompt_ids, output_ids, output_logprobs, output_mask,
+               prompt_tokens, output_tokens, trainable_tokens, finish_reason, sampling,
+               request, response, meta, writer, writer_seq
+        FROM events WHERE kind = 'turn'
+    """,
+    "samples": """
+        WITH seg AS (
+            SELECT rollout_id, segment_id,
+                   any_value(run) AS run, any_value(group_id) AS group_id,
+                   any_value(session_id) AS session_id,
+                   flatten(list(list_concat(prompt_ids, output_ids) ORDER BY turn_index)) AS tokens,
+                   flatten(list(list_concat(
+                       list_transform(prompt_ids, lambda x: false),
+                       coalesce(output_mask, list_transform(output_ids, lambda x: true)))
+                       ORDER BY turn_index)) AS loss_mask,
+                   flatten(list(list_concat(
+                       list_transform(prompt_ids, lambda x: 0.0::FLOAT), output_logprobs)
+                       ORDER BY turn_index)) AS logprobs,
+                   arg_min(prompt_tokens, turn_index) AS prompt_tokens,
+                   sum(prompt_tokens + output_tokens)::BIGINT AS num_tokens,
+                   sum(trainable_tokens)::BIGINT AS trainable_tokens,
+                   count(*) AS turns,
+                   min(policy_version) AS min_version, max(policy_version) AS max_version,
+                   min(time) AS first_time, max(time) AS last_time
+            FROM turns GROUP BY rollout_id, segment_id
+        ),
+        seg_reward AS (
+            SELECT rollout_id, segment_id, sum(value) AS segment_reward FROM (
+                SELECT rollout_id, segment_id, reward_name,
+                       last(reward ORDER BY time, writer, writer_seq) AS value
+                FROM events WHERE kind = 'reward' AND segment_id IS NOT NULL
+                GROUP BY rollout_id, segment_id, reward_name)
+            GROUP BY rollout_id, segment_id
+        )
+        SELECT seg.run, seg.group_id, seg.rollout_id, seg.session_id, seg.segment_id,
+               seg.tokens, seg.loss_mask, seg.logprobs, seg.prompt_tokens, seg.num_tokens,
+               seg.trainable_tokens, seg.turns, seg.min_version, seg.max_version,
+               seg.first_time, seg.last_time, seg_reward.segment_reward
+        FROM seg LEFT JOIN seg_reward USING (rollout_id, segment_id)
+    """,
+    "rollouts": """
+        WITH t AS (
+            SELECT rollout_id, count(*) AS turns, count(DISTINCT segment_id) AS segments,
+                   count(DISTINCT coalesce(session_id, '')) AS sessions,
+                   sum(prompt_tokens + output_tokens)::BIGINT AS tokens,
+                   sum(output_tokens)::BIGINT AS output_tokens,
+                   sum(trainable_tokens)::BIGINT AS trainable_tokens,
+                   min(policy_version) AS min_version, max(policy_version) AS max_version
+            FROM turns GROUP BY rollout_id
+        ),
+        r AS (
+            SELECT rollout_id, sum(value) AS reward, count(*) AS reward_components FROM (
+                SELECT rollout_id, reward_name,
+                       last(reward ORDER BY time, writer, writer_seq) AS value
+                FROM events WHERE kind = 'reward' AND segment_id IS NULL
+                GROUP BY rollout_id, reward_name)
+            GROUP BY rollout_id
+        ),
+        s AS (
+            SELECT rollout_id, last(status ORDER BY time, writer, writer_seq) AS status,
+                   last(error ORDER BY time, writer, writer_seq) AS error,
+                   max(group_size) AS group_size
+            FROM events WHERE kind = 'status' GROUP BY rollout_id
+        ),
+        e AS (
+            SELECT rollout_id, any_value(run) AS run, any_value(group_id) AS group_id,
+                   min(time) AS started, max(time) AS ended
+            FROM events WHERE kind IN ('turn', 'reward', 'status') GROUP BY rollout_id
+        )
+        SELECT e.run, e.group_id, e.rollout_id, r.reward, s.status, s.error,
+               (s.status IN ('completed', 'truncated') AND r.reward IS NOT NULL) AS trainable,
+               coalesce(t.segments, 0) AS segments, coalesce(t.sessions, 0) AS sessions,
+               coalesce(t.turns, 0) AS turns, coalesce(t.tokens, 0) AS tokens,
+               coalesce(t.output_tokens, 0) AS output_tokens,
+               coalesce(t.trainable_tokens, 0) AS trainable_tokens,
+               t.min_version, t.max_version, coalesce(r.reward_components, 0) AS reward_components,
+               s.group_size, e.started, e.ended, e.ended - e.started AS duration
+        FROM e LEFT JOIN t USING (rollout_id) LEFT JOIN r USING (rollout_id) LEFT JOIN s USING (rollout_id)
+    """,
+    "groups": """
+        SELECT any_value(run) AS run, group_id, count(*) AS size, max(group_size) AS planned_size,
+               count(*) FILTER (WHERE status IN ('completed', 'truncated', 'aborted', 'failed')) AS finished,
+               count(*) FILTER (WHERE trainable) AS trainable,
+               (count(*) FILTER (WHERE status IN ('completed', 'truncated', 'aborted', 'failed')) = count(*)
+                AND count(*) >= coalesce(max(group_size), 0)) AS complete,
+               avg(reward) FILTER (WHERE trainable) AS reward_mean,
+               coalesce(stddev_samp(reward) FILTER (WHERE trainable), 0) AS reward_std,
+               min(min_version) AS min_version, max(max_version) AS max_version,
+               min(started) AS started, max(ended) AS ended
+        FROM rollouts GROUP BY group_id
+    """,
+    "advantages": f"""
+        WITH tr AS (SELECT run, group_id, rollout_id, reward FROM rollouts WHERE trainable),
+        g AS (SELECT group_id, count(*) AS n, avg(reward) AS mean,
+                     coalesce(stddev_samp(reward), 0) AS std
+              FROM tr GROUP BY group_id),
+        b AS (SELECT run, avg(reward) AS run_mean FROM tr GROUP BY run)
+        SELECT tr.run, tr.group_id, tr.rollout_id, tr.reward, g.n AS group_trainable,
+               g.mean AS group_mean, g.std AS group_std,
+               (tr.reward - g.mean) / (g.std + {GRPO_EPS}) AS grpo,
+               tr.reward - g.mean AS dr_grpo,
+               CASE WHEN g.n > 1 THEN (tr.reward - g.mean) * g.n / (g.n - 1) ELSE 0 END AS rloo,
+               tr.reward - b.run_mean AS batch
+        FROM tr JOIN g USING (group_id) JOIN b USING (run)
+    """,
+    "checkpoints": """
+        SELECT run, policy_version AS version, step, time, table_version,
+               coalesce(len(consumed), 0) AS consumed_rollouts, consumed, metrics, meta, event_id
+        FROM events WHERE kind = 'checkpoint'
+    """,
+    "consumed": """
+        SELECT run, policy_version AS version, step, unnest(consumed) AS rollout_id
+        FROM events WHERE kind = 'checkpoint' AND consumed IS NOT NULL
+    """,
+    "metrics": """
+        SELECT run, step, time, policy_version, unnest(map_keys(metrics)) AS name,
+               unnest(map_values(metrics)) AS value
+        FROM events WHERE kind = 'metric' AND metrics IS NOT NULL
+    """,
+    "step_rollouts": """
+        SELECT run, step, policy_version, table_version, unnest(consumed) AS rollout_id
+        FROM events WHERE kind = 'metric' AND consumed IS NOT NULL
+    """,
+}
+
+
+def create_views(con: object) -> None:
+    """Define every view on a DuckDB connection that has `_raw` registered."""
+    for name, sql in VIEWS.items():
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}")  # type: ignore[attr-defined]

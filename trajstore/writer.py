@@ -1,0 +1,337 @@
+"""A writer: one process's durable, gap-free, idempotent appender to a store.
+
+A writer owns a directory of write-ahead segments (`wal/<name>/`), held with an exclusive
+`flock` that the kernel drops when the process dies, so a crashed writer's successor can
+take over at once and no two processes ever write the same files. Opening a writer
+recovers its segments (checksums verified, a torn tail cut at the last whole batch),
+bumps its epoch and continues the sequence where the acknowledged events end.
+
+`append` validates the whole call, assigns sequence numbers, and returns after the
+segment is fsync'd. Concurrent appends from several threads share one fsync (group
+commit): whichever thread holds the I/O lock writes every pending batch and syncs once.
+Full segments are sealed into the Delta table by a background thread; `close` seals the
+rest. Sealing is idempotent across crashes (see `trajstore.table`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from trajstore import wal
+from trajstore.errors import TrajstoreError, WriterBusyError, WriterClosedError
+from trajstore.events import Event, to_columns
+from trajstore.schema import EVENT_SCHEMA
+from trajstore.table import sealed_seq
+
+if TYPE_CHECKING:
+    from trajstore.store import Store
+
+log = logging.getLogger(__name__)
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    appended: int  # events newly stored
+    duplicates: int  # events skipped because their event_id was already stored
+    first_seq: int | None
+    last_seq: int | None
+
+
+def check_writer_name(name: str) -> None:
+    if not NAME_PATTERN.match(name):
+        raise ValueError(
+            f"writer name {name!r} is not allowed: use 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (it names a directory and a Delta transaction id)"
+        )
+
+
+class _Lock:
+    """An exclusive, non-blocking flock on a file; released by the kernel if the process dies."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1
+
+
+def acquire(directory: Path) -> _Lock:
+    directory.mkdir(parents=True, exist_ok=True)
+    return _Lock(directory / "LOCK")
+
+
+def seal_segments(store: Store, name: str, segments: list[Path]) -> int:
+    """Seal closed segments of writer `name` into the table; returns the events committed.
+
+    Only rows past the table's sealed seq for `name` are written; the commit carries the
+    application transaction (name, last seq), and it is skipped when an earlier attempt
+    already landed. Sealed segments are deleted afterwards.
+    """
+    if not segments:
+        return 0
+    reads = [wal.read_segment(p) for p in segments]
+    batches = [b for r in reads for b in r.batches]
+    table = store.table
+    start = sealed_seq(table._current(), name)
+    rows = [b.data for b in batches if b.last_seq > start]
+    committed = 0
+    if rows:
+        data = pa.Table.from_batches(rows, schema=EVENT_SCHEMA)
+        if batches[0].first_seq <= start:  # part of the first batch is sealed already
+            seqs = data.column("writer_seq").to_numpy()
+            data = data.filter(pa.array(seqs > start))
+        last = batches[-1].last_seq
+        add = table.write_file(data, prefix=f"seal-{name}")
+        done = table.commit(
+            [add], operation="seal", writer_txn=(name, last),
+            precheck=lambda dt: sealed_seq(dt, name) < last,
+        )
+        committed = data.num_rows if done is not None else 0
+    for p in segments:
+        p.unlink(missing_ok=True)
+    wal.fsync_dir(segments[0].parent)
+    return committed
+
+
+class Writer:
+    """Appends events durably to a store; see the module docstring. Use as a context manager."""
+
+    def __init__(self, store: Store, name: str, *, seal_bytes: int = 64 << 20,
+                 seal_interval: float = 60.0, seal_on_close: bool = True) -> None:
+        check_writer_name(name)
+        if seal_bytes <= 0 or seal_interval <= 0:
+            raise ValueError("seal_bytes and seal_interval must be positive")
+        self.store = store
+        self.name = name
+        self.seal_bytes = seal_bytes
+        self.seal_interval = seal_interval
+        self.seal_on_close = seal_on_close
+        self.dir = store.location.wal_root / name
+        try:
+            self._lock = acquire(self.dir)
+        except BlockingIOError:
+            raise WriterBusyError(
+                f"writer {name!r} of {store.location.uri} is held by another live process; "
+                "give each process its own writer name (store.writer(name=...))"
+            ) from None
+        self._state = threading.Lock()  # seq assignment, pending queue, known ids
+        self._io = threading.Lock()  # segment writes, fsync, rotation
+        self._sealing = threading.Lock()  # seals commit in seq order, one at a time
+        self._pending: list[tuple[pa.RecordBatch, int, int]] = []
+        self._closed_segments: list[Path] = []
+        self._segment: wal.SegmentWriter | None = None
+        self._segment_opened = 0.0
+        self._failed: BaseException | None = None
+        self._closed = False
+        try:
+            self._recover()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._wake = threading.Event()
+        self._sealer = threading.Thread(target=self._seal_loop, name=f"trajstore-sealer-{name}", daemon=True)
+        self._sealer.start()
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recover(self) -> None:
+        segments = wal.list_segments(self.dir)
+        epoch = 0
+        last_seq = -1
+        self._known_ids: set[str] = set()
+        for path in segments:
+            read = wal.read_segment(path)
+            wal.truncate_torn_tail(read)
+            epoch = max(epoch, wal.parse_segment_name(path.name)[0])
+            for batch in read.batches:
+                last_seq = max(last_seq, batch.last_seq)
+                self._known_ids.update(batch.data.column("event_id").to_pylist())
+        epoch_file = self.dir / "EPOCH"
+        if epoch_file.exists():
+            epoch = max(epoch, int(epoch_file.read_text().strip() or 0))
+        self.epoch = epoch + 1
+        tmp = self.dir / "EPOCH.tmp"
+        tmp.write_text(str(self.epoch))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, epoch_file)
+        wal.fsync_dir(self.dir)
+        sealed = self.store.table_sealed_seq(self.name)
+        self._next_seq = max(last_seq, sealed) + 1
+        self._durable_seq = self._next_seq - 1
+        self._closed_segments = segments  # whatever survived is sealed by the background thread
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, events: Sequence[Event | Mapping[str, Any]]) -> AppendResult:
+        """Durably append events; returns after fsync. Re-appended event_ids are skipped.
+
+        Raises InvalidEventError (nothing written) when any event is invalid.
+        """
+        self._check_open()
+        if isinstance(events, Mapping) or not isinstance(events, Sequence):
+            events = list(events) if not isinstance(events, Mapping) else [events]
+        if not events:
+            return AppendResult(0, 0, None, None)
+        columns = to_columns(events)
+        event_ids = columns["event_id"].to_pylist()
+        with self._state:
+            self._check_open()
+            keep = np.ones(len(event_ids), dtype=bool)
+            seen_here: set[str] = set()
+            for i, eid in enumerate(event_ids):
+                if eid in self._known_ids or eid in seen_here:
+                    keep[i] = False
+                seen_here.add(eid)
+            n = int(keep.sum())
+            if n == 0:
+                return AppendResult(0, len(event_ids), None, None)
+            first = self._next_seq
+            last = first + n - 1
+            batch = self._batch(columns, keep, first, n)
+            self._next_seq = last + 1
+            self._pending.append((batch, first, last))
+            self._known_ids.update(seen_here)
+        self._flush(last)
+        return AppendResult(n, len(event_ids) - n, first, last)
+
+    def _batch(self, columns: dict[str, pa.Array], keep: np.ndarray, first: int, n: int) -> pa.RecordBatch:
+        total = len(keep)
+        arrays = []
+        for f in EVENT_SCHEMA:
+            if f.name == "writer":
+                arrays.append(pa.array([self.name] * total, pa.string()))
+            elif f.name == "writer_epoch":
+                arrays.append(pa.array(np.full(total, self.epoch, dtype=np.int64)))
+            elif f.name == "writer_seq":
+                seqs = np.zeros(total, dtype=np.int64)
+                seqs[keep] = np.arange(first, first + n, dtype=np.int64)
+                arrays.append(pa.array(seqs))
+            else:
+                arrays.append(columns[f.name])
+        batch = pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)
+        return batch if n == total else batch.filter(pa.array(keep))
+
+    def _flush(self, seq: int) -> None:
+        with self._io:
+            if self._durable_seq >= seq:
+                return  # another thread's flush carried this batch
+            self._check_open()
+            with self._state:
+                pending, self._pending = self._pending, []
+            try:
+                segment = self._open_segment(pending[0][1])
+                for batch, first, last in pending:
+                    segment.write(batch, first, last)
+                segment.sync()
+            except BaseException as exc:
+                self._failed = exc
+                raise WriterClosedError(
+                    f"writer {self.name!r} could not write its segment ({exc}); events from seq "
+                    f"{pending[0][1]} on were not acknowledged. Reopen the writer to recover."
+                ) from exc
+            self._durable_seq = pending[-1][2]
+            if segment.bytes_written >= self.seal_bytes:
+                self._rotate()
+                self._wake.set()
+
+    def _open_segment(self, first_seq: int) -> wal.SegmentWriter:
+        if self._segment is None:
+            path = self.dir / wal.segment_name(self.epoch, first_seq)
+            self._segment = wal.SegmentWriter(path, writer=self.name, epoch=self.epoch)
+            self._segment_opened = time.monotonic()
+        return self._segment
+
+    def _rotate(self) -> None:
+        """Close the active segment (caller holds the I/O lock); it is sealed next."""
+        if self._segment is not None:
+            self._segment.close()
+            self._closed_segments.append(self._segment.path)
+            self._segment = None
+
+    def _check_open(self) -> None:
+        if self._failed is not None:
+            raise WriterClosedError(f"writer {self.name!r} failed earlier ({self._failed}); reopen it to recover")
+        if self._closed:
+            raise WriterClosedError(f"writer {self.name!r} is closed; open a new one with store.writer()")
+
+    # ------------------------------------------------------------------ sealing
+
+    def seal(self) -> int:
+        """Seal everything appended so far into the table; returns the events committed."""
+        return self._seal(rotate=True)
+
+    def _seal(self, *, rotate: bool) -> int:
+        with self._sealing:  # take and commit in one critical section, so seals land in seq order
+            with self._io:
+                if rotate:
+                    self._rotate()
+                segments, self._closed_segments = self._closed_segments, []
+            try:
+                return seal_segments(self.store, self.name, segments)
+            except BaseException:
+                with self._io:  # keep them for the next attempt
+                    self._closed_segments = segments + self._closed_segments
+                raise
+
+    def _seal_loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(timeout=min(self.seal_interval, 5.0))
+            self._wake.clear()
+            if self._closed:
+                return
+            with self._io:
+                age = time.monotonic() - self._segment_opened
+                if self._segment is not None and age >= self.seal_interval:
+                    self._rotate()
+                due = bool(self._closed_segments)
+            if due:
+                try:
+                    self._seal(rotate=False)
+                except (TrajstoreError, OSError) as exc:
+                    log.warning("writer %s: background seal failed, will retry: %s", self.name, exc)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Seal what was appended (unless seal_on_close=False) and release the writer."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        self._sealer.join()
+        try:
+            if self._failed is None and self.seal_on_close:
+                self.seal()
+            elif self._segment is not None:
+                self._segment.close()
+                self._segment = None
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
