@@ -24,6 +24,7 @@ from trajstore import wal
 from trajstore.errors import CorruptionError, QueryError, StoreNotFoundError
 from trajstore.location import Location, resolve
 from trajstore.schema import EVENT_SCHEMA
+from trajstore.shard import Estimator, Shard, make_shard
 from trajstore.table import FileInfo, Table, TableSnapshot, sealed_seq
 from trajstore.views import create_views
 from trajstore.writer import Writer
@@ -50,19 +51,26 @@ class LiveRows:
 
 
 class Snapshot:
-    """One consistent view of the store: a pinned table version plus live rows. Query it many times."""
+    """One consistent view of the store: a pinned table version plus live rows. Query it many times.
 
-    def __init__(self, store: Store, table: TableSnapshot, live: pa.Table,
-                 files: Iterable[FileInfo] | None = None) -> None:
+    `files` are the sealed files to read (all of the version's by default) and `live` the
+    live rows; or `rows` gives the raw rows directly (the shard planner's pre-filtered rows).
+    """
+
+    def __init__(self, store: Store, table: TableSnapshot, live: pa.Table | None = None, *,
+                 files: Iterable[FileInfo] | None = None, rows: pa.Table | None = None) -> None:
         self.store = store
         self.table_version = table.version
-        self.files = tuple(table.files if files is None else files)
-        self.live_rows = live.num_rows
         self._con = duckdb.connect()
         self._con.execute("SET TimeZone = 'UTC'")
-        self._con.register("_sealed", store.table.open_dataset(self.files))
-        self._con.register("_live", live)
-        self._con.execute("CREATE TEMP VIEW _raw AS SELECT * FROM _sealed UNION ALL BY NAME SELECT * FROM _live")
+        if rows is not None:
+            self.files: tuple[FileInfo, ...] = ()
+            self._con.register("_raw", rows)
+        else:
+            self.files = tuple(table.files if files is None else files)
+            self._con.register("_sealed", store.table.open_dataset(self.files))
+            self._con.register("_live", live if live is not None else EVENT_SCHEMA.empty_table())
+            self._con.execute("CREATE TEMP VIEW _raw AS SELECT * FROM _sealed UNION ALL BY NAME SELECT * FROM _live")
         create_views(self._con)
 
     def query(self, sql: str, params: Any = None) -> pa.Table:
@@ -158,6 +166,15 @@ class Store:
         """Run SQL over the views (events, turns, samples, rollouts, groups, advantages, ...)."""
         with self.snapshot(version) as snap:
             return snap.query(sql, params)
+
+    def shard(self, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
+              estimator: Estimator = "grpo", run: str | None = None, exclude: Iterable[str] = ()) -> Shard:
+        """The next training shard: complete groups whose oldest tokens are at most
+        `max_staleness` versions behind `policy_version`, not consumed by any checkpoint and
+        not in `exclude` (rollouts the learner holds but has not checkpointed yet), oldest
+        first, up to `max_rollouts` trainable rollouts (at least one group). See trajstore.shard."""
+        return make_shard(self, policy_version=policy_version, max_staleness=max_staleness,
+                          max_rollouts=max_rollouts, estimator=estimator, run=run, exclude=exclude)
 
     def version(self) -> int:
         return self.table._current().version()

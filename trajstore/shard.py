@@ -1,0 +1,185 @@
+"""Training shards: the next complete, fresh, unconsumed groups with per-sample advantages.
+
+The planner keeps the cost of a shard tied to the *unconsumed, fresh* part of the log, not
+to the store's size, by choosing which sealed files to open from their min/max statistics
+(one pinned table version throughout):
+
+1. Fresh candidates. A group qualifies only if its oldest tokens have
+   policy_version >= lo = policy_version - max_staleness, so only files whose max
+   policy_version reaches lo can hold its turns. A rollout sampled at version v can only be
+   consumed by a checkpoint published after it, so consumption is read from checkpoint
+   events with version >= lo, which live in the same files.
+2. Whole groups. All events of the candidate groups (older turns that disqualify a group,
+   rewards, statuses) are read from the files whose group_id range covers a candidate.
+   Ids minted by `trajstore.ids.new_id` are time-ordered, so those are the recent files; any
+   other ids stay correct and only prune less.
+3. The chosen groups' turns are assembled into samples and joined with advantages.
+
+Each step reads only the rows of the groups it needs, through the same SQL views as
+`store.query`, so a shard agrees exactly with what the views say about those groups.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from trajstore.schema import EVENT_SCHEMA
+from trajstore.table import FileInfo
+from trajstore.views import ESTIMATORS
+
+if TYPE_CHECKING:
+    from trajstore.store import Store
+
+Estimator = Literal["grpo", "dr_grpo", "rloo", "batch"]
+_SCALARS = [f.name for f in EVENT_SCHEMA if not isinstance(f.type, (pa.ListType, pa.MapType))
+            and f.name not in ("request", "response", "sampling", "meta", "error")]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One training shard. `samples` has one row per sample (segment):
+
+    run, group_id, rollout_id, segment_id, tokens, loss_mask, logprobs (equal lengths),
+    advantage (the rollout's, on every segment of it), reward, prompt_tokens, num_tokens,
+    trainable_tokens, min_version, max_version, rollout_segments (segments of its rollout,
+    so a loss can count the rollout once).
+    """
+
+    samples: pa.Table
+    rollout_ids: tuple[str, ...]
+    group_ids: tuple[str, ...]
+    table_version: int
+    policy_version: int
+    max_staleness: int
+    estimator: str
+
+    @property
+    def num_rollouts(self) -> int:
+        return len(self.rollout_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(pc.sum(self.samples.column("num_tokens")).as_py() or 0) if self.samples.num_rows else 0
+
+    def __len__(self) -> int:
+        return self.samples.num_rows
+
+
+def files_covering(files: Iterable[FileInfo], column: str, values: list[str]) -> list[FileInfo]:
+    """Files whose [min, max] of `column` contains at least one of the sorted `values`."""
+    out = []
+    for f in files:
+        if not f.min:  # a file without statistics: it may hold anything
+            out.append(f)
+            continue
+        lo, hi = f.min.get(column), f.max.get(column)
+        if lo is None or hi is None:
+            continue  # statistics say the column is all null here
+        i = bisect.bisect_left(values, lo)
+        if i < len(values) and values[i] <= hi:
+            out.append(f)
+    return out
+
+
+def _rows(store: Store, files: list[FileInfo], live: pa.Table, column: str, values: list[str],
+          columns: list[str] | None = None) -> pa.Table:
+    """Rows of sealed `files` and live rows whose `column` is in `values`, all schema columns."""
+    keep = pa.array(values, pa.string())
+    expr = pc.field(column).isin(keep)
+    sealed = store.table.open_dataset(files).to_table(filter=expr, columns=columns)
+    live_part = live.filter(pc.is_in(live.column(column), value_set=keep))
+    if columns is not None:
+        live_part = live_part.select(columns)
+    data = pa.concat_tables([sealed, live_part.cast(sealed.schema)])
+    for f in EVENT_SCHEMA:  # views bind every column; unread ones are null
+        if f.name not in data.column_names:
+            data = data.append_column(f, pa.nulls(data.num_rows, f.type))
+    return data.select(EVENT_SCHEMA.names)
+
+
+def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
+               estimator: Estimator = "grpo", run: str | None = None,
+               exclude: Iterable[str] = ()) -> Shard:
+    from trajstore.store import Snapshot  # the store module imports this one
+
+    problems = []
+    if policy_version < 0 or max_staleness < 0:
+        problems.append("policy_version and max_staleness must be >= 0")
+    if max_rollouts < 1:
+        problems.append("max_rollouts must be >= 1")
+    if estimator not in ESTIMATORS:
+        problems.append(f"estimator {estimator!r} is not one of {list(ESTIMATORS)}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    lo = policy_version - max_staleness
+    live_rows = store.live()
+    table = store.table.snapshot(writers=list(live_rows.by_writer))
+    live = live_rows.table(table)
+
+    # 1. fresh candidate groups, minus those with a consumed or excluded rollout
+    recent = [f for f in table.files if not f.min or (f.max.get("policy_version") is not None
+                                                    and f.max["policy_version"] >= lo)]
+    with Snapshot(store, table, live, files=recent) as snap:
+        snap.register("_exclude", pa.table({"rollout_id": pa.array(list(exclude), pa.string())}))
+        cand = snap.query(
+            """
+            WITH fresh AS (
+                SELECT DISTINCT group_id, rollout_id FROM _raw
+                WHERE kind = 'turn' AND policy_version >= $lo AND ($run IS NULL OR run = $run)),
+            gone AS (
+                SELECT unnest(consumed) AS rollout_id FROM _raw
+                WHERE kind = 'checkpoint' AND policy_version >= $lo
+                UNION ALL SELECT rollout_id FROM _exclude)
+            SELECT DISTINCT group_id FROM fresh
+            EXCEPT SELECT DISTINCT group_id FROM fresh JOIN gone USING (rollout_id)
+            ORDER BY group_id
+            """,
+            {"lo": lo, "run": run},
+        )
+    candidates = cand.column("group_id").to_pylist()
+    if not candidates:
+        return Shard(pa.table({}), (), (), table.version, policy_version, max_staleness, estimator)
+
+    # 2. whole candidate groups (scalar columns only): completeness, staleness, order, budget
+    files = files_covering(table.files, "group_id", candidates)
+    scalars = _rows(store, files, live, "group_id", candidates, columns=_SCALARS)
+    with Snapshot(store, table, rows=scalars) as snap:
+        chosen = snap.query(
+            """
+            WITH ok AS (
+                SELECT group_id, trainable, started FROM groups
+                WHERE complete AND trainable > 0 AND min_version >= $lo),
+            acc AS (
+                SELECT group_id, row_number() OVER w AS k,
+                       sum(trainable) OVER w AS total
+                FROM ok WINDOW w AS (ORDER BY started, group_id ROWS UNBOUNDED PRECEDING))
+            SELECT group_id FROM acc WHERE total <= $budget OR k = 1 ORDER BY k
+            """,
+            {"lo": lo, "budget": max_rollouts},
+        ).column("group_id").to_pylist()
+    if not chosen:
+        return Shard(pa.table({}), (), (), table.version, policy_version, max_staleness, estimator)
+
+    # 3. samples of the chosen groups' trainable rollouts, with the rollout's advantage
+    chosen_sorted = sorted(chosen)
+    rows = _rows(store, files_covering(files, "group_id", chosen_sorted), live, "group_id", chosen_sorted)
+    with Snapshot(store, table, rows=rows) as snap:
+        samples = snap.query(
+            f"""
+            SELECT s.run, s.group_id, s.rollout_id, s.segment_id, s.tokens, s.loss_mask, s.logprobs,
+                   a.{estimator} AS advantage, a.reward, s.prompt_tokens, s.num_tokens,
+                   s.trainable_tokens, s.min_version, s.max_version,
+                   count(*) OVER (PARTITION BY s.rollout_id) AS rollout_segments
+            FROM samples s JOIN advantages a USING (rollout_id)
+            ORDER BY s.first_time, s.rollout_id, s.segment_id
+            """
+        )
+    rollout_ids = tuple(dict.fromkeys(samples.column("rollout_id").to_pylist()))
+    return Shard(samples, rollout_ids, tuple(chosen), table.version, policy_version, max_staleness, estimator)
