@@ -20,9 +20,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from trajstore import wal
+from trajstore import maintenance, wal
 from trajstore.errors import CorruptionError, QueryError, StoreNotFoundError
 from trajstore.location import Location, resolve
+from trajstore.maintenance import CompactResult, Stats, VerifyReport
 from trajstore.schema import EVENT_SCHEMA
 from trajstore.shard import Estimator, Shard, make_shard
 from trajstore.table import FileInfo, Table, TableSnapshot, sealed_seq
@@ -175,6 +176,18 @@ class Store:
         first, up to `max_rollouts` trainable rollouts (at least one group). See trajstore.shard."""
         return make_shard(self, policy_version=policy_version, max_staleness=max_staleness,
                           max_rollouts=max_rollouts, estimator=estimator, run=run, exclude=exclude)
+
+    def compact(self, *, target_bytes: int = 128 << 20) -> CompactResult:
+        """Seal orphaned segments and rewrite small sealed files into larger ones."""
+        return maintenance.compact(self, target_bytes=target_bytes)
+
+    def verify(self) -> VerifyReport:
+        """Check every checksum a reader relies on; the report lists every problem."""
+        return maintenance.verify(self)
+
+    def stats(self) -> Stats:
+        """Runs, rollouts, samples, tokens, versions and disk use."""
+        return maintenance.stats(self)
 
     def version(self) -> int:
         return self.table._current().version()

@@ -162,7 +162,7 @@ class Table:
 
     # ------------------------------------------------------------------ write / commit
 
-    def write_file(self, data: pa.Table, *, prefix: str) -> AddAction:
+    def write_file(self, data: pa.Table, *, prefix: str, data_change: bool = True) -> AddAction:
         """Write one zstd Parquet file with page checksums; durable before it is committed."""
         name = f"{prefix}-{ids.new_id()}.zstd.parquet"
         path = self.location.data_path(name)
@@ -178,7 +178,7 @@ class Table:
             finally:
                 os.close(fd)
         size = self.location.filesystem.get_file_info(path).size
-        return AddAction(name, size, {}, int(time.time() * 1000), True, json.dumps(file_stats(data)))
+        return AddAction(name, size, {}, int(time.time() * 1000), data_change, json.dumps(file_stats(data)))
 
     def commit(self, actions: list[AddAction | RemoveAction], *, operation: str,
                writer_txn: tuple[str, int] | None = None,

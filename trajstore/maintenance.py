@@ -1,0 +1,212 @@
+"""Keeping a store healthy: seal orphaned segments, compact small files, verify, summarize.
+
+- `seal_orphans`: a writer that died leaves its segments behind; whoever takes its lock
+  (here, non-blocking, so live writers are left alone) seals them like the writer would.
+- `compact`: rewrites runs of small sealed files (in log order, so files stay time-local
+  and the shard planner keeps pruning) into larger ones, committing the removes and the add
+  in one Delta commit (data_change=false). A crash before the commit leaves an unreferenced
+  file, never a change to the table.
+- `verify`: reads every byte a reader could see (every live segment batch against its
+  CRC, every sealed file's pages against their checksums, the log's file list against the
+  object store) and reports each problem with where it is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake.transaction import RemoveAction
+
+from trajstore import wal
+from trajstore.errors import CorruptionError
+from trajstore.table import FileInfo
+
+if TYPE_CHECKING:
+    from trajstore.store import Store
+
+
+def seal_orphans(store: Store) -> dict[str, int]:
+    """Seal the segments of every writer on this machine that no live process holds."""
+    from trajstore.writer import acquire, seal_segments
+
+    sealed: dict[str, int] = {}
+    root = store.location.wal_root
+    if not root.is_dir():
+        return sealed
+    for wdir in sorted(p for p in root.iterdir() if p.is_dir()):
+        segments = wal.list_segments(wdir)
+        if not segments:
+            continue
+        try:
+            lock = acquire(wdir)
+        except BlockingIOError:
+            continue  # a live writer owns it and seals it itself
+        try:
+            for read in (wal.read_segment(p) for p in segments):
+                wal.truncate_torn_tail(read)
+            sealed[wdir.name] = seal_segments(store, wdir.name, segments)
+        finally:
+            lock.release()
+    return sealed
+
+
+@dataclass
+class CompactResult:
+    files_before: int
+    files_after: int
+    rewritten: int
+    version: int | None
+    orphans_sealed: dict[str, int] = field(default_factory=dict)
+
+
+def _bins(files: list[FileInfo], target_bytes: int) -> list[list[FileInfo]]:
+    """Consecutive (log-order) runs of small files, each up to about target_bytes."""
+    bins: list[list[FileInfo]] = []
+    current: list[FileInfo] = []
+    size = 0
+    for f in files:
+        if f.size >= target_bytes:
+            if len(current) > 1:
+                bins.append(current)
+            current, size = [], 0
+            continue
+        current.append(f)
+        size += f.size
+        if size >= target_bytes:
+            bins.append(current)
+            current, size = [], 0
+    if len(current) > 1:
+        bins.append(current)
+    return bins
+
+
+def compact(store: Store, *, target_bytes: int = 128 << 20, seal: bool = True) -> CompactResult:
+    """Seal orphaned segments, then rewrite runs of small files into ~target_bytes files."""
+    orphans = seal_orphans(store) if seal else {}
+    snap = store.table.snapshot()
+    bins = _bins(list(snap.files), target_bytes)
+    version = None
+    rewritten = 0
+    for group in bins:
+        data = store.table.open_dataset(group).to_table()
+        add = store.table.write_file(data, prefix="compact", data_change=False)
+        now = int(time.time() * 1000)
+        removes = [RemoveAction(f.path, False, now, f.size, {}) for f in group]
+        paths = {f.path for f in group}
+
+        def still_there(dt: Any, paths: set[str] = paths) -> bool:
+            live = set(pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist())
+            return paths <= live  # a concurrent compaction took them: skip this bin
+
+        version = store.table.commit(removes + [add], operation="compact", precheck=still_there) or version
+        rewritten += len(group)
+    after = len(store.table.snapshot().files)
+    return CompactResult(len(snap.files), after, rewritten, version, orphans)
+
+
+@dataclass
+class VerifyReport:
+    table_version: int
+    sealed_files: int
+    segments: int
+    events_checked: int
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify(store: Store) -> VerifyReport:
+    """Check every live segment's checksums and every sealed file's pages; list every problem."""
+    problems: list[str] = []
+    events = 0
+    segments = 0
+    root = store.location.wal_root
+    if root.is_dir():
+        for wdir in sorted(p for p in root.iterdir() if p.is_dir()):
+            paths = wal.list_segments(wdir)
+            for i, path in enumerate(paths):
+                segments += 1
+                try:
+                    read = wal.read_segment(path)
+                except CorruptionError as exc:
+                    problems.append(f"live segment: {exc}")
+                    continue
+                except OSError as exc:
+                    problems.append(f"live segment {path}: cannot be read ({exc})")
+                    continue
+                events += sum(b.data.num_rows for b in read.batches)
+                if read.torn and i < len(paths) - 1:
+                    problems.append(f"live segment {path}: {read.total_bytes - read.good_bytes} bytes after the "
+                                    "last whole batch in a segment that is not the writer's newest (damaged)")
+    snap = store.table.snapshot()
+    fs = store.location.filesystem
+    for f in snap.files:
+        path = store.location.data_path(f.path)
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            problems.append(f"sealed file {f.path}: listed in table version {snap.version} but missing from storage")
+            continue
+        if info.size != f.size:
+            problems.append(f"sealed file {f.path}: {info.size} bytes on storage, the table log says {f.size}")
+        try:
+            rows = 0
+            for batch in store.table.open_dataset([f]).to_batches():
+                rows += batch.num_rows
+            if rows != f.rows:
+                problems.append(f"sealed file {f.path}: holds {rows} rows, the table log says {f.rows}")
+            events += rows
+        except (OSError, pa.ArrowException) as exc:
+            problems.append(f"sealed file {f.path}: fails its page checksums or cannot be decoded ({exc})")
+    return VerifyReport(snap.version, len(snap.files), segments, events, problems)
+
+
+@dataclass
+class Stats:
+    location: str
+    table_version: int
+    sealed_files: int
+    sealed_bytes: int
+    live_segments: int
+    live_bytes: int
+    summary: dict[str, Any]
+    runs: list[dict[str, Any]]
+
+
+def stats(store: Store) -> Stats:
+    """Runs, rollouts, samples, tokens, versions and disk use of a store."""
+    with store.snapshot() as snap:
+        runs = snap.query(
+            """
+            SELECT r.run, count(*) AS rollouts, count(*) FILTER (WHERE trainable) AS trainable,
+                   sum(segments)::BIGINT AS samples, sum(turns)::BIGINT AS turns, sum(tokens)::BIGINT AS tokens,
+                   sum(trainable_tokens)::BIGINT AS trainable_tokens, min(min_version) AS min_version,
+                   max(max_version) AS max_version, count(DISTINCT group_id) AS groups,
+                   avg(reward) AS mean_reward
+            FROM rollouts r GROUP BY r.run ORDER BY r.run
+            """
+        ).to_pylist()
+        summary = snap.query(
+            "SELECT count(*) AS events, count(*) FILTER (WHERE kind = 'checkpoint') AS checkpoints, "
+            "max(policy_version) FILTER (WHERE kind = 'checkpoint') AS latest_checkpoint FROM events"
+        ).to_pylist()[0]
+        files = snap.files
+        version = snap.table_version
+    live_paths = [p for w in (store.location.wal_root.iterdir() if store.location.wal_root.is_dir() else [])
+                  if w.is_dir() for p in wal.list_segments(w)]
+    return Stats(
+        location=store.location.uri,
+        table_version=version,
+        sealed_files=len(files),
+        sealed_bytes=sum(f.size for f in files),
+        live_segments=len(live_paths),
+        live_bytes=sum(p.stat().st_size for p in live_paths if p.exists()),
+        summary=summary,
+        runs=runs,
+    )
+
