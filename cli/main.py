@@ -1,0 +1,278 @@
+"""The `trajstore` command: thin click commands, each one library call plus printing."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from rich.console import Console
+from rich.table import Table as RichTable
+from rich.text import Text
+
+import trajstore
+from trajstore import maintenance
+from trajstore.errors import TrajstoreError
+from trajstore.ingest import ingest as ingest_file
+
+console = Console()
+
+
+def store_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--store LOC, shared by every command that reads or writes a store."""
+    return click.option(
+        "--store", "store_loc", required=True, envvar="TRAJSTORE_STORE", show_envvar=True,
+        help="Store location: a directory or s3://bucket/prefix.",
+    )(func)
+
+
+def domain_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn the store's named errors into click errors at the edge."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (TrajstoreError, ValueError, FileNotFoundError) as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="milliseconds")
+    if isinstance(value, list) and value and isinstance(value[0], float):
+        value = [round(v, 4) for v in value]
+    if isinstance(value, list) and len(value) > 12:
+        return json.dumps(value[:12], default=str)[:-1] + f", ... ({len(value)} items)]"
+    return str(value)
+
+
+def print_table(table: pa.Table, title: str | None = None, limit: int = 100) -> None:
+    view = RichTable(title=title, show_lines=False, header_style="bold")
+    for name in table.column_names:
+        view.add_column(name, overflow="fold")
+    for row in table.slice(0, limit).to_pylist():
+        view.add_row(*(Text(_cell(v)) for v in row.values()))  # Text: cells are data, not markup
+    console.print(view)
+    if table.num_rows > limit:
+        console.print(f"[dim]... {table.num_rows - limit} more rows (use --format csv/json/parquet for all)[/dim]")
+
+
+def write_table(table: pa.Table, fmt: str, output: str | None) -> None:
+    if fmt == "table":
+        print_table(table)
+        return
+    if fmt == "parquet":
+        if not output:
+            raise click.UsageError("--format parquet needs --output FILE")
+        pq.write_table(table, output)
+        return
+    sink = open(output, "wb") if output else sys.stdout.buffer
+    try:
+        if fmt == "csv":
+            flat = table
+            for i, f in enumerate(table.schema):  # CSV has no lists or maps: write them as JSON text
+                if pa.types.is_nested(f.type):
+                    flat = flat.set_column(i, f.name, pa.array([json.dumps(v, default=str) if v is not None else None
+                                                               for v in table.column(i).to_pylist()]))
+            pacsv.write_csv(flat, sink)
+        else:
+            for row in table.to_pylist():
+                sink.write((json.dumps(row, default=str) + "\n").encode())
+    finally:
+        if output:
+            sink.close()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="trajstore")
+def main() -> None:
+    """trajstore: an event-sourced trajectory store for RL of LLM agents.
+
+    \b
+    Try:  trajstore walkthrough --store /tmp/ts
+          trajstore query --store /tmp/ts "SELECT * FROM rollouts LIMIT 5"
+    """
+
+
+@main.command()
+@store_option
+@click.argument("sql")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table",
+              show_default=True, help="Output format (json = one object per line).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write to FILE instead of stdout.")
+@click.option("--version", "version", type=int, help="Query this table version (time travel).")
+@domain_errors
+def query(store_loc: str, sql: str, fmt: str, output: str | None, version: int | None) -> None:
+    """Run SQL over the store's views.
+
+    Views: events, turns, samples, rollouts, groups, advantages, checkpoints, consumed,
+    metrics, step_rollouts.
+
+    \b
+    Example:
+      trajstore query --store runs/s "SELECT group_id, reward_mean FROM groups WHERE complete"
+    """
+    store = trajstore.open_store(store_loc, create=False)
+    write_table(store.query(sql, version=version), fmt, output)
+
+
+@main.command()
+@store_option
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--writer", help="Writer name (default: <host>-<pid>).")
+@domain_errors
+def ingest(store_loc: str, file: str, writer: str | None) -> None:
+    """Append a JSON-lines file of events (see schemas/event.v1.schema.json).
+
+    The whole file is validated first; a bad line is reported with its number and
+    nothing is written. Ingesting the same file twice stores each event once.
+
+    \b
+    Example:
+      trajstore ingest --store runs/s events.jsonl
+    """
+    store = trajstore.open_store(store_loc)
+    result = ingest_file(store, file, writer=writer)
+    console.print(f"{result.lines} events read, {result.appended} appended, "
+                  f"{result.duplicates} already stored; table version {result.table_version}")
+
+
+@main.command()
+@store_option
+@domain_errors
+def stats(store_loc: str) -> None:
+    """Runs, rollouts, samples, tokens, policy versions and disk use.
+
+    \b
+    Example:
+      trajstore stats --store runs/s
+    """
+    s = trajstore.open_store(store_loc, create=False).stats()
+    console.print(f"[bold]{s.location}[/bold]  table version {s.table_version}")
+    console.print(f"sealed: {s.sealed_files} files, {s.sealed_bytes / 1e6:.2f} MB; "
+                  f"live: {s.live_segments} segments, {s.live_bytes / 1e6:.2f} MB")
+    console.print(f"events: {s.summary['events']}, checkpoints: {s.summary['checkpoints']}, "
+                  f"latest checkpoint version: {s.summary['latest_checkpoint']}")
+    print_table(pa.Table.from_pylist(s.runs) if s.runs else pa.table({"run": pa.array([], pa.string())}),
+                title="runs")
+
+
+@main.command()
+@store_option
+@click.option("--target-mb", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Size of the files compaction writes.")
+@domain_errors
+def compact(store_loc: str, target_mb: int) -> None:
+    """Seal segments left by dead writers and merge small sealed files.
+
+    \b
+    Example:
+      trajstore compact --store runs/s --target-mb 256
+    """
+    r = trajstore.open_store(store_loc, create=False).compact(target_bytes=target_mb << 20)
+    for writer, n in r.orphans_sealed.items():
+        console.print(f"sealed {n} events left by writer {writer}")
+    console.print(f"files: {r.files_before} -> {r.files_after} ({r.rewritten} rewritten); "
+                  f"table version {r.version if r.version is not None else 'unchanged'}")
+
+
+@main.command()
+@store_option
+@domain_errors
+def verify(store_loc: str) -> None:
+    """Check every segment's checksums and the table's files; exit 1 on any problem.
+
+    \b
+    Example:
+      trajstore verify --store runs/s
+    """
+    r = trajstore.open_store(store_loc, create=False).verify()
+    console.print(f"table version {r.table_version}: {r.sealed_files} sealed files, {r.segments} live segments, "
+                  f"{r.events_checked} events checked")
+    if r.ok:
+        console.print("[green]ok[/green]: every checksum matches")
+        return
+    for problem in r.problems:
+        console.print(f"[red]problem[/red]: {problem}", highlight=False)
+    raise SystemExit(1)
+
+
+@main.command()
+@click.option("--store", "store_loc", default="walkthrough-store", show_default=True,
+              help="Where to create the walkthrough's store (a fresh directory).")
+@click.option("--groups", type=click.IntRange(min=1), default=12, show_default=True)
+@click.option("--group-size", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@domain_errors
+def walkthrough(store_loc: str, groups: int, group_size: int, seed: int) -> None:
+    """Ingest a generated multi-turn, multi-group agent run and query it.
+
+    \b
+    Example:
+      trajstore walkthrough --store /tmp/ts --groups 20
+    """
+    from trajstore.synth import generate_run
+
+    path = Path(store_loc)
+    if path.exists() and any(path.iterdir()):
+        raise click.ClickException(f"{path} is not empty; pass --store with a new directory")
+    path.mkdir(parents=True, exist_ok=True)
+    events = generate_run(groups=groups, group_size=group_size, seed=seed)
+    jsonl = path / "generated-run.jsonl"
+    jsonl.write_text("".join(json.dumps(e) + "\n" for e in events))
+    store = trajstore.open_store(path)
+    r = ingest_file(store, jsonl, writer="walkthrough")
+    console.rule("1. ingest")
+    console.print(f"$ trajstore ingest --store {path} {jsonl}\n{r.lines} events read, {r.appended} appended")
+    r2 = ingest_file(store, jsonl, writer="walkthrough")
+    console.print(f"again: {r2.appended} appended, {r2.duplicates} already stored (event ids derive from content)")
+    steps = [
+        ("2. rollouts: reward = sum of the latest value per component; fan-out into samples",
+         "SELECT rollout_id, status, reward, segments, sessions, turns, tokens, trainable_tokens "
+         "FROM rollouts ORDER BY rollout_id LIMIT 8"),
+        ("3. groups: completeness and reward spread",
+         "SELECT group_id, size, complete, trainable, reward_mean, reward_std, min_version FROM groups "
+         "ORDER BY group_id LIMIT 6"),
+        ("4. advantages by SQL: GRPO, Dr. GRPO, RLOO, batch baseline",
+         "SELECT rollout_id, reward, grpo, dr_grpo, rloo, batch FROM advantages ORDER BY rollout_id LIMIT 8"),
+        ("5. one sample: tokens, loss mask (prompt and tool tokens 0) and behaviour logprobs",
+         "SELECT segment_id, len(tokens) AS n, prompt_tokens, trainable_tokens, "
+         "loss_mask[prompt_tokens - 1:prompt_tokens + 2] AS mask_around_first_output, "
+         "logprobs[prompt_tokens:prompt_tokens + 2] AS first_logprobs FROM samples "
+         "ORDER BY segment_id LIMIT 4"),
+        ("6. what the policy versions earned",
+         "SELECT min_version AS version, count(*) AS rollouts, round(avg(reward), 3) AS mean_reward "
+         "FROM rollouts WHERE trainable GROUP BY 1 ORDER BY 1"),
+    ]
+    for title, sql in steps:
+        console.rule(title)
+        console.print(f'$ trajstore query --store {path} "{sql}"', markup=False, highlight=False, soft_wrap=True)
+        print_table(store.query(sql))
+    shard = store.shard(policy_version=2, max_staleness=2, max_rollouts=16)
+    console.rule("7. the learner's next shard (python: store.shard(policy_version=2, max_staleness=2))")
+    console.print(f"{shard.num_rollouts} rollouts in {len(shard.group_ids)} complete groups, {len(shard)} samples, "
+                  f"{shard.num_tokens} tokens, table version {shard.table_version}")
+    s = maintenance.stats(store)
+    console.rule("8. stats")
+    console.print(f"{s.summary['events']} events, {s.sealed_files} sealed files ({s.sealed_bytes / 1e3:.1f} kB)")
+    console.print(f"\nNext: trajstore query --store {path} \"SELECT * FROM turns LIMIT 3\"; "
+                  f"trajstore stats --store {path}; trajstore verify --store {path}")
+
+
+if __name__ == "__main__":
+    main()
