@@ -21,9 +21,9 @@ take the arrays as they are. trajstore's writer is opened with a large `seal_byt
 timed loop measures appends only; sealing into Parquet/Delta happens at close, outside
 the clock (its time is printed below the tables).
 
-    python benchmarks/append.py                # ~1 minute
-    python benchmarks/append.py --quick        # a few seconds
-    python benchmarks/append.py --batches 200 --threads 8 --repeats 5
+    python benchmarks/append.py                # ~1-2 minutes
+    python benchmarks/append.py --quick        # ~10 seconds
+    python benchmarks/append.py --batches 200 --threads 8 --repeats 7
 """
 
 from __future__ import annotations
@@ -191,25 +191,22 @@ def write_trajstore(root: Path, batches: list[list[dict[str, Any]]], threads: in
 # ---------------------------------------------------------------- harness
 
 
-def measure(fn: Callable[[Path, list[list[dict[str, Any]]]], float], batches: list[list[dict[str, Any]]],
-            parent: Path, repeats: int) -> float:
-    """Median seconds over `repeats` runs, each into a fresh directory."""
-    times = []
-    for _ in range(repeats):
-        root = Path(tempfile.mkdtemp(prefix="append-", dir=parent))
-        try:
-            times.append(fn(root, batches))
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-    return statistics.median(times)
+def run_once(fn: Callable[[Path, list[list[dict[str, Any]]]], float], batches: list[list[dict[str, Any]]],
+             parent: Path) -> float:
+    """Seconds of one run into a fresh directory (removed afterwards)."""
+    root = Path(tempfile.mkdtemp(prefix="append-", dir=parent))
+    try:
+        return fn(root, batches)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, default=64, help="batches per run (default 64)")
     ap.add_argument("--batch-size", type=int, default=64, help="turns per batch (default 64)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per writer; the median counts (default 3)")
-    ap.add_argument("--threads", type=int, default=8, help="appender threads for the group-commit row (default 8)")
+    ap.add_argument("--repeats", type=int, default=5, help="runs per writer, round robin; the median counts (default 5)")
+    ap.add_argument("--threads", type=int, default=4, help="appender threads for the group-commit row (default 4)")
     ap.add_argument("--dir", type=Path, default=Path(__file__).parent / ".data",
                     help="where the files go; must be a real disk, fsync on tmpfs is free (default benchmarks/.data)")
     ap.add_argument("--quick", action="store_true", help="short run: 12 batches, 1 repeat")
@@ -223,6 +220,8 @@ def main() -> None:
     print(f"{args.batches} batches x {args.batch_size} turns x {TOKENS_PER_TURN} tokens "
           f"({PROMPT_TOKENS} prompt + {OUTPUT_TOKENS} output, each with a logprob) = {tokens:,} tokens per run; "
           f"fsync after every batch; median of {args.repeats}; files under {args.dir}")
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start "
+          "(other processes inflate wall times)")
     if TORCH_MISSING:
         print(f"skipping torch.save: {TORCH_MISSING}")
 
@@ -237,11 +236,13 @@ def main() -> None:
     for arrays in (False, True):
         title = "numpy arrays (int32 ids, float32 logprobs)" if arrays else "Python lists"
         batches = batches_of(make_turns(n_turns, arrays=arrays), args.batch_size)
-        rates: dict[str, float] = {}
-        for name, fn in writers:
-            if fn is write_torch and TORCH_MISSING:
-                continue
-            rates[name] = tokens / measure(fn, batches, args.dir, args.repeats)
+        times: dict[str, list[float]] = {name: [] for name, fn in writers
+                                         if not (fn is write_torch and TORCH_MISSING)}
+        for _ in range(args.repeats):  # round robin, so a busy moment of the machine hits every writer alike
+            for name, fn in writers:
+                if name in times:
+                    times[name].append(run_once(fn, batches, args.dir))
+        rates = {name: tokens / statistics.median(t) for name, t in times.items()}
         base = rates["JSON lines + fsync (verl)"]
         print(f"\ntoken lists as {title}")
         print(f"  {'writer':<52} {'tokens/s':>12} {'turns/s':>9} {'vs JSON lines':>14}")

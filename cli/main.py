@@ -19,6 +19,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 import trajstore
+from cli.collectors_cmds import init_model, serve
 from trajstore import maintenance
 from trajstore.errors import TrajstoreError
 from trajstore.ingest import ingest as ingest_file
@@ -273,6 +274,9 @@ def walkthrough(store_loc: str, groups: int, group_size: int, seed: int) -> None
     console.print(f"\nNext: trajstore query --store {path} \"SELECT * FROM turns LIMIT 3\"; "
                   f"trajstore stats --store {path}; trajstore verify --store {path}")
 
+
+main.add_command(init_model)
+main.add_command(serve)
 
 if __name__ == "__main__":
     main()

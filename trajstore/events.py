@@ -52,6 +52,10 @@ _ID_FIELDS = ("event_id", "run", "group_id", "rollout_id", "session_id", "segmen
 _INT_FIELDS = ("turn_index", "policy_version", "group_size", "step", "table_version")
 _INT32_MAX = 2**31 - 1
 _LOGPROB_SLACK = 1e-4  # float rounding can push log(1) a hair above zero
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+# The list columns and what their elements must be (see "conversion to Arrow" below).
+_ELEMENT = {"prompt_ids": "int", "output_ids": "int", "output_logprobs": "float", "output_mask": "bool"}
+_LIST_FIELDS = tuple(_ELEMENT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,14 +68,18 @@ class _Event:
     kind: ClassVar[str]
 
     def __post_init__(self) -> None:
-        problems = check_record(self.record())
-        problems += _check_token_values(self.record())
+        rec = self.record()
+        problems = check_record(rec)
+        problems += _check_token_values(rec)
         if problems:
             raise InvalidEventError([(0, p) for p in problems], what=self.kind)
 
     def record(self) -> dict[str, Any]:
         """The event as a dict of columns (what `to_batch` consumes)."""
-        rec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        names = _FIELD_NAMES.get(type(self))
+        if names is None:  # dataclasses.fields() is slow enough to matter once per appended event
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in dataclasses.fields(self))
+        rec = {name: getattr(self, name) for name in names}
         rec["kind"] = self.kind
         return rec
 
@@ -160,50 +168,66 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
+_PLAIN_LISTS = (list, tuple, np.ndarray)
+
+
+def _not_a_list(value: Any) -> bool:
+    if type(value) in _PLAIN_LISTS:  # the common case, without the slow Mapping (ABC) check
+        return False
+    return isinstance(value, (str, bytes, Mapping)) or _length(value) is None
+
+
 def check_record(rec: Mapping[str, Any]) -> list[str]:
-    """Structural checks of one event dict, O(1) per event. Returns the problems found."""
+    """Structural checks of one event dict, O(1) per event. Returns the problems found.
+
+    Runs once per appended event, so each check has a fast path for the valid case first.
+    """
     kind = rec.get("kind")
     if kind not in KINDS:
         return [f"kind {kind!r} is not one of {sorted(KINDS)}"]
     problems: list[str] = []
-    unknown = set(rec) - SUPPLIABLE
-    if unknown:
+    if not SUPPLIABLE.issuperset(rec):
+        unknown = set(rec) - SUPPLIABLE
         filled = unknown & (WRITER_COLUMNS | COUNT_COLUMNS)
         other = sorted(unknown - filled)
         if other:
             problems.append(f"unknown field(s) {other}; the columns are listed in schemas/events.v1.json")
         if filled:
             problems.append(f"field(s) {sorted(filled)} are filled by the store; leave them out")
+    get = rec.get
     for name in REQUIRED[kind]:
-        if rec.get(name) is None:
+        if get(name) is None:
             problems.append(f"a {kind} event needs {name!r}")
     for name in _ID_FIELDS:
-        value = rec.get(name)
-        if value is not None and (not isinstance(value, str) or not value):
+        value = get(name)
+        if value is None or (type(value) is str and value):
+            continue
+        if not isinstance(value, str) or not value:
             problems.append(f"{name} must be a non-empty string, got {value!r}")
     for name in _INT_FIELDS:
-        value = rec.get(name)
-        if value is None:
+        value = get(name)
+        if value is None or (type(value) is int and 0 <= value <= _INT32_MAX):
             continue
         if not _is_int(value):
             problems.append(f"{name} must be an integer, got {value!r}")
         elif value < 0 or (name == "turn_index" and value > _INT32_MAX):
             problems.append(f"{name} must be between 0 and {_INT32_MAX}, got {value}")
-    if rec.get("group_size") is not None and _is_int(rec["group_size"]) and rec["group_size"] < 1:
+    group_size = get("group_size")
+    if group_size is not None and _is_int(group_size) and group_size < 1:
         problems.append("group_size must be at least 1")
-    status = rec.get("status")
+    status = get("status")
     if status is not None and status not in STATUSES:
         problems.append(f"status {status!r} is not one of {sorted(STATUSES)}")
-    finish = rec.get("finish_reason")
+    finish = get("finish_reason")
     if finish is not None and finish not in FINISH_REASONS:
         problems.append(f"finish_reason {finish!r} is not one of {sorted(FINISH_REASONS)}")
-    reward = rec.get("reward")
+    reward = get("reward")
     if reward is not None:
         if not isinstance(reward, (int, float, np.floating, np.integer)) or isinstance(reward, bool):
             problems.append(f"reward must be a number, got {reward!r}")
         elif not math.isfinite(reward):
             problems.append(f"reward must be finite, got {reward!r}")
-    metrics = rec.get("metrics")
+    metrics = get("metrics")
     if metrics is not None:
         if not isinstance(metrics, Mapping):
             problems.append(f"metrics must be an object of name -> number, got {type(metrics).__name__}")
@@ -212,67 +236,245 @@ def check_record(rec: Mapping[str, Any]) -> list[str]:
                    or not isinstance(v, (int, float, np.floating, np.integer))]
             if bad:
                 problems.append(f"metrics must map names to numbers; bad entries: {bad[:5]}")
-    consumed = rec.get("consumed")
+    consumed = get("consumed")
     if consumed is not None and (isinstance(consumed, (str, bytes)) or _length(consumed) is None):
         problems.append("consumed must be a list of rollout ids")
-    for name in ("prompt_ids", "output_ids", "output_logprobs", "output_mask"):
-        value = rec.get(name)
-        if value is not None and (isinstance(value, (str, bytes, Mapping)) or _length(value) is None):
+    for name in _LIST_FIELDS:
+        value = get(name)
+        if value is not None and _not_a_list(value):
             problems.append(f"{name} must be a list, got {type(value).__name__}")
-    n_out, n_lp = _length(rec.get("output_ids")), _length(rec.get("output_logprobs"))
+    n_out, n_lp = _length(get("output_ids")), _length(get("output_logprobs"))
     if n_out is not None and n_lp is not None and n_out != n_lp:
         problems.append(f"output_ids has {n_out} tokens but output_logprobs has {n_lp} values; they must be equal")
-    mask = rec.get("output_mask")
-    n_mask = _length(mask)
-    if mask is not None and n_out is not None and n_mask is not None and n_mask != n_out:
-        problems.append(f"output_mask has {n_mask} values but output_ids has {n_out} tokens; they must be equal")
+    mask = get("output_mask")
+    if mask is not None:
+        n_mask = _length(mask)
+        if n_out is not None and n_mask is not None and n_mask != n_out:
+            problems.append(f"output_mask has {n_mask} values but output_ids has {n_out} tokens; they must be equal")
     if kind == "turn" and n_out == 0:
         problems.append("a turn must have at least one output token")
     return problems
 
 
 def _check_token_values(rec: Mapping[str, Any]) -> list[str]:
-    """Element checks for one event (used by the dataclasses; `to_batch` does them vectorized)."""
+    """Element checks for one event (used by the dataclasses; `to_columns` does them per column)."""
     problems = []
     for name in ("prompt_ids", "output_ids"):
         value = rec.get(name)
-        if value is None or _length(value) is None or isinstance(value, (str, bytes, Mapping)):
+        if value is None or _not_a_list(value):
             continue
-        try:
-            arr = np.asarray(value, dtype=np.int64)
-        except (TypeError, ValueError):
-            problems.append(f"{name} must hold integers")
-            continue
-        if arr.ndim != 1:
-            problems.append(f"{name} must be a flat list of token ids")
+        arr, why = _row_array(value, "int")
+        if arr is None:
+            problems.append(f"{name} {why}")
         elif arr.size and (arr.min() < 0 or arr.max() > _INT32_MAX):
             problems.append(f"{name} must hold token ids between 0 and {_INT32_MAX}")
     value = rec.get("output_logprobs")
-    if value is not None and _length(value) is not None and not isinstance(value, (str, bytes, Mapping)):
-        try:
-            arr = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError):
-            problems.append("output_logprobs must hold numbers")
-        else:
-            if arr.size and (np.isnan(arr).any() or arr.max() > _LOGPROB_SLACK):
-                problems.append("output_logprobs must be log probabilities (<= 0, not NaN)")
+    if value is not None and not _not_a_list(value):
+        arr, why = _row_array(value, "float")
+        if arr is None:
+            problems.append(f"output_logprobs {why}")
+        elif arr.size and (np.isnan(arr).any() or arr.max() > _LOGPROB_SLACK):
+            problems.append("output_logprobs must be log probabilities (<= 0, not NaN)")
+    value = rec.get("output_mask")
+    if value is not None and not _not_a_list(value):
+        arr, why = _row_array(value, "bool")
+        if arr is None:
+            problems.append(f"output_mask {why}")
     return problems
 
 
 # ---------------------------------------------------------------- conversion to Arrow
+#
+# Token lists are converted strictly: a float, bool or null among token ids is an error,
+# never silently made an integer (a typed `pa.array(values, list<int32>)` turns 1.5 into 1,
+# and numpy's astype wraps 2**32 to 0). A column of Python lists goes through Arrow's type
+# inference in one call, which keeps ints, floats, bools and nulls apart at C speed; a
+# column of numpy (or Arrow) arrays is checked per row by dtype and concatenated once.
+# Either way the range of token ids is checked before they are narrowed to int32.
+
+_NOUN = {"int": "integers", "float": "numbers", "bool": "booleans"}
+_NUMPY = {"int": np.int64, "float": np.float32, "bool": np.bool_}
 
 
-def _list_array(values: list[Any], typ: pa.ListType) -> pa.Array:
-    """Build a list column fast when the items are numpy or Arrow arrays, else via pa.array."""
-    if values and all(isinstance(v, (np.ndarray, pa.Array)) for v in values):
-        np_type = typ.value_type.to_pandas_dtype()
-        parts = [v.to_numpy(zero_copy_only=False) if isinstance(v, pa.Array) else v for v in values]
-        lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-        offsets = np.zeros(len(parts) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = np.concatenate(parts).astype(np_type, copy=False) if parts else np.array([], np_type)
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, typ.value_type))
-    return pa.array(values, type=typ)
+def _arrow_type_ok(typ: pa.DataType, element: str) -> bool:
+    if pa.types.is_null(typ):  # the lists are all empty
+        return True
+    if element == "int":
+        return pa.types.is_integer(typ)
+    if element == "float":
+        return pa.types.is_integer(typ) or pa.types.is_floating(typ)
+    return pa.types.is_boolean(typ)
+
+
+def _dtype_ok(dtype: np.dtype, element: str) -> bool:
+    if element == "int":
+        return dtype.kind in "iu"
+    if element == "float":
+        return dtype.kind in "iuf"
+    return dtype.kind in "biuf"  # a numpy mask may be 0/1 numbers: nonzero is trainable
+
+
+def _bad_item(values: Sequence[Any], element: str) -> str:
+    """Why a Python list is not a list of `element`s, naming the first offending item."""
+    allowed: tuple[type, ...] = {
+        "int": (int, np.integer), "float": (int, float, np.integer, np.floating), "bool": (bool, np.bool_),
+    }[element]
+    for j, x in enumerate(values):
+        if not isinstance(x, allowed) or (element != "bool" and isinstance(x, (bool, np.bool_))):
+            return f"must hold {_NOUN[element]} (item {j} is {x!r})"
+    return f"must hold token ids between 0 and {_INT32_MAX}"  # only ints left: one is beyond 64 bits
+
+
+def _row_array(value: Any, element: str) -> tuple[np.ndarray | None, str]:
+    """One row's list as a flat numpy array, or (None, why it is not a list of `element`s)."""
+    if isinstance(value, (pa.Array, pa.ChunkedArray)):
+        if value.null_count:
+            return None, f"must hold {_NOUN[element]}, not nulls"
+        if not _arrow_type_ok(value.type, element):
+            return None, f"must hold {_NOUN[element]}, not {value.type} values"
+        if pa.types.is_null(value.type):
+            return np.empty(0, _NUMPY[element]), ""
+        return value.to_numpy(zero_copy_only=False), ""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return np.empty(0, _NUMPY[element]), ""
+        try:
+            arr = pa.array(value)  # inference, not a typed conversion: see above
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            return None, _bad_item(value, element)
+        if arr.null_count or not _arrow_type_ok(arr.type, element):
+            return None, _bad_item(value, element)
+        return arr.to_numpy(zero_copy_only=False), ""
+    try:
+        arr = np.asarray(value)  # numpy arrays, and whatever speaks the array protocol
+    except (TypeError, ValueError, RuntimeError) as exc:
+        return None, f"must be a list of {_NOUN[element]} ({exc})"
+    if arr.ndim != 1:
+        return None, f"must be a flat list, not a {arr.ndim}-d array"
+    if arr.size == 0:  # np.array([]) is float64; an empty list has no elements to be wrong
+        return np.empty(0, _NUMPY[element]), ""
+    if not _dtype_ok(arr.dtype, element):
+        return None, f"must hold {_NOUN[element]}, not {arr.dtype} values"
+    if arr.dtype == np.uint64:  # with signed rows it would concatenate to float64
+        if element == "int" and arr.max() > _INT32_MAX:
+            return None, f"must hold token ids between 0 and {_INT32_MAX}"
+        arr = arr.astype(np.int64)
+    return arr, ""
+
+
+def _id_range_problems(name: str, flat: np.ndarray, lengths: np.ndarray) -> list[tuple[int, str]]:
+    """Rows whose token ids fall outside [0, INT32_MAX] (checked before narrowing to int32)."""
+    if not flat.size or (flat.min() >= 0 and flat.max() <= _INT32_MAX):
+        return []
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    problems = [(int(r), f"{name} holds negative token ids; token ids are >= 0")
+                for r in np.unique(rows[flat < 0])]
+    problems += [(int(r), f"{name} cannot be stored as list<int32>: token ids must be between 0 and {_INT32_MAX}")
+                 for r in np.unique(rows[flat > _INT32_MAX])]
+    return problems
+
+
+def _from_python(name: str, values: list[Any], typ: pa.ListType,
+                 element: str) -> tuple[pa.Array | None, list[tuple[int, str]]]:
+    """A column of Python lists (or None) in one inference call; (None, []) if it needs a closer look."""
+    try:
+        arr = pa.array(values)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None, []
+    if arr.null_count == len(arr):
+        return pa.nulls(len(arr), typ), []
+    if not pa.types.is_list(arr.type) or not _arrow_type_ok(arr.type.value_type, element):
+        return None, []
+    flat = pc.list_flatten(arr)
+    if flat.null_count:
+        return None, []
+    if element == "int" and len(flat):
+        lengths = pc.list_value_length(arr).fill_null(0).to_numpy()
+        problems = _id_range_problems(name, flat.to_numpy(), lengths)
+        if problems:
+            return None, problems
+    try:
+        return arr.cast(typ), []
+    except (pa.ArrowException, OverflowError):  # e.g. an int logprob float32 cannot hold exactly
+        return None, []
+
+
+def _from_rows(name: str, values: list[Any], typ: pa.ListType,
+               element: str) -> tuple[pa.Array | None, list[tuple[int, str]]]:
+    """A column row by row (numpy or Arrow arrays, or mixed input): checked per row, concatenated once."""
+    parts: list[np.ndarray] = []
+    lengths = np.zeros(len(values), dtype=np.int64)
+    nulls = np.zeros(len(values), dtype=bool)
+    problems: list[tuple[int, str]] = []
+    for i, value in enumerate(values):
+        if value is None:
+            nulls[i] = True
+            continue
+        arr, why = _row_array(value, element)
+        if arr is None:
+            problems.append((i, f"{name} cannot be stored as {typ}: it {why}"))
+            continue
+        parts.append(arr)
+        lengths[i] = len(arr)
+    if problems:
+        return None, problems
+    if nulls.all():
+        return pa.nulls(len(values), typ), []
+    return _assemble(name, parts, lengths, nulls, typ, element)
+
+
+def _from_numpy(name: str, values: list[Any], typ: pa.ListType,
+                element: str) -> tuple[pa.Array | None, list[tuple[int, str]]]:
+    """A column of 1-d numpy arrays of one acceptable dtype (what an engine hands back), checked in bulk."""
+    dtypes = {v.dtype for v in values}
+    if len(dtypes) != 1 or not all(v.ndim == 1 for v in values):
+        return None, []
+    dtype = dtypes.pop()
+    if not _dtype_ok(dtype, element) or dtype == np.uint64:
+        return None, []
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    return _assemble(name, values, lengths, None, typ, element)
+
+
+def _assemble(name: str, parts: list[np.ndarray], lengths: np.ndarray, nulls: np.ndarray | None,
+              typ: pa.ListType, element: str) -> tuple[pa.Array | None, list[tuple[int, str]]]:
+    """One list column from checked rows: range-check token ids, narrow, and build the offsets."""
+    total = int(lengths.sum())
+    if total > _INT32_MAX:
+        return None, [(0, f"{name}: one append holds {total} values, more than a column can; append fewer events at once")]
+    flat = np.concatenate(parts) if parts else np.empty(0, _NUMPY[element])
+    if element == "int":
+        problems = _id_range_problems(name, flat, lengths)
+        if problems:
+            return None, problems
+        flat = flat.astype(np.int32, copy=False)
+    elif element == "float":
+        with np.errstate(over="ignore"):  # beyond float32 becomes -inf, as Arrow's conversion does
+            flat = flat.astype(np.float32, copy=False)
+    else:
+        flat = flat.astype(np.bool_, copy=False)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    mask = pa.array(nulls) if nulls is not None and nulls.any() else None
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=typ, mask=mask), []
+
+
+def _list_column(name: str, values: list[Any], typ: pa.ListType) -> tuple[pa.Array | None, list[tuple[int, str]]]:
+    """Convert one token/logprob/mask column strictly; returns (column, []) or (None, problems).
+
+    The fast paths answer only when the whole column is clean; anything else (mixed input,
+    a bad row) goes row by row, which names each offending row.
+    """
+    element = _ELEMENT[name]
+    if all(type(v) is np.ndarray for v in values):
+        arr, problems = _from_numpy(name, values, typ, element)
+        if arr is not None or problems:
+            return arr, problems
+    elif all(v is None or type(v) is list or type(v) is tuple for v in values):
+        arr, problems = _from_python(name, values, typ, element)
+        if arr is not None or problems:
+            return arr, problems
+    return _from_rows(name, values, typ, element)
 
 
 def _to_time(value: Any, now: datetime) -> datetime:
@@ -286,8 +488,11 @@ def _to_time(value: Any, now: datetime) -> datetime:
     raise TypeError(f"time must be an ISO 8601 string or a datetime, got {value!r}")
 
 
+_JSON_ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode  # what json.dumps builds per call
+
+
 def _json_text(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"), default=str)
+    return None if value is None else _JSON_ENCODE(value)
 
 
 def _rows_failing(values: list[Any], typ: pa.DataType) -> list[int]:
@@ -301,15 +506,11 @@ def _rows_failing(values: list[Any], typ: pa.DataType) -> list[int]:
 
 
 def _vector_checks(columns: dict[str, pa.Array]) -> list[tuple[int, str]]:
-    """Element checks over whole list columns; returns (row, problem) for every failing row."""
+    """Value checks over whole list columns; returns (row, problem) for every failing row.
+
+    (Token id ranges are checked during conversion, before the ids are narrowed to int32.)
+    """
     problems: list[tuple[int, str]] = []
-    for name in ("prompt_ids", "output_ids"):
-        col = columns[name]
-        flat = pc.list_flatten(col)
-        if len(flat) and pc.min(flat).as_py() < 0:
-            rows = pc.list_parent_indices(col).filter(pc.less(flat, 0))
-            for row in sorted(set(rows.to_pylist())):
-                problems.append((row, f"{name} holds negative token ids; token ids are >= 0"))
     lp = columns["output_logprobs"]
     flat = pc.list_flatten(lp)
     if len(flat):
@@ -330,6 +531,9 @@ def as_record(event: Event | Mapping[str, Any]) -> dict[str, Any]:
     raise TypeError(f"an event must be a Turn, Reward, Status, Checkpoint, Metric or a dict, got {type(event).__name__}")
 
 
+_DEFAULTED = frozenset({"event_id", "run", "reward_name", "time"})  # filled in when missing
+
+
 def to_columns(events: Sequence[Event | Mapping[str, Any]], *, now: datetime | None = None) -> dict[str, pa.Array]:
     """Validate events and convert them to Arrow columns (without the writer columns).
 
@@ -338,25 +542,55 @@ def to_columns(events: Sequence[Event | Mapping[str, Any]], *, now: datetime | N
     """
     now = now or datetime.now(timezone.utc)
     problems: list[tuple[int, str]] = []
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, Any] | None] = []
     for i, event in enumerate(events):
         try:
             rec = as_record(event)
         except TypeError as exc:
             problems.append((i, str(exc)))
+            records.append(None)
             continue
-        problems.extend((i, p) for p in check_record(rec))
+        for p in check_record(rec):
+            problems.append((i, p))
         records.append(rec)
     if problems:
-        raise InvalidEventError(problems)
+        # Report every problem of the call at once: the element checks still run, on their
+        # own for the events above and converted together for the sound ones.
+        bad = {i for i, _ in problems}
+        for i in sorted(bad):
+            rec = records[i]
+            if rec is not None:
+                problems += [(i, p) for p in _check_token_values(rec)]
+        good = [i for i in range(len(records)) if i not in bad]
+        if good:
+            try:
+                _convert([records[i] for i in good], now)  # type: ignore[misc]
+            except InvalidEventError as exc:
+                problems += [(good[j], p) for j, p in exc.problems]
+        raise InvalidEventError(sorted(problems))
+    return _convert(records, now)  # type: ignore[arg-type]
 
+
+def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array]:
+    """Structurally sound records to columns; raises InvalidEventError for bad values."""
+    problems: list[tuple[int, str]] = []
     n = len(records)
+    present = set().union(*records)
     columns: dict[str, pa.Array] = {}
     for name in COLUMNS:
         if name in WRITER_COLUMNS or name in COUNT_COLUMNS:
             continue
         typ = EVENT_SCHEMA.field(name).type
+        if name not in present and name not in _DEFAULTED:
+            columns[name] = pa.nulls(n, typ)
+            continue
         values = [r.get(name) for r in records]
+        if name in _ELEMENT:
+            column, found = _list_column(name, values, typ)
+            problems += found
+            if column is not None:
+                columns[name] = column
+            continue
         if name == "event_id":
             values = [v if v is not None else ids.new_id() for v in values]
         elif name == "run":
@@ -379,16 +613,12 @@ def to_columns(events: Sequence[Event | Mapping[str, Any]], *, now: datetime | N
         elif name == "consumed":
             values = [None if v is None else list(v) for v in values]
         try:
-            if isinstance(typ, pa.ListType) and name != "consumed":
-                columns[name] = _list_array(values, typ)
-            else:
-                columns[name] = pa.array(values, type=typ)
+            columns[name] = pa.array(values, type=typ)
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             for row in _rows_failing(values, typ) or range(n):
                 problems.append((row, f"{name} cannot be stored as {typ}: {exc}"))
-    if problems:
-        raise InvalidEventError(sorted(problems))
-    problems = _vector_checks(columns)
+    if "output_logprobs" in columns:  # also when another column failed: every problem is reported
+        problems += _vector_checks(columns)
     if problems:
         raise InvalidEventError(sorted(problems))
 
@@ -402,11 +632,13 @@ def to_columns(events: Sequence[Event | Mapping[str, Any]], *, now: datetime | N
 
 def _trainable_counts(mask: pa.Array, out_len: pa.Array) -> pa.Array:
     """Per row: output tokens the mask leaves trainable (all of them when the mask is null)."""
+    if mask.null_count == len(mask):
+        return out_len.cast(pa.int32())
     flat = pc.list_flatten(mask)
     counts = np.zeros(len(mask), dtype=np.int64)
     if len(flat):
         parents = pc.list_parent_indices(mask).to_numpy()
-        np.add.at(counts, parents, flat.to_numpy(zero_copy_only=False).astype(np.int64))
+        counts = np.bincount(parents, weights=flat.to_numpy(zero_copy_only=False), minlength=len(mask)).astype(np.int64)
     has_mask = pc.is_valid(mask)
     result = pc.if_else(has_mask, pa.array(counts), out_len.cast(pa.int64()))
     return result.cast(pa.int32())

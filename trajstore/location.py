@@ -8,6 +8,11 @@ write-ahead segments live in a local spool directory of the writing machine unti
 S3 settings come from the usual AWS environment variables (AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL for S3-compatible servers) or from
 `storage_options`, and feed both delta-rs (the log) and pyarrow (the Parquet files).
+Several writers (processes or machines) may commit to one `s3://` store at once: delta-rs
+commits with S3 conditional writes (`If-None-Match: *`), which the server must support
+(AWS S3, MinIO and Cloudflare R2 do). A writer's name owns its spool directory only
+on its own machine, so writer names must differ across machines (the default
+`<host>-<pid>` does).
 """
 
 from __future__ import annotations
@@ -79,10 +84,23 @@ def _s3_options(given: dict[str, str]) -> dict[str, str]:
     options.setdefault("AWS_REGION", "us-east-1")
     endpoint = options.get("AWS_ENDPOINT_URL", "")
     if endpoint.startswith("http://"):
+        # delta-rs (object_store) refuses plain-http endpoints unless told otherwise.
         options.setdefault("AWS_ALLOW_HTTP", "true")
-    # S3 has conditional writes (If-None-Match), which delta-rs uses for safe concurrent commits.
+    # Path-style URLs (endpoint/bucket/key), as S3-compatible servers on an IP:port need
+    # and pyarrow uses by default; both clients must agree (see _s3_filesystem).
+    options.setdefault("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", os.environ.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "false"))
+    # Safe concurrent commits: delta-rs creates `_delta_log/N.json` with `If-None-Match: *`,
+    # so of two writers racing for version N exactly one wins and the other retries at N+1.
+    # S3 has had these conditional writes since 2024; delta-rs turns them on for S3 by
+    # default since 0.23, and 1.x commits no other way (AWS_S3_ALLOW_UNSAFE_RENAME and the
+    # DynamoDB AWS_S3_LOCKING_PROVIDER no longer apply; a server without conditional writes
+    # fails the commit instead of racing). Spelled out so it holds whatever the defaults.
     options.setdefault("AWS_CONDITIONAL_PUT", "etag")
     return options
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _s3_filesystem(options: dict[str, str]) -> pafs.S3FileSystem:
@@ -97,4 +115,5 @@ def _s3_filesystem(options: dict[str, str]) -> pafs.S3FileSystem:
         parsed = urlparse(endpoint)
         kwargs["endpoint_override"] = parsed.netloc
         kwargs["scheme"] = parsed.scheme or "https"
+    kwargs["force_virtual_addressing"] = _truthy(options.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"))
     return pafs.S3FileSystem(**kwargs)

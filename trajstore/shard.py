@@ -126,7 +126,8 @@ def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rol
     # 1. fresh candidate groups, minus those with a consumed or excluded rollout
     recent = [f for f in table.files if not f.min or (f.max.get("policy_version") is not None
                                                     and f.max["policy_version"] >= lo)]
-    with Snapshot(store, table, live, files=recent) as snap:
+    empty = Shard(pa.table({}), (), (), table.version, policy_version, max_staleness, estimator)
+    with Snapshot(store, table, live, files=recent) as snap:  # one connection for the three steps
         snap.register("_exclude", pa.table({"rollout_id": pa.array(list(exclude), pa.string())}))
         cand = snap.query(
             """
@@ -143,14 +144,13 @@ def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rol
             """,
             {"lo": lo, "run": run},
         )
-    candidates = cand.column("group_id").to_pylist()
-    if not candidates:
-        return Shard(pa.table({}), (), (), table.version, policy_version, max_staleness, estimator)
+        candidates = cand.column("group_id").to_pylist()
+        if not candidates:
+            return empty
 
-    # 2. whole candidate groups (scalar columns only): completeness, staleness, order, budget
-    files = files_covering(table.files, "group_id", candidates)
-    scalars = _rows(store, files, live, "group_id", candidates, columns=_SCALARS)
-    with Snapshot(store, table, rows=scalars) as snap:
+        # 2. whole candidate groups (scalar columns only): completeness, staleness, order, budget
+        files = files_covering(table.files, "group_id", candidates)
+        snap.use_rows(_rows(store, files, live, "group_id", candidates, columns=_SCALARS))
         chosen = snap.query(
             """
             WITH ok AS (
@@ -164,17 +164,25 @@ def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rol
             """,
             {"lo": lo, "budget": max_rollouts},
         ).column("group_id").to_pylist()
-    if not chosen:
-        return Shard(pa.table({}), (), (), table.version, policy_version, max_staleness, estimator)
+        if not chosen:
+            return empty
 
-    # 3. samples of the chosen groups' trainable rollouts, with the rollout's advantage
-    chosen_sorted = sorted(chosen)
-    rows = _rows(store, files_covering(files, "group_id", chosen_sorted), live, "group_id", chosen_sorted)
-    with Snapshot(store, table, rows=rows) as snap:
+        # 3. samples of the chosen groups' trainable rollouts, with the rollout's advantage
+        chosen_sorted = sorted(chosen)
+        chosen_files = files_covering(files, "group_id", chosen_sorted)
+        snap.use_rows(_rows(store, chosen_files, live, "group_id", chosen_sorted))
+        advantage = f"a.{estimator}"
+        if estimator == "batch":
+            # Its baseline is the mean reward of the whole run (see trajstore.views), which the
+            # chosen groups' rows alone cannot give: read it from the same pinned snapshot.
+            with Snapshot(store, table, live) as whole:
+                snap.register("_run_mean", whole.query(
+                    "SELECT run, avg(reward) AS run_mean FROM rollouts WHERE trainable GROUP BY run"))
+            advantage = "a.reward - (SELECT m.run_mean FROM _run_mean m WHERE m.run = a.run)"
         samples = snap.query(
             f"""
             SELECT s.run, s.group_id, s.rollout_id, s.segment_id, s.tokens, s.loss_mask, s.logprobs,
-                   a.{estimator} AS advantage, a.reward, s.prompt_tokens, s.num_tokens,
+                   {advantage} AS advantage, a.reward, s.prompt_tokens, s.num_tokens,
                    s.trainable_tokens, s.min_version, s.max_version,
                    count(*) OVER (PARTITION BY s.rollout_id) AS rollout_segments
             FROM samples s JOIN advantages a USING (rollout_id)

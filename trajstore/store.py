@@ -88,6 +88,14 @@ class Snapshot:
     def register(self, name: str, data: pa.Table) -> None:
         self._con.register(name, data)
 
+    def use_rows(self, rows: pa.Table) -> None:
+        """Point the views at `rows` instead (raw rows of the same pinned version, pre-filtered
+        by the shard planner), keeping the connection and its views: setting up a connection
+        costs more than the planner's small queries."""
+        self._con.execute("DROP VIEW IF EXISTS _raw")
+        self._con.register("_raw", rows)
+        self.files = ()
+
     def close(self) -> None:
         self._con.close()
 

@@ -121,17 +121,26 @@ class Table:
         self.location = location
         self._dt: DeltaTable | None = None
         self._lock = threading.RLock()  # one DeltaTable object, shared by the sealer and readers
+        # The latest version's files, and every known file's statistics by path: a sealed file
+        # never changes, so a new version only parses the statistics of the files it added.
+        self._files: tuple[int, tuple[FileInfo, ...]] | None = None
+        self._known: dict[str, FileInfo] = {}
 
     # ------------------------------------------------------------------ open / create
 
     def create_if_missing(self) -> None:
         if not self.location.remote:
             os.makedirs(self.location.table_path, exist_ok=True)
-        DeltaTable.create(
-            self.location.table_uri, EVENT_SCHEMA, mode="ignore", name="trajstore_events",
-            storage_options=self.location.storage_options or None,
-            configuration={"delta.appendOnly": "false"},
-        )
+        try:
+            DeltaTable.create(
+                self.location.table_uri, EVENT_SCHEMA, mode="ignore", name="trajstore_events",
+                storage_options=self.location.storage_options or None,
+                configuration={"delta.appendOnly": "false"},
+            )
+        except CommitFailedError:
+            # Another process created it between our check and our commit of version 0.
+            if not self.exists():
+                raise
 
     def exists(self) -> bool:
         return DeltaTable.is_deltatable(self.location.table_uri, self.location.storage_options or None)
@@ -156,7 +165,11 @@ class Table:
         if version is None:
             dt = self._current()
             with self._lock:  # the cached table moves on with the next update; read it whole now
-                return TableSnapshot(dt.version(), tuple(_files_of(dt)), {w: sealed_seq(dt, w) for w in writers})
+                if self._files is None or self._files[0] != dt.version():
+                    files = _files_of(dt, self._known)
+                    self._known = {f.path: f for f in files}
+                    self._files = (dt.version(), tuple(files))
+                return TableSnapshot(self._files[0], self._files[1], {w: sealed_seq(dt, w) for w in writers})
         dt = DeltaTable(self.location.table_uri, version=version, storage_options=self.location.storage_options or None)
         return TableSnapshot(dt.version(), tuple(_files_of(dt)), {w: sealed_seq(dt, w) for w in writers})
 
@@ -215,16 +228,37 @@ class Table:
         return ds.dataset(paths, schema=EVENT_SCHEMA, format=fmt, filesystem=self.location.filesystem)
 
 
-def _files_of(dt: DeltaTable) -> list[FileInfo]:
+def _files_of(dt: DeltaTable, known: dict[str, FileInfo] | None = None) -> list[FileInfo]:
+    """The files of `dt` with their statistics, oldest first; `known` ones are reused, not parsed again."""
     actions = pa.table(dt.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return []
-    rows = actions.to_pylist()
-    out = []
-    for row in rows:
-        mins = {c: row.get(f"min.{c}") for c in STATS_COLUMNS if row.get(f"min.{c}") is not None}
-        maxs = {c: row.get(f"max.{c}") for c in STATS_COLUMNS if row.get(f"max.{c}") is not None}
-        out.append(FileInfo(row["path"], row["size_bytes"], row["num_records"], mins, maxs))
+    known = known or {}
+    paths = actions.column("path").to_pylist()
+    fresh = [i for i, path in enumerate(paths) if path not in known]
+    parsed = {}
+    if fresh:  # column by column: a row-wise to_pylist() of every statistic is 10x slower
+        new = actions.take(fresh)
+        mins: list[dict[str, Any]] = [{} for _ in fresh]
+        maxs: list[dict[str, Any]] = [{} for _ in fresh]
+        for c in STATS_COLUMNS:
+            for bound, out_dicts in ((f"min.{c}", mins), (f"max.{c}", maxs)):
+                if bound not in new.column_names:
+                    continue
+                for d, value in zip(out_dicts, new.column(bound).to_pylist()):
+                    if value is not None:
+                        d[c] = value
+        for path, size, rows, lo, hi in zip(new.column("path").to_pylist(), new.column("size_bytes").to_pylist(),
+                                            new.column("num_records").to_pylist(), mins, maxs):
+            parsed[path] = FileInfo(path, size, rows, lo, hi)
+    out = [known.get(path) or parsed[path] for path in paths]
     # Oldest first: sealed files are appended in time order, so this keeps scans in log order.
-    out.sort(key=lambda f: (f.min.get("time") or datetime.min.replace(tzinfo=timezone.utc), f.path))
+    out.sort(key=_log_order)
     return out
+
+
+_NO_TIME = datetime.min.replace(tzinfo=timezone.utc)
+
+
+def _log_order(f: FileInfo) -> tuple[datetime, str]:
+    return f.min.get("time") or _NO_TIME, f.path

@@ -104,7 +104,7 @@ VIEWS: dict[str, str] = {
             FROM events WHERE kind IN ('turn', 'reward', 'status') GROUP BY rollout_id
         )
         SELECT e.run, e.group_id, e.rollout_id, r.reward, s.status, s.error,
-               (s.status IN ('completed', 'truncated') AND r.reward IS NOT NULL) AS trainable,
+               coalesce(s.status IN ('completed', 'truncated') AND r.reward IS NOT NULL, false) AS trainable,
                coalesce(t.segments, 0) AS segments, coalesce(t.sessions, 0) AS sessions,
                coalesce(t.turns, 0) AS turns, coalesce(t.tokens, 0) AS tokens,
                coalesce(t.output_tokens, 0) AS output_tokens,

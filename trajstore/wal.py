@@ -1,11 +1,16 @@
 """Write-ahead segments: one writer's events in the Arrow IPC *stream* format, checksummed.
 
-Each appended batch carries, in its custom metadata, the CRC-32 of its IPC body and the
-writer's (name, epoch, first_seq, last_seq). A stream format file stays readable when a
-crash truncates it (an IPC *file* would need its footer), so recovery reads messages up to
-the last whole, checksummed batch and cuts the rest. Arrow has no checksums of its own,
-hence the CRC; it is computed over the exact body bytes the reader will see
-(`RecordBatch.serialize()` yields the same body `write_batch` writes).
+Each appended batch carries, in its custom metadata, the CRC-32 of its IPC body, the CRC-32
+of the whole serialized batch (header and body), and the writer's (name, epoch, first_seq,
+last_seq). A stream format file stays readable when a crash truncates it (an IPC *file*
+would need its footer), so recovery reads messages up to the last whole, checksummed batch
+and cuts the rest. Arrow has no checksums of its own, hence the CRCs: the body CRC is over
+the exact body bytes the reader will see (`RecordBatch.serialize()` yields the same body
+`write_batch` writes); the header holding the CRCs cannot cover itself, so the second CRC
+is checked by re-serializing what was decoded, which catches a damaged header (a flipped
+null count or buffer length) that would decode an intact body into other values. A whole
+message that cannot be decoded is corruption; only a message cut short by the end of the
+file is a torn tail.
 
 A segment is written by one writer epoch only; a reopened writer starts a new segment.
 Segment names sort in append order: `{epoch:08d}-{first_seq:016d}.arrows`.
@@ -29,6 +34,7 @@ _META_WRITER = b"trajstore.writer"
 _META_EPOCH = b"trajstore.epoch"
 _META_FIRST = b"trajstore.first_seq"
 _META_LAST = b"trajstore.last_seq"
+_META_MSG_CRC = b"trajstore.msg_crc32"
 
 
 def segment_name(epoch: int, first_seq: int) -> str:
@@ -49,8 +55,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def body_crc(batch: pa.RecordBatch) -> int:
-    return zlib.crc32(pa.ipc.read_message(batch.serialize()).body)
+def message_crc(batch: pa.RecordBatch) -> int:
+    """CRC-32 of the whole serialized batch: header (lengths, null counts, buffer layout) and body."""
+    return zlib.crc32(batch.serialize())
 
 
 class SegmentWriter:
@@ -66,8 +73,10 @@ class SegmentWriter:
         self.bytes_written = 0
 
     def write(self, batch: pa.RecordBatch, first_seq: int, last_seq: int) -> None:
+        message = batch.serialize()
         meta = {
-            _META_CRC: str(body_crc(batch)).encode(),
+            _META_CRC: str(zlib.crc32(pa.ipc.read_message(message).body)).encode(),
+            _META_MSG_CRC: str(zlib.crc32(message)).encode(),
             _META_WRITER: self.writer.encode(),
             _META_EPOCH: str(self.epoch).encode(),
             _META_FIRST: str(first_seq).encode(),
@@ -164,6 +173,11 @@ def read_segment(path: Path) -> SegmentRead:
     schema_end, ends, crcs = _scan(data, path)
     if schema_end is None:
         result.torn = len(data) > 0
+        if result.torn and _whole_message_after(data, 1):
+            raise CorruptionError(
+                f"{path}: the schema message at byte 0 is damaged but whole batches follow it; "
+                "this is corruption, not a torn write (run `trajstore verify` for the full report)"
+            )
         return result
     result.good_bytes = ends[-1] if ends else schema_end
     result.torn = data[result.good_bytes:] not in (b"", _EOS)
@@ -174,20 +188,30 @@ def read_segment(path: Path) -> SegmentRead:
         )
     if not ends:
         return result
-    stream = pa.ipc.open_stream(pa.BufferReader(data[: result.good_bytes]))
-    expected_first = None
-    for i, end in enumerate(ends):
-        batch, meta = stream.read_next_batch_with_custom_metadata()
-        where = f"{path}: batch {i} (ending at byte {end})"
-        if meta is None or _META_CRC not in meta:
-            raise CorruptionError(f"{where} has no trajstore checksum; the file was not written by trajstore")
-        if int(meta[_META_CRC]) != crcs[i]:
-            raise CorruptionError(f"{where} fails its CRC-32 check: its bytes changed after they were written")
-        first, last = int(meta[_META_FIRST]), int(meta[_META_LAST])
-        if last - first + 1 != batch.num_rows or (expected_first is not None and first != expected_first):
-            raise CorruptionError(f"{where} breaks the writer's sequence (seq {first}..{last}, {batch.num_rows} rows)")
-        expected_first = last + 1
-        result.batches.append(Batch(batch, meta[_META_WRITER].decode(), int(meta[_META_EPOCH]), first, last))
+    where = f"{path}: the schema message"
+    try:
+        stream = pa.ipc.open_stream(pa.BufferReader(data[: result.good_bytes]))
+        if not stream.schema.equals(EVENT_SCHEMA):
+            raise CorruptionError(f"{where} does not match the event schema: it is damaged, or the "
+                                  "segment was not written by this version of trajstore")
+        expected_first = None
+        for i, end in enumerate(ends):
+            where = f"{path}: batch {i} (ending at byte {end})"
+            batch, meta = stream.read_next_batch_with_custom_metadata()
+            if meta is None or _META_CRC not in meta:
+                raise CorruptionError(f"{where} has no trajstore checksum; the file was not written by trajstore")
+            if int(meta[_META_CRC]) != crcs[i]:
+                raise CorruptionError(f"{where} fails its CRC-32 check: its bytes changed after they were written")
+            if _META_MSG_CRC in meta and int(meta[_META_MSG_CRC]) != message_crc(batch):
+                raise CorruptionError(f"{where} fails its header CRC-32 check: its bytes changed after they were written")
+            first, last = int(meta[_META_FIRST]), int(meta[_META_LAST])
+            if last - first + 1 != batch.num_rows or (expected_first is not None and first != expected_first):
+                raise CorruptionError(f"{where} breaks the writer's sequence (seq {first}..{last}, {batch.num_rows} rows)")
+            expected_first = last + 1
+            result.batches.append(Batch(batch, meta[_META_WRITER].decode(), int(meta[_META_EPOCH]), first, last))
+    except (pa.ArrowException, ValueError, KeyError, OSError) as exc:
+        # _scan found these messages whole, so failing to decode them is damage, not a torn write.
+        raise CorruptionError(f"{where} cannot be decoded ({exc}): its bytes changed after they were written") from exc
     return result
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
 
 from trajstore import wal
 from trajstore.errors import TrajstoreError, WriterBusyError, WriterClosedError
@@ -114,6 +115,16 @@ def seal_segments(store: Store, name: str, segments: list[Path]) -> int:
     return committed
 
 
+def sealed_event_ids(store: Store, name: str) -> list[str]:
+    """The event_ids writer `name` has sealed into the table (files pruned by writer statistics)."""
+    files = [f for f in store.table.snapshot().files
+             if f.min.get("writer", name) <= name <= f.max.get("writer", name)]
+    if not files:
+        return []
+    ids = store.table.open_dataset(files).to_table(columns=["event_id"], filter=ds.field("writer") == name)
+    return ids.column("event_id").to_pylist()
+
+
 class Writer:
     """Appends events durably to a store; see the module docstring. Use as a context manager."""
 
@@ -178,6 +189,8 @@ class Writer:
         os.replace(tmp, epoch_file)
         wal.fsync_dir(self.dir)
         sealed = self.store.table_sealed_seq(self.name)
+        if sealed >= 0:  # a re-sent event an earlier epoch sealed (segment gone) is still a duplicate
+            self._known_ids.update(sealed_event_ids(self.store, self.name))
         self._next_seq = max(last_seq, sealed) + 1
         self._durable_seq = self._next_seq - 1
         self._closed_segments = segments  # whatever survived is sealed by the background thread

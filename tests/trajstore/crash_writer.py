@@ -1,15 +1,20 @@
 """Child process of the crash and concurrency tests: a real writer (or compactor) to kill.
 
-    python crash_writer.py append STORE NAME ACKS '{"start": 0, "retry_from": 0, ...}'
-    python crash_writer.py compact STORE ACKS '{"target_bytes": 20000}'
+    python crash_writer.py append STORE NAME ACKS '{"resend_from": 0, "seal_bytes": 4000, ...}'
+    python crash_writer.py compact STORE ACKS '{"target_bytes": 40000}'
 
 `append` opens writer NAME and appends one rollout per call (batch `b`: its turns, a reward
-and a status, all with client-chosen event_ids from `make_batch`), from `retry_from` on: the
-batches before `start` were acknowledged to an earlier process, and a client whose own
-bookkeeping lags re-sends them after a crash. Each call's AppendResult is written to ACKS
-as one JSON line only *after* `append` returned, so ACKS lists exactly what the store
-acknowledged. `os.write` hands the line to the kernel, which keeps it when this process is
-killed with SIGKILL (the test kills processes, not the machine, so no fsync is needed).
+and a status, all with client-chosen event_ids from `make_batch`), from `resend_from` on,
+until killed or until batch `stop`. A client restarted after a crash re-sends what it is
+not sure of: the test passes a `resend_from` a few batches before the first one never
+acknowledged. Options: seal_bytes, seal_interval, seal_every (explicit `seal()` after every
+n-th batch, announced by a `sealing` line so the parent can aim a kill into it), go (a path
+to wait for after opening, so that many writers start appending at once).
+
+Each call's AppendResult is written to ACKS as one JSON line only *after* `append`
+returned, so ACKS lists exactly what the store acknowledged. `os.write` hands the line to
+the kernel, which keeps it when this process is killed with SIGKILL (the tests kill
+processes, not the machine, so no fsync is needed).
 
 `compact` runs `store.compact` in a loop and acknowledges each pass the same way.
 
@@ -70,8 +75,8 @@ def fingerprint(event: dict[str, Any]) -> tuple[Any, ...]:
 
 FINGERPRINT_SQL = """
     SELECT event_id, kind, rollout_id, turn_index,
-           len(prompt_ids) AS n_prompt, list_sum(prompt_ids) AS sum_prompt,
-           len(output_ids) AS n_out, list_sum(output_ids) AS sum_out,
+           len(prompt_ids) AS n_prompt, list_sum(prompt_ids)::BIGINT AS sum_prompt,
+           len(output_ids) AS n_out, list_sum(output_ids)::BIGINT AS sum_out,
            reward, status, writer, writer_seq
     FROM events
 """
@@ -92,14 +97,18 @@ def run_append(store_uri: str, name: str, acks: Acks, cfg: dict[str, Any]) -> No
     writer = store.writer(name, seal_bytes=cfg.get("seal_bytes", 64 << 20),
                           seal_interval=cfg.get("seal_interval", 60.0))
     acks.write(ready=True, pid=os.getpid(), epoch=writer.epoch)
+    if cfg.get("go"):  # wait for the parent's start signal, so that all writers append at once
+        while not os.path.exists(cfg["go"]):
+            time.sleep(0.005)
     stop = cfg.get("stop")  # None: append until killed
     seal_every = cfg.get("seal_every", 0)
-    b = cfg.get("retry_from", cfg.get("start", 0))
+    b = cfg.get("resend_from", 0)
     while stop is None or b < stop:
         result = writer.append(make_batch(name, b))
         acks.write(b=b, appended=result.appended, duplicates=result.duplicates,
                    first=result.first_seq, last=result.last_seq)
         if seal_every and (b + 1) % seal_every == 0:
+            acks.write(sealing=b)  # lets the parent aim a kill into the seal
             acks.write(sealed=writer.seal(), after=b)
         b += 1
     writer.close()
@@ -116,7 +125,6 @@ def run_compact(store_uri: str, acks: Acks, cfg: dict[str, Any]) -> None:
         acks.write(compacted=result.rewritten, files_before=result.files_before,
                    files_after=result.files_after, version=result.version,
                    orphans=result.orphans_sealed)
-        time.sleep(cfg.get("pause", 0.0))
 
 
 def main(argv: list[str]) -> None:

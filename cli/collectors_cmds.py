@@ -1,0 +1,81 @@
+"""`trajstore init-model` and `trajstore serve`: thin click shells over collectors.model and collectors.server."""
+
+from __future__ import annotations
+
+import click
+
+from collectors.model import ModelSize
+
+_DEFAULT = ModelSize()
+
+
+@click.command("init-model")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--vocab-size", type=int, default=_DEFAULT.vocab_size, show_default=True,
+              help="Tokenizer and embedding size, special tokens included.")
+@click.option("--hidden-size", type=int, default=_DEFAULT.hidden_size, show_default=True)
+@click.option("--layers", type=int, default=_DEFAULT.layers, show_default=True)
+@click.option("--heads", type=int, default=_DEFAULT.heads, show_default=True, help="Attention heads.")
+@click.option("--kv-heads", type=int, default=_DEFAULT.kv_heads, show_default=True,
+              help="Key/value heads (grouped-query attention); must divide --heads.")
+@click.option("--intermediate-size", type=int, default=_DEFAULT.intermediate_size, show_default=True,
+              help="MLP width.")
+@click.option("--max-positions", type=int, default=_DEFAULT.max_positions, show_default=True,
+              help="Context length (prompt + completion).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the tokenizer corpus and the weights.")
+def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, heads: int, kv_heads: int,
+               intermediate_size: int, max_positions: int, seed: int) -> None:
+    """Create a small random Qwen2 model with a trained BPE tokenizer and chat template.
+
+    The directory is a Hugging Face checkpoint that transformers and vLLM load offline.
+
+    \b
+    Example:
+      trajstore init-model tiny-model --layers 2 --hidden-size 64
+      trajstore serve --model tiny-model
+    """
+    from collectors.model import init_model as build  # torch/transformers load only for this command
+
+    size = ModelSize(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
+                     intermediate_size=intermediate_size, max_positions=max_positions)
+    try:
+        result = build(directory, size, seed=seed)
+    except (ValueError, FileExistsError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote {result.path}: Qwen2 with {result.parameters:,} parameters, {result.vocab_size} tokens, "
+               f"{layers} layers, hidden {hidden_size}, context {max_positions}")
+
+
+@click.command("serve")
+@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Hugging Face checkpoint directory (e.g. made by `trajstore init-model`).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind; /v1/load_weights answers loopback callers only.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--max-batch", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Most requests decoded together.")
+@click.option("--device", default="auto", show_default=True, help="auto (CUDA when torch sees one), cpu, cuda, cuda:1.")
+@click.option("--policy-version", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Version reported for the weights in --model.")
+@click.option("--served-model-name", help="Name in /v1/models and the `model` field (default: the --model path).")
+@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (1 is fastest for tiny models).")
+def serve(model_dir: str, host: str, port: int, max_batch: int, device: str, policy_version: int,
+          served_model_name: str | None, threads: int | None) -> None:
+    """Serve a model with vLLM's completions API (token ids in, token ids and logprobs out).
+
+    Concurrent requests share batched decode steps; each response reports the policy version
+    that sampled it (field `policy_version`, header X-Policy-Version). Load a new checkpoint
+    while serving with POST /v1/load_weights {"path": DIR, "version": N}.
+
+    \b
+    Example:
+      trajstore serve --model tiny-model --port 8000
+      curl localhost:8000/v1/completions -d '{"prompt": [1, 2, 3], "max_tokens": 8, "return_token_ids": true}'
+    """
+    from collectors.server import run
+
+    try:
+        run(model_dir, host=host, port=port, model_name=served_model_name, device=device, max_batch=max_batch,
+            policy_version=policy_version, threads=threads)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc

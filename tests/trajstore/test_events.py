@@ -1,0 +1,317 @@
+"""Event validation and the columns the store fills at write time.
+
+Invalid events are rejected with InvalidEventError whose `problems` name every problem of
+the call, by event index, and nothing of a rejected call reaches the store. Valid events get
+their token counts (prompt_tokens, output_tokens, trainable_tokens) computed from the
+token lists as they are written.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+import pytest
+
+import trajstore
+from trajstore import Checkpoint, InvalidEventError, Metric, Reward, Status, Turn
+from trajstore.events import REQUIRED, to_columns
+
+
+def turn(**overrides: Any) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "kind": "turn", "group_id": "g", "rollout_id": "r", "segment_id": "s", "turn_index": 0,
+        "policy_version": 0, "prompt_ids": [1, 2, 3], "output_ids": [4, 5],
+        "output_logprobs": [-0.5, -0.25],
+    }
+    for name, value in overrides.items():  # None leaves the field out
+        if value is None:
+            event.pop(name, None)
+        else:
+            event[name] = value
+    return event
+
+
+SAMPLES: dict[str, dict[str, Any]] = {
+    "turn": turn(),
+    "reward": {"kind": "reward", "group_id": "g", "rollout_id": "r", "reward": 1.0},
+    "status": {"kind": "status", "group_id": "g", "rollout_id": "r", "status": "completed"},
+    "checkpoint": {"kind": "checkpoint", "policy_version": 1, "step": 1},
+    "metric": {"kind": "metric", "step": 1, "metrics": {"loss": 0.5}},
+}
+
+
+def problems_of(events: list[Any]) -> list[tuple[int, str]]:
+    with pytest.raises(InvalidEventError) as info:
+        to_columns(events)
+    assert info.value.problems, "an InvalidEventError without problems"
+    return info.value.problems
+
+
+def assert_problem(problems: list[tuple[int, str]], index: int, *fragments: str) -> None:
+    for i, message in problems:
+        if i == index and all(f in message for f in fragments):
+            return
+    pytest.fail(f"no problem for event {index} mentioning {fragments}; got {problems}")
+
+
+def count(store: trajstore.Store) -> int:
+    return store.query("SELECT count(*) AS n FROM events").column("n")[0].as_py()
+
+
+# ------------------------------------------------------------------ one problem at a time
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        ({"output_logprobs": [-0.5]}, "output_logprobs has 1"),
+        ({"output_logprobs": [-0.5, -0.1, -0.2]}, "output_logprobs has 3"),
+        ({"output_mask": [True]}, "output_mask has 1"),
+        ({"output_mask": [True, False, True]}, "output_mask has 3"),
+        ({"output_ids": [4], "output_logprobs": [-0.5], "output_mask": [True, True]}, "output_mask has 2"),
+    ],
+)
+def test_unequal_output_lengths_are_rejected(overrides: dict[str, Any], fragment: str) -> None:
+    assert_problem(problems_of([turn(**overrides)]), 0, fragment, "must be equal")
+    with pytest.raises(InvalidEventError):
+        Turn(**{k: v for k, v in turn(**overrides).items() if k != "kind"})
+
+
+@pytest.mark.parametrize("field", ["prompt_ids", "output_ids"])
+@pytest.mark.parametrize("container", [list, np.array])
+def test_negative_token_ids_are_rejected(field: str, container: Any) -> None:
+    bad = turn(**{field: container([3, -1])})
+    assert_problem(problems_of([bad]), 0, field)
+    with pytest.raises(InvalidEventError, match=field):
+        Turn(**{k: v for k, v in bad.items() if k != "kind"})
+
+
+REQUIRED_CASES = [(kind, name) for kind in sorted(REQUIRED) for name in REQUIRED[kind]]
+
+
+@pytest.mark.parametrize("kind, name", REQUIRED_CASES, ids=[f"{k}-{n}" for k, n in REQUIRED_CASES])
+@pytest.mark.parametrize("how", ["missing", "null"])
+def test_missing_required_fields_are_rejected(kind: str, name: str, how: str) -> None:
+    event = dict(SAMPLES[kind])
+    if how == "missing":
+        event.pop(name)
+    else:
+        event[name] = None
+    problems = problems_of([event])
+    assert_problem(problems, 0, f"needs '{name}'")
+
+
+@pytest.mark.parametrize(
+    "event, fragment",
+    [
+        ({**SAMPLES["metric"], "kind": "note"}, "kind 'note'"),
+        ({k: v for k, v in SAMPLES["metric"].items() if k != "kind"}, "kind None"),
+        ({**SAMPLES["status"], "status": "done"}, "status 'done'"),
+        (turn(finish_reason="eos"), "finish_reason 'eos'"),
+        ({**SAMPLES["reward"], "score": 2}, "unknown field"),
+    ],
+)
+def test_unknown_vocabulary_is_rejected(event: dict[str, Any], fragment: str) -> None:
+    assert_problem(problems_of([event]), 0, fragment)
+
+
+def test_typed_events_reject_unknown_vocabulary() -> None:
+    with pytest.raises(InvalidEventError, match="status 'done'"):
+        Status(group_id="g", rollout_id="r", status="done")
+    with pytest.raises(InvalidEventError, match="finish_reason 'eos'"):
+        Turn(group_id="g", rollout_id="r", segment_id="s", turn_index=0, policy_version=0,
+             prompt_ids=[1], output_ids=[2], output_logprobs=[-1.0], finish_reason="eos")
+
+
+@pytest.mark.parametrize("name", ["writer", "writer_epoch", "writer_seq",
+                                  "prompt_tokens", "output_tokens", "trainable_tokens"])
+def test_store_filled_fields_cannot_be_supplied(name: str) -> None:
+    assert_problem(problems_of([turn(**{name: 3})]), 0, name, "filled by the store")
+
+
+@pytest.mark.parametrize("value", [math.nan, 0.5, 1.0])
+@pytest.mark.parametrize("container", [list, np.array])
+def test_nan_and_positive_logprobs_are_rejected(value: float, container: Any) -> None:
+    bad = turn(output_logprobs=container([-0.5, value]))
+    assert_problem(problems_of([bad]), 0, "output_logprobs", "log probabilities")
+    with pytest.raises(InvalidEventError, match="log probabilities"):
+        Turn(**{k: v for k, v in bad.items() if k != "kind"})
+
+
+def test_a_logprob_of_zero_and_minus_infinity_are_accepted() -> None:
+    columns = to_columns([turn(output_logprobs=[0.0, -math.inf])])
+    assert columns["output_logprobs"].to_pylist() == [[0.0, -math.inf]]
+
+
+def test_a_typed_event_reports_all_of_its_problems() -> None:
+    with pytest.raises(InvalidEventError) as info:
+        Turn(group_id="", rollout_id="r", segment_id="s", turn_index=-1, policy_version=0,
+             prompt_ids=[1, -2], output_ids=[4, 5], output_logprobs=[-0.5], finish_reason="eos")
+    messages = " | ".join(m for _, m in info.value.problems)
+    for fragment in ("group_id", "turn_index", "prompt_ids", "output_logprobs has 1", "finish_reason"):
+        assert fragment in messages, (fragment, messages)
+
+
+# ------------------------------------------------------------------ many events, one call
+
+
+def test_every_problem_of_a_call_is_listed_and_nothing_is_written(store: trajstore.Store) -> None:
+    with store.writer("events-w") as writer:
+        first = writer.append([SAMPLES["reward"]])
+        assert count(store) == 1
+        call = [
+            turn(event_id="ok-0"),                                               # 0 valid
+            turn(rollout_id=None, output_logprobs=[-0.5]),                       # 1 two problems
+            {**SAMPLES["reward"], "event_id": "ok-2"},                          # 2 valid
+            {**SAMPLES["status"], "status": "done"},                             # 3 vocabulary
+            turn(prompt_ids=[7, -7]),                                            # 4 token values
+            turn(output_logprobs=[-0.5, math.nan]),                              # 5 token values
+            {**SAMPLES["reward"], "writer_seq": 9},                              # 6 store-filled
+            turn(output_ids=np.array([1, -1]), output_logprobs=np.array([-0.1, 0.3])),  # 7 two problems
+            {**SAMPLES["checkpoint"], "event_id": "ok-8"},                       # 8 valid
+        ]
+        with pytest.raises(InvalidEventError) as info:
+            writer.append(call)
+        problems = info.value.problems
+        assert_problem(problems, 1, "needs 'rollout_id'")
+        assert_problem(problems, 1, "output_logprobs has 1")
+        assert_problem(problems, 3, "status 'done'")
+        assert_problem(problems, 4, "prompt_ids")
+        assert_problem(problems, 5, "output_logprobs", "log probabilities")
+        assert_problem(problems, 6, "writer_seq", "filled by the store")
+        assert_problem(problems, 7, "output_ids")
+        assert_problem(problems, 7, "output_logprobs", "log probabilities")
+        assert {i for i, _ in problems} == {1, 3, 4, 5, 6, 7}
+        assert str(len(problems)) in str(info.value) and "nothing was written" in str(info.value)
+
+        assert count(store) == 1
+        ids = store.query("SELECT event_id FROM events").column("event_id").to_pylist()
+        assert not {"ok-0", "ok-2", "ok-8"} & set(ids)
+        # The rejected call took no sequence numbers: the next append continues the sequence.
+        after = writer.append([c for i, c in enumerate(call) if i in (0, 2, 8)])
+        assert (after.first_seq, after.last_seq) == (first.last_seq + 1, first.last_seq + 3)
+    seqs = store.query("SELECT writer_seq FROM events ORDER BY writer_seq").column("writer_seq").to_pylist()
+    assert seqs == [0, 1, 2, 3]
+
+
+def test_a_call_with_only_value_problems_lists_each_bad_row() -> None:
+    call = [turn(), turn(prompt_ids=[-1]), turn(), turn(output_ids=[-3, 4]),
+            turn(output_logprobs=[math.nan, -1.0]), turn()]
+    problems = problems_of(call)
+    assert {i for i, _ in problems} == {1, 3, 4}
+
+
+def test_a_non_event_in_a_call_is_a_problem_not_a_crash() -> None:
+    problems = problems_of([turn(), "not an event", turn(rollout_id=None)])
+    assert_problem(problems, 1, "str")
+    assert_problem(problems, 2, "rollout_id")
+
+
+# ------------------------------------------------------------------ filled at write time
+
+
+def test_token_counts_are_filled_at_write_time(store: trajstore.Store) -> None:
+    events = [
+        turn(event_id="no-mask", prompt_ids=[1, 2, 3], output_ids=[4, 5], output_logprobs=[-1.0, -2.0]),
+        turn(event_id="masked", prompt_ids=[9], output_ids=[4, 5, 6, 7], output_logprobs=[-1.0] * 4,
+             output_mask=[True, False, False, True]),
+        turn(event_id="all-off", prompt_ids=[], output_ids=[8], output_logprobs=[-0.1], output_mask=[False]),
+        turn(event_id="all-on", prompt_ids=list(range(100)), output_ids=[8, 9], output_logprobs=[-0.1, -0.2],
+             output_mask=[True, True]),
+        {**SAMPLES["reward"], "event_id": "no-tokens"},
+    ]
+    with store.writer("counts-w") as writer:
+        writer.append(events)
+    rows = store.query(
+        "SELECT event_id, prompt_tokens, output_tokens, trainable_tokens FROM events ORDER BY event_id"
+    ).to_pylist()
+    got = {r["event_id"]: (r["prompt_tokens"], r["output_tokens"], r["trainable_tokens"]) for r in rows}
+    assert got == {
+        "no-mask": (3, 2, 2),
+        "masked": (1, 4, 2),
+        "all-off": (0, 1, 0),
+        "all-on": (100, 2, 2),
+        "no-tokens": (None, None, None),
+    }
+
+
+def test_missing_ids_run_reward_name_and_time_get_defaults() -> None:
+    before = datetime.now(timezone.utc)
+    columns = to_columns([SAMPLES["reward"], SAMPLES["reward"], turn(time="2026-01-31T12:00:00"),
+                          {**SAMPLES["status"], "time": datetime(2026, 1, 31, 13, tzinfo=timezone(timedelta(hours=1)))}])
+    after = datetime.now(timezone.utc)
+    ids = columns["event_id"].to_pylist()
+    assert all(ids) and len(set(ids)) == 4
+    assert columns["run"].to_pylist() == ["default"] * 4
+    assert columns["reward_name"].to_pylist() == ["reward", "reward", None, None]
+    times = columns["time"].to_pylist()
+    assert before <= times[0] <= after and times[0] == times[1]
+    assert times[2] == datetime(2026, 1, 31, 12, tzinfo=timezone.utc)  # no zone means UTC
+    assert times[3] == datetime(2026, 1, 31, 12, tzinfo=timezone.utc)
+
+
+# ------------------------------------------------------------------ numpy input
+
+
+def test_numpy_token_lists_are_stored_exactly(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 2**31 - 1, size=50, dtype=np.int64)
+    output = rng.integers(0, 150_000, size=20).astype(np.uint32)
+    logprobs = -rng.random(20).astype(np.float32)
+    mask = rng.random(20) < 0.5
+    with store.writer("numpy-w") as writer:
+        writer.append([
+            Turn(event_id="typed", group_id="g", rollout_id="r", segment_id="s", turn_index=0, policy_version=0,
+                 prompt_ids=prompt, output_ids=output, output_logprobs=logprobs, output_mask=mask),
+            turn(event_id="dict", prompt_ids=prompt.astype(np.int32), output_ids=output.astype(np.int64),
+                 output_logprobs=logprobs.astype(np.float64), output_mask=None),
+            turn(event_id="list", prompt_ids=prompt.tolist(), output_ids=output.tolist(),
+                 output_logprobs=logprobs.tolist(), output_mask=mask.tolist()),
+        ])
+    rows = {r["event_id"]: r for r in store.query("SELECT * FROM turns").to_pylist()}
+    for name in ("typed", "dict", "list"):
+        row = rows[name]
+        assert row["prompt_ids"] == prompt.tolist()
+        assert row["output_ids"] == output.tolist()
+        np.testing.assert_array_equal(np.array(row["output_logprobs"], dtype=np.float32), logprobs)
+        assert row["prompt_tokens"] == 50 and row["output_tokens"] == 20
+    assert rows["typed"]["output_mask"] == mask.tolist() == rows["list"]["output_mask"]
+    assert rows["typed"]["trainable_tokens"] == int(mask.sum())
+    assert rows["dict"]["output_mask"] is None and rows["dict"]["trainable_tokens"] == 20
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [np.array([2**32 + 5]), np.array([2**31]), np.array([1.5, 2.0]), np.array([-(2**32) + 3])],
+    ids=["wraps-to-5", "int32-overflow", "fractional", "wraps-to-3"],
+)
+def test_numpy_token_ids_out_of_range_are_rejected_not_wrapped(ids: np.ndarray) -> None:
+    problems = problems_of([turn(prompt_ids=ids), turn()])
+    assert {i for i, _ in problems} == {0}
+    assert_problem(problems, 0, "prompt_ids")
+    with pytest.raises(InvalidEventError, match="prompt_ids"):
+        Turn(group_id="g", rollout_id="r", segment_id="s", turn_index=0, policy_version=0,
+             prompt_ids=ids, output_ids=[1], output_logprobs=[-1.0])
+
+
+def test_typed_events_of_every_kind_round_trip(store: trajstore.Store) -> None:
+    events = [
+        Turn(event_id="t", group_id="g", rollout_id="r", segment_id="s", turn_index=0, policy_version=2,
+             prompt_ids=[1], output_ids=[2], output_logprobs=[-1.0], sampling={"temperature": 0.7},
+             request={"messages": []}, response="ok", meta={"task": 1}),
+        Reward(event_id="rw", group_id="g", rollout_id="r", reward=0.5, reward_name="format"),
+        Status(event_id="st", group_id="g", rollout_id="r", status="failed", error="boom", group_size=2),
+        Checkpoint(event_id="ck", policy_version=3, step=7, consumed=["r"], metrics={"loss": 0.1}),
+        Metric(event_id="mt", step=7, metrics={"loss": 0.1, "kl": 0.01}, consumed=["r"]),
+    ]
+    with store.writer("typed-w") as writer:
+        assert writer.append(events).appended == 5
+    rows = {r["event_id"]: r for r in store.query("SELECT * FROM events").to_pylist()}
+    assert rows["t"]["sampling"] == '{"temperature":0.7}' and rows["t"]["response"] == '"ok"'
+    assert rows["rw"]["reward"] == 0.5 and rows["rw"]["reward_name"] == "format"
+    assert (rows["st"]["status"], rows["st"]["error"], rows["st"]["group_size"]) == ("failed", "boom", 2)
+    assert rows["ck"]["consumed"] == ["r"] and rows["ck"]["policy_version"] == 3
+    assert dict(rows["mt"]["metrics"]) == {"loss": 0.1, "kl": 0.01}
