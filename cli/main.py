@@ -20,6 +20,8 @@ from rich.text import Text
 
 import trajstore
 from cli.collectors_cmds import init_model, serve
+from cli.proxy_cmd import proxy
+from cli.replay_cmd import replay
 from trajstore import maintenance
 from trajstore.errors import TrajstoreError
 from trajstore.ingest import ingest as ingest_file
@@ -277,6 +279,8 @@ def walkthrough(store_loc: str, groups: int, group_size: int, seed: int) -> None
 
 main.add_command(init_model)
 main.add_command(serve)
+main.add_command(replay)
+main.add_command(proxy)
 
 if __name__ == "__main__":
     main()

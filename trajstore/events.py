@@ -293,6 +293,7 @@ def _check_token_values(rec: Mapping[str, Any]) -> list[str]:
 # Either way the range of token ids is checked before they are narrowed to int32.
 
 _NOUN = {"int": "integers", "float": "numbers", "bool": "booleans"}
+_INT32_LIST = pa.list_(pa.int32())
 _NUMPY = {"int": np.int64, "float": np.float32, "bool": np.bool_}
 
 
@@ -369,7 +370,7 @@ def _id_range_problems(name: str, flat: np.ndarray, lengths: np.ndarray) -> list
     rows = np.repeat(np.arange(len(lengths)), lengths)
     problems = [(int(r), f"{name} holds negative token ids; token ids are >= 0")
                 for r in np.unique(rows[flat < 0])]
-    problems += [(int(r), f"{name} cannot be stored as list<int32>: token ids must be between 0 and {_INT32_MAX}")
+    problems += [(int(r), f"{name} cannot be stored as {_INT32_LIST}: token ids must be between 0 and {_INT32_MAX}")
                  for r in np.unique(rows[flat > _INT32_MAX])]
     return problems
 
@@ -378,7 +379,7 @@ def _from_python(name: str, values: list[Any], typ: pa.ListType,
                  element: str) -> tuple[pa.Array | None, list[tuple[int, str]]]:
     """A column of Python lists (or None) in one inference call; (None, []) if it needs a closer look."""
     try:
-        arr = pa.array(values)
+        arr = pa.array(values)  # inference, not a typed conversion: see above
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         return None, []
     if arr.null_count == len(arr):
@@ -513,7 +514,8 @@ def _vector_checks(columns: dict[str, pa.Array]) -> list[tuple[int, str]]:
     problems: list[tuple[int, str]] = []
     lp = columns["output_logprobs"]
     flat = pc.list_flatten(lp)
-    if len(flat):
+    values = flat.to_numpy(zero_copy_only=False)
+    if len(flat) and (np.isnan(values).any() or values.max() > _LOGPROB_SLACK):  # rows only when some fail
         bad = pc.or_(pc.is_nan(flat), pc.greater(flat, _LOGPROB_SLACK))
         if pc.any(bad).as_py():
             rows = pc.list_parent_indices(lp).filter(bad)

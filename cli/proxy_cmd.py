@@ -1,0 +1,69 @@
+"""`trajstore proxy`: a thin click shell over `collectors.proxy.run`."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+
+@click.command("proxy")
+@click.option("--upstream", required=True, metavar="URL",
+              help="Policy server base URL: `trajstore serve` or vLLM, e.g. http://127.0.0.1:8000.")
+@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="The checkpoint the upstream serves: its tokenizer and chat template render every prompt.")
+@click.option("--store", "store_loc", required=True, envvar="TRAJSTORE_STORE", show_envvar=True,
+              help="Store location: a directory or s3://bucket/prefix.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind; /rollouts is for the orchestrator, so keep it on loopback or a private network.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8100, show_default=True)
+@click.option("--run", default="default", show_default=True, help="Run name for rollouts opened without one.")
+@click.option("--upstream-kind", type=click.Choice(["embedded", "vllm"]), default="embedded", show_default=True,
+              help="embedded: versions come from the server; vllm: stamped by the client (see collectors.clients).")
+@click.option("--upstream-model",
+              help="The served model name to send as `model` (default: none, the server's only model).")
+@click.option("--policy-version", type=click.IntRange(min=0), default=0, show_default=True,
+              help="vLLM only: the version of the weights it serves at start.")
+@click.option("--model-name", "model_names", multiple=True,
+              help="Also accept this `model` value from agents (repeatable; '*' accepts any name).")
+@click.option("--max-model-len", type=click.IntRange(min=2), help="Context length (default: the checkpoint's).")
+@click.option("--default-max-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Sampled tokens when a call sets no max_tokens (never past the context).")
+@click.option("--writer", help="Store writer name, unique per process (default: proxy-PORT).")
+def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, run: str, upstream_kind: str,
+          upstream_model: str | None, policy_version: int, model_names: tuple[str, ...], max_model_len: int | None,
+          default_max_tokens: int, writer: str | None) -> None:
+    """Capture proxy: OpenAI and Anthropic chat APIs in front of a policy server, every call stored exactly.
+
+    Open a rollout, then point any SDK or agent CLI at its base URL and key; each call is
+    rendered with the chat template, sampled from token ids, answered in the agent's protocol
+    and appended as a turn event with the sampled ids, logprobs and policy version.
+
+    \b
+    Example:
+      trajstore serve --model tiny-model --port 8000 &
+      trajstore proxy --upstream http://127.0.0.1:8000 --model tiny-model --store runs/store --run exp1 &
+      curl -s -X POST localhost:8100/rollouts -d '{"group_id": "task-1"}'
+      #  -> {"api_key": "ts-...", "base_urls": {"openai": ".../r/ts-.../v1", "anthropic": ".../r/ts-..."}, ...}
+      OPENAI_BASE_URL=http://127.0.0.1:8100/r/ts-.../v1 OPENAI_API_KEY=ts-... python my_agent.py
+      curl -s -X POST localhost:8100/rollouts/ROLLOUT_ID/close -H 'Authorization: Bearer ts-...' \\
+           -d '{"status": "completed", "reward": 1.0}'
+    """
+    from collectors.clients import EmbeddedClient, VLLMClient
+    from collectors.policy import PolicyClient
+    from collectors.proxy import ProxyConfig
+    from collectors.proxy import run as serve_proxy
+    from trajstore.errors import TrajstoreError
+
+    def client() -> PolicyClient:
+        if upstream_kind == "vllm":
+            return VLLMClient(upstream, model=upstream_model, policy_version=policy_version)
+        return EmbeddedClient(upstream, model=upstream_model)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = ProxyConfig(model_dir=model_dir, run=run, writer=writer or f"proxy-{port}", model_names=model_names,
+                         max_model_len=max_model_len, default_max_tokens=default_max_tokens)
+    try:
+        serve_proxy(client, store_loc, config, host=host, port=port)
+    except (OSError, ValueError, TrajstoreError) as exc:
+        raise click.ClickException(str(exc)) from exc

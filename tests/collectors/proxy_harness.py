@@ -1,0 +1,138 @@
+"""Shared parts of the capture-proxy tests: upstream clients, a proxy in front of them, store reads.
+
+- `Recording`: wraps a PolicyClient (the real `EmbeddedClient` in front of the embedded server)
+  and keeps every (ids sent, Sample) pair; `Sample.raw` is the server's own response JSON, i.e.
+  exactly what it sampled, to compare with what the proxy stored.
+- `Scripted`: an honest fake upstream that "samples" given texts (tokenized, plus `<|im_end|>`),
+  for tool-call replies a random tiny model will not write.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collectors.policy import PolicyClient, Sample, Sampling
+from collectors.proxy import ProxyConfig, RunningProxy, serve_proxy_in_thread
+from tests.collectors import http
+from trajstore import Store, open_store
+
+MODEL = "tiny"  # accepted by every test proxy besides the upstream's own name
+
+
+@dataclass
+class Recording:
+    """Keeps every call an upstream answered: `calls[i] = (ids sent, Sample)`."""
+
+    inner: PolicyClient
+    calls: list[tuple[list[int], Sample]] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return self.inner.base_url
+
+    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling, *,
+                       session_id: str | None = None) -> Sample:
+        sample = await self.inner.complete(prompt_ids, sampling, session_id=session_id)
+        self.calls.append((list(prompt_ids), sample))
+        return sample
+
+    async def models(self) -> list[str]:
+        return await self.inner.models()
+
+    async def load_weights(self, path: str, version: int) -> None:
+        await self.inner.load_weights(path, version)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@dataclass
+class Scripted:
+    """A fake upstream that answers each call with the next scripted text, as sampled tokens."""
+
+    tokenizer: Any
+    replies: list[str] = field(default_factory=list)
+    base_url: str = "scripted://"
+    version: int = 7
+
+    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling, *,
+                       session_id: str | None = None) -> Sample:
+        text = self.replies.pop(0) if self.replies else "ok"
+        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [end]
+        return Sample(prompt_ids=list(prompt_ids), output_ids=ids, output_logprobs=[-0.25] * len(ids), text=text,
+                      finish_reason="stop", policy_version=self.version)
+
+    async def models(self) -> list[str]:
+        return ["scripted"]
+
+    async def load_weights(self, path: str, version: int) -> None:
+        self.version = version
+
+    async def aclose(self) -> None:
+        pass
+
+
+def call(url: str, payload: Any = None, *, key: str | None = None, data: bytes | None = None,
+         headers: dict[str, str] | None = None, method: str | None = None) -> http.Reply:
+    """One HTTP call with an optional Bearer key; the reply's body is decoded JSON."""
+    if payload is not None:
+        data = json.dumps(payload).encode()
+    head = {"Content-Type": "application/json", **(headers or {})}
+    if key:
+        head["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=data, headers=head, method=method or ("POST" if data is not None else "GET"))
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    return http.Reply(status, {}, json.loads(raw) if raw else None)
+
+
+@dataclass
+class Harness:
+    """A running proxy, the store it writes, and what its upstream answered."""
+
+    proxy: RunningProxy
+    store: Store
+    upstream: Any
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    def open(self, **body: Any) -> dict[str, Any]:
+        r = http.post(self.url + "/rollouts", body)
+        assert r.status == 201, r.body
+        return r.body
+
+    def close(self, rollout: dict[str, Any], **body: Any) -> http.Reply:
+        body = body or {"status": "completed", "reward": 1.0}
+        return call(f"{self.url}/rollouts/{rollout['rollout_id']}/close", body, key=rollout["api_key"])
+
+    def turns(self, rollout_id: str) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM turns WHERE rollout_id = ? ORDER BY time, writer_seq"
+        return self.store.query(sql, [rollout_id]).to_pylist()
+
+    def count(self, kind: str = "turn") -> int:
+        return self.store.query("SELECT count(*) AS n FROM events WHERE kind = ?", [kind]).to_pylist()[0]["n"]
+
+
+@contextmanager
+def running_proxy(upstream: Any, store_dir: Path, model_dir: Path, **config: Any) -> Iterator[Harness]:
+    """A proxy on a loopback port in front of `upstream` (a Recording is given its client in the loop)."""
+    def factory() -> PolicyClient:
+        return upstream
+
+    settings = ProxyConfig(model_dir=str(model_dir), run="test", model_names=(MODEL,), **config)
+    store = open_store(store_dir)
+    with serve_proxy_in_thread(factory, store, settings) as proxy:
+        yield Harness(proxy, store, upstream)
