@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,34 +18,13 @@ from rich.text import Text
 
 import trajstore
 from cli.collectors_cmds import init_model, serve
+from cli.options import domain_errors, store_option
 from cli.proxy_cmd import proxy
 from cli.replay_cmd import replay
 from trajstore import maintenance
-from trajstore.errors import TrajstoreError
 from trajstore.ingest import ingest as ingest_file
 
 console = Console()
-
-
-def store_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--store LOC, shared by every command that reads or writes a store."""
-    return click.option(
-        "--store", "store_loc", required=True, envvar="TRAJSTORE_STORE", show_envvar=True,
-        help="Store location: a directory or s3://bucket/prefix.",
-    )(func)
-
-
-def domain_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the store's named errors into click errors at the edge."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except (TrajstoreError, ValueError, FileNotFoundError) as exc:
-            raise click.ClickException(str(exc)) from exc
-
-    return wrapper
 
 
 def _cell(value: Any) -> str:

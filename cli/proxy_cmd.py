@@ -6,14 +6,15 @@ import logging
 
 import click
 
+from cli.options import store_option
+
 
 @click.command("proxy")
 @click.option("--upstream", required=True, metavar="URL",
               help="Policy server base URL: `trajstore serve` or vLLM, e.g. http://127.0.0.1:8000.")
 @click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False),
               help="The checkpoint the upstream serves: its tokenizer and chat template render every prompt.")
-@click.option("--store", "store_loc", required=True, envvar="TRAJSTORE_STORE", show_envvar=True,
-              help="Store location: a directory or s3://bucket/prefix.")
+@store_option
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind; /rollouts is for the orchestrator, so keep it on loopback or a private network.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8100, show_default=True)

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cli.options import store_option
 import trajstore
 from collectors.replay import Decode, Episode, ReplayTurn, Span, load_episode, token_rows
 from trajstore.errors import TrajstoreError
@@ -89,8 +90,7 @@ def render(episode: Episode, console: Console, *, decode: Decode | None = None, 
 
 
 @click.command("replay")
-@click.option("--store", "store_loc", required=True, envvar="TRAJSTORE_STORE", show_envvar=True,
-              help="Store location: a directory or s3://bucket/prefix.")
+@store_option
 @click.argument("rollout_id")
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False),
               help="Decode tokens with this checkpoint's tokenizer; without it, token ids are shown.")
