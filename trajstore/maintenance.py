@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from deltalake.transaction import RemoveAction
 
 from trajstore import wal
 from trajstore.errors import CorruptionError
-from trajstore.table import FileInfo
+from trajstore.table import FileInfo, file_crcs
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -154,6 +155,13 @@ def verify(store: Store) -> VerifyReport:
             continue
         if info.size != f.size:
             problems.append(f"sealed file {f.path}: {info.size} bytes on storage, the table log says {f.size}")
+        crcs = file_crcs(f.path)
+        if crcs is not None:
+            with fs.open_input_file(path) as fh:
+                whole = zlib.crc32(fh.read())
+            if whole != crcs[1]:
+                problems.append(f"sealed file {f.path}: its bytes fail the CRC-32 recorded in its name "
+                                "(changed after writing)")
         try:
             rows = 0
             for batch in store.table.open_dataset([f]).to_batches():
@@ -161,6 +169,8 @@ def verify(store: Store) -> VerifyReport:
             if rows != f.rows:
                 problems.append(f"sealed file {f.path}: holds {rows} rows, the table log says {f.rows}")
             events += rows
+        except CorruptionError as exc:
+            problems.append(str(exc))
         except (OSError, pa.ArrowException) as exc:
             problems.append(f"sealed file {f.path}: fails its page checksums or cannot be decoded ({exc})")
     return VerifyReport(snap.version, len(snap.files), segments, events, problems)

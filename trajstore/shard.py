@@ -13,7 +13,9 @@ to the store's size, by choosing which sealed files to open from their min/max s
    rewards, statuses) are read from the files whose group_id range covers a candidate.
    Ids minted by `trajstore.ids.new_id` are time-ordered, so those are the recent files; any
    other ids stay correct and only prune less.
-3. The chosen groups' turns are assembled into samples and joined with advantages.
+3. The chosen groups' turns are assembled into samples and joined with advantages. With
+   estimator "batch" the baseline is the mean reward of the shard's trainable rollouts (per
+   run): the training batch, as REINFORCE-style batch baselines use it.
 
 Each step reads only the rows of the groups it needs, through the same SQL views as
 `store.query`, so a shard agrees exactly with what the views say about those groups.
@@ -53,7 +55,7 @@ class Shard:
     """
 
     samples: pa.Table
-    rollout_ids: tuple[str, ...]
+    rollout_ids: tuple[str, ...]  # the shard's trainable rollouts, oldest first
     group_ids: tuple[str, ...]
     table_version: int
     policy_version: int
@@ -171,18 +173,10 @@ def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rol
         chosen_sorted = sorted(chosen)
         chosen_files = files_covering(files, "group_id", chosen_sorted)
         snap.use_rows(_rows(store, chosen_files, live, "group_id", chosen_sorted))
-        advantage = f"a.{estimator}"
-        if estimator == "batch":
-            # Its baseline is the mean reward of the whole run (see trajstore.views), which the
-            # chosen groups' rows alone cannot give: read it from the same pinned snapshot.
-            with Snapshot(store, table, live) as whole:
-                snap.register("_run_mean", whole.query(
-                    "SELECT run, avg(reward) AS run_mean FROM rollouts WHERE trainable GROUP BY run"))
-            advantage = "a.reward - (SELECT m.run_mean FROM _run_mean m WHERE m.run = a.run)"
         samples = snap.query(
             f"""
             SELECT s.run, s.group_id, s.rollout_id, s.segment_id, s.tokens, s.loss_mask, s.logprobs,
-                   {advantage} AS advantage, a.reward, s.prompt_tokens, s.num_tokens,
+                   a.{estimator} AS advantage, a.reward, s.prompt_tokens, s.num_tokens,
                    s.trainable_tokens, s.min_version, s.max_version,
                    count(*) OVER (PARTITION BY s.rollout_id) AS rollout_segments
             FROM samples s JOIN advantages a USING (rollout_id)

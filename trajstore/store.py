@@ -51,6 +51,10 @@ class LiveRows:
         return pa.Table.from_batches(batches, schema=EVENT_SCHEMA)
 
 
+# What pyarrow's Parquet reader says about damaged pages (checksums, page headers, encodings).
+_DAMAGE_WORDS = ("checksum", "thrift", "corrupt", "parquet")
+
+
 class Snapshot:
     """One consistent view of the store: a pinned table version plus live rows. Query it many times.
 
@@ -79,8 +83,9 @@ class Snapshot:
             return self._con.sql(sql, params=params).to_arrow_table() if params is not None \
                 else self._con.sql(sql).to_arrow_table()
         except duckdb.Error as exc:
-            if isinstance(exc.__cause__, CorruptionError) or "checksum" in str(exc).lower():
-                raise CorruptionError(f"a sealed file failed its page checksum: {exc}. "
+            text = str(exc).lower()
+            if isinstance(exc.__cause__, CorruptionError) or any(w in text for w in _DAMAGE_WORDS):
+                raise CorruptionError(f"a sealed file could not be read back intact: {exc}. "
                                       "Run `trajstore verify` for a full report.") from exc
             raise QueryError(f"query failed: {exc}\nThe views are: events, turns, samples, rollouts, "
                              "groups, advantages, checkpoints, consumed, metrics, step_rollouts.") from exc

@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -32,7 +34,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajstore import ids
-from trajstore.errors import CommitConflictError, StoreNotFoundError
+from trajstore.errors import CommitConflictError, CorruptionError, StoreNotFoundError
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
 
@@ -125,6 +127,7 @@ class Table:
         # never changes, so a new version only parses the statistics of the files it added.
         self._files: tuple[int, tuple[FileInfo, ...]] | None = None
         self._known: dict[str, FileInfo] = {}
+        self._verified: set[str] = set()  # sealed files whose footer matched the CRC in their name
 
     # ------------------------------------------------------------------ open / create
 
@@ -176,22 +179,29 @@ class Table:
     # ------------------------------------------------------------------ write / commit
 
     def write_file(self, data: pa.Table, *, prefix: str, data_change: bool = True) -> AddAction:
-        """Write one zstd Parquet file with page checksums; durable before it is committed."""
-        name = f"{prefix}-{ids.new_id()}.zstd.parquet"
-        path = self.location.data_path(name)
+        """Write one zstd Parquet file with page checksums; durable before it is committed.
+
+        Parquet checksums pages but not its footer (the schema, row groups and offsets), so
+        the file's name carries the CRC-32 of its footer and of the whole file: readers check
+        the footer before first use, `trajstore verify` checks the whole file.
+        """
         data = data.cast(EVENT_SCHEMA) if data.schema != EVENT_SCHEMA else data
-        pq.write_table(
-            data, path, filesystem=self.location.filesystem, compression="zstd",
-            write_page_checksum=True, row_group_size=ROW_GROUP_ROWS, write_statistics=True,
-        )
+        sink = pa.BufferOutputStream()
+        pq.write_table(data, sink, compression="zstd", write_page_checksum=True,
+                       row_group_size=ROW_GROUP_ROWS, write_statistics=True)
+        body = memoryview(sink.getvalue())
+        name = f"{prefix}-{ids.new_id()}-f{zlib.crc32(body[-_footer_span(body):]):08x}c{zlib.crc32(body):08x}.zstd.parquet"
+        path = self.location.data_path(name)
+        with self.location.filesystem.open_output_stream(path) as out:
+            out.write(body)
         if not self.location.remote:
             fd = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        size = self.location.filesystem.get_file_info(path).size
-        return AddAction(name, size, {}, int(time.time() * 1000), data_change, json.dumps(file_stats(data)))
+        self._verified.add(name)
+        return AddAction(name, len(body), {}, int(time.time() * 1000), data_change, json.dumps(file_stats(data)))
 
     def commit(self, actions: list[AddAction | RemoveAction], *, operation: str,
                writer_txn: tuple[str, int] | None = None,
@@ -219,13 +229,51 @@ class Table:
 
     # ------------------------------------------------------------------ read
 
+    def check_footer(self, f: FileInfo) -> None:
+        """Check a sealed file's footer against the CRC-32 in its name (once per file and process)."""
+        if f.path in self._verified:
+            return
+        crcs = file_crcs(f.path)
+        if crcs is not None:
+            with self.location.filesystem.open_input_file(self.location.data_path(f.path)) as fh:
+                size = fh.size()
+                tail = fh.read_at(min(8, size), max(size - 8, 0))
+                span = _footer_span(tail, size)
+                footer = fh.read_at(span, size - span) if span else b""
+            if not span or zlib.crc32(footer) != crcs[0]:
+                raise CorruptionError(
+                    f"sealed file {f.path}: its Parquet footer fails the CRC-32 recorded in its name, so "
+                    "its schema or offsets changed after writing; run `trajstore verify` for the full report"
+                )
+        self._verified.add(f.path)
+
     def open_dataset(self, files: list[FileInfo] | tuple[FileInfo, ...]) -> ds.Dataset:
-        """A pyarrow dataset over sealed files that verifies page checksums as it reads."""
+        """A pyarrow dataset over sealed files that verifies footers and page checksums as it reads."""
+        for f in files:
+            self.check_footer(f)
         fmt = ds.ParquetFileFormat(
             default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
         )
         paths = [self.location.data_path(f.path) for f in files]
         return ds.dataset(paths, schema=EVENT_SCHEMA, format=fmt, filesystem=self.location.filesystem)
+
+
+_CRC_NAME = re.compile(r"-f([0-9a-f]{8})c([0-9a-f]{8})\.zstd\.parquet$")
+
+
+def file_crcs(name: str) -> tuple[int, int] | None:
+    """(footer CRC-32, whole-file CRC-32) from a sealed file's name; None for names without them."""
+    m = _CRC_NAME.search(name)
+    return (int(m.group(1), 16), int(m.group(2), 16)) if m else None
+
+
+def _footer_span(tail: bytes | memoryview, size: int | None = None) -> int:
+    """Bytes the footer takes at the end of a Parquet file (metadata, its length, b'PAR1'); 0 if malformed."""
+    size = len(tail) if size is None else size
+    if len(tail) < 8 or bytes(tail[-4:]) != b"PAR1":
+        return 0
+    span = int.from_bytes(bytes(tail[-8:-4]), "little") + 8
+    return span if 8 < span <= size else 0
 
 
 def _files_of(dt: DeltaTable, known: dict[str, FileInfo] | None = None) -> list[FileInfo]:

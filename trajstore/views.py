@@ -18,7 +18,8 @@ Definitions an RL researcher can rely on:
 - `advantages`: per trainable rollout, with group statistics over trainable rollouts:
   `grpo` = (r - mean) / (std + 1e-6) with the sample std (GRPO), `dr_grpo` = r - mean
   (Dr. GRPO), `rloo` = r - mean of the other rollouts = n/(n-1) (r - mean) (RLOO),
-  `batch` = r - mean over the run. Groups of one get 0 for grpo and rloo.
+  `batch` = r - mean over the run's trainable rollouts in view (a shard takes the mean
+  over its own rollouts: the training batch). Groups of one get 0 for grpo and rloo.
 """
 
 from __future__ import annotations

@@ -153,9 +153,15 @@ def test_shard_advantages_equal_the_advantages_view(store: trajstore.Store) -> N
     for estimator, budget in [(e, b) for e in ESTIMATORS for b in (512, 2)]:  # all, and one group
         shard = store.shard(policy_version=10, max_staleness=2, estimator=estimator, max_rollouts=budget)
         assert shard.estimator == estimator and shard.rollout_ids
+        rewards = {s["rollout_id"]: (s["run"], s["reward"]) for s in shard.samples.to_pylist()}
         for s in shard.samples.to_pylist():
             want = view[s["rollout_id"]]
-            assert s["advantage"] == pytest.approx(want[estimator], rel=1e-9, abs=1e-12), (budget, s["rollout_id"])
+            if estimator == "batch":  # the baseline is the shard's own mean reward (per run)
+                same_run = [r for run, r in rewards.values() if run == s["run"]]
+                expected = want["reward"] - sum(same_run) / len(same_run)
+            else:
+                expected = want[estimator]
+            assert s["advantage"] == pytest.approx(expected, rel=1e-9, abs=1e-12), (budget, s["rollout_id"])
             assert s["reward"] == want["reward"]
 
 
@@ -233,10 +239,13 @@ def oracle(store: trajstore.Store, *, policy_version: int, max_staleness: int, m
             if total > max_rollouts and chosen:
                 break
             chosen.append(g["group_id"])
+        # "batch": the baseline is the mean reward of the shard's own trainable rollouts, per run
+        advantage = "reward - avg(reward) OVER (PARTITION BY run)" if estimator == "batch" else estimator
         samples = snap.query(
             f"""
-            SELECT s.rollout_id, s.segment_id, s.tokens, s.loss_mask, s.logprobs, a.{estimator} AS advantage
-            FROM samples s JOIN advantages a USING (rollout_id)
+            WITH a AS (SELECT *, {advantage} AS adv FROM advantages WHERE list_contains($chosen, group_id))
+            SELECT s.rollout_id, s.segment_id, s.tokens, s.loss_mask, s.logprobs, a.adv AS advantage
+            FROM samples s JOIN a USING (rollout_id)
             WHERE list_contains($chosen, s.group_id)
             ORDER BY s.rollout_id, s.segment_id
             """, {"chosen": chosen}).to_pylist()

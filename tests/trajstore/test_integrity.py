@@ -1,0 +1,78 @@
+"""Sealed files: a flipped byte anywhere is reported by `verify` and by reads, never returned as data.
+
+Parquet checksums pages but not its footer; trajstore records the CRC-32 of the footer and
+of the whole file in the file's name (trajstore.table.write_file). These tests flip bytes in
+the footer, in the page data and across the whole file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import trajstore
+from trajstore import CorruptionError
+from trajstore.table import _footer_span, file_crcs
+
+QUERY = "SELECT * FROM events ORDER BY event_id"  # every column: a damaged page anywhere is read
+
+
+def sealed_store(path: Path) -> tuple[trajstore.Store, Path, list[dict]]:
+    store = trajstore.open_store(path)
+    with store.writer("w") as w:
+        w.append([
+            {"kind": "turn", "group_id": "g", "rollout_id": f"r{i}", "segment_id": f"s{i}", "turn_index": 0,
+             "policy_version": 0, "prompt_ids": list(range(i, i + 40)), "output_ids": list(range(i, i + 60)),
+             "output_logprobs": [-0.5] * 60}
+            for i in range(300)
+        ])
+    (sealed,) = (path / "events").glob("*.parquet")
+    return store, sealed, store.query(QUERY).to_pylist()
+
+
+def flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def test_sealed_file_names_carry_footer_and_file_crcs(tmp_path: Path) -> None:
+    _, sealed, _ = sealed_store(tmp_path / "s")
+    crcs = file_crcs(sealed.name)
+    assert crcs is not None
+    import zlib
+
+    data = sealed.read_bytes()
+    assert crcs == (zlib.crc32(data[-_footer_span(data):]), zlib.crc32(data))
+
+
+@pytest.mark.parametrize("where", ["footer", "footer_length", "page_data"])
+def test_flipped_byte_is_reported_by_reads_and_verify(tmp_path: Path, where: str) -> None:
+    _, sealed, _ = sealed_store(tmp_path / "s")
+    data = sealed.read_bytes()
+    span = _footer_span(data)
+    offset = {"footer": len(data) - span + span // 2, "footer_length": len(data) - 6,
+              "page_data": len(data) // 3}[where]
+    flip(sealed, offset)
+    fresh = trajstore.open_store(tmp_path / "s")  # a new process would start with nothing verified
+    with pytest.raises(CorruptionError):
+        fresh.query(QUERY)
+    report = fresh.verify()
+    assert not report.ok and any(sealed.name in p for p in report.problems)
+
+
+def test_byte_flips_across_a_sealed_file_never_return_other_data(tmp_path: Path) -> None:
+    _, sealed, expected = sealed_store(tmp_path / "s")
+    original = sealed.read_bytes()
+    step = max(1, len(original) // 40)
+    for offset in range(4, len(original) - 4, step):
+        sealed.write_bytes(original)
+        flip(sealed, offset)
+        fresh = trajstore.open_store(tmp_path / "s")
+        try:
+            got = fresh.query(QUERY).to_pylist()
+        except (CorruptionError, trajstore.QueryError):
+            got = None  # reported, not returned
+        assert got in (None, expected), f"flip at byte {offset} returned other data: {got}"
+        assert not fresh.verify().ok, f"verify missed a flip at byte {offset}"
