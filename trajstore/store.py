@@ -127,7 +127,8 @@ class Store:
 
     def writer(self, name: str | None = None, **options: Any) -> Writer:
         """A writer owned by this process (default name: `<host>-<pid>`). Options: seal_bytes,
-        seal_interval (seconds), seal_on_close."""
+        seal_interval (seconds), seal_on_close, remember_ids (how many recent event ids it
+        keeps to skip re-appends; older duplicates are still shown once by the views)."""
         return Writer(self, name or f"{socket.gethostname()}-{os.getpid()}", **options)
 
     def table_sealed_seq(self, writer: str) -> int:

@@ -16,12 +16,13 @@ rest. Sealing is idempotent across crashes (see `trajstore.table`).
 from __future__ import annotations
 
 import fcntl
+import itertools
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,24 +116,55 @@ def seal_segments(store: Store, name: str, segments: list[Path]) -> int:
     return committed
 
 
-def sealed_event_ids(store: Store, name: str) -> list[str]:
-    """The event_ids writer `name` has sealed into the table (files pruned by writer statistics)."""
+def sealed_event_ids(store: Store, name: str, *, after_seq: int = -1) -> list[str]:
+    """Event_ids writer `name` sealed with writer_seq > after_seq, in seq order (files pruned by statistics)."""
     files = [f for f in store.table.snapshot().files
-             if f.min.get("writer", name) <= name <= f.max.get("writer", name)]
+             if f.min.get("writer", name) <= name <= f.max.get("writer", name)
+             and f.max.get("writer_seq", after_seq + 1) > after_seq]
     if not files:
         return []
-    ids = store.table.open_dataset(files).to_table(columns=["event_id"], filter=ds.field("writer") == name)
-    return ids.column("event_id").to_pylist()
+    rows = store.table.open_dataset(files).to_table(
+        columns=["event_id", "writer_seq"], filter=(ds.field("writer") == name) & (ds.field("writer_seq") > after_seq))
+    return rows.sort_by("writer_seq").column("event_id").to_pylist()
+
+
+class RecentIds:
+    """The last `cap` event ids a writer stored: re-appends of them are skipped, in bounded memory.
+
+    An older id appended again is stored again, and the `events` view still shows it once
+    (the first write wins), so the bound trades a rare physical duplicate for memory that
+    does not grow with the writer's lifetime.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._ids: dict[str, None] = {}  # insertion-ordered: the oldest go first
+
+    def __contains__(self, event_id: object) -> bool:
+        return event_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add_all(self, event_ids: Iterable[str]) -> None:
+        ids = self._ids
+        for eid in event_ids:
+            ids[eid] = None
+        excess = len(ids) - self.cap
+        if excess > 0:
+            for eid in list(itertools.islice(ids, excess)):
+                del ids[eid]
 
 
 class Writer:
     """Appends events durably to a store; see the module docstring. Use as a context manager."""
 
     def __init__(self, store: Store, name: str, *, seal_bytes: int = 64 << 20,
-                 seal_interval: float = 60.0, seal_on_close: bool = True) -> None:
+                 seal_interval: float = 60.0, seal_on_close: bool = True, remember_ids: int = 262_144) -> None:
         check_writer_name(name)
-        if seal_bytes <= 0 or seal_interval <= 0:
-            raise ValueError("seal_bytes and seal_interval must be positive")
+        if seal_bytes <= 0 or seal_interval <= 0 or remember_ids <= 0:
+            raise ValueError("seal_bytes, seal_interval and remember_ids must be positive")
+        self.remember_ids = remember_ids
         self.store = store
         self.name = name
         self.seal_bytes = seal_bytes
@@ -170,14 +202,15 @@ class Writer:
         segments = wal.list_segments(self.dir)
         epoch = 0
         last_seq = -1
-        self._known_ids: set[str] = set()
+        self._known_ids = RecentIds(self.remember_ids)
+        wal_ids: list[str] = []
         for path in segments:
             read = wal.read_segment(path)
             wal.truncate_torn_tail(read)
             epoch = max(epoch, wal.parse_segment_name(path.name)[0])
             for batch in read.batches:
                 last_seq = max(last_seq, batch.last_seq)
-                self._known_ids.update(batch.data.column("event_id").to_pylist())
+                wal_ids.extend(batch.data.column("event_id").to_pylist())
         epoch_file = self.dir / "EPOCH"
         if epoch_file.exists():
             epoch = max(epoch, int(epoch_file.read_text().strip() or 0))
@@ -190,7 +223,8 @@ class Writer:
         wal.fsync_dir(self.dir)
         sealed = self.store.table_sealed_seq(self.name)
         if sealed >= 0:  # a re-sent event an earlier epoch sealed (segment gone) is still a duplicate
-            self._known_ids.update(sealed_event_ids(self.store, self.name))
+            self._known_ids.add_all(sealed_event_ids(self.store, self.name, after_seq=sealed - self._known_ids.cap))
+        self._known_ids.add_all(wal_ids)
         self._next_seq = max(last_seq, sealed) + 1
         self._durable_seq = self._next_seq - 1
         self._closed_segments = segments  # whatever survived is sealed by the background thread
@@ -225,7 +259,7 @@ class Writer:
             batch = self._batch(columns, keep, first, n)
             self._next_seq = last + 1
             self._pending.append((batch, first, last))
-            self._known_ids.update(seen_here)
+            self._known_ids.add_all(seen_here)
         self._flush(last)
         return AppendResult(n, len(event_ids) - n, first, last)
 

@@ -524,3 +524,25 @@ def test_a_flipped_byte_in_a_sealed_file_raises(tmp_path: Path) -> None:
         store.query("SELECT tokens FROM samples")
     path.write_bytes(original)
     assert rows(store) == expected  # the flips were the only cause
+
+
+def test_recent_ids_stay_bounded_and_forget_the_oldest_first() -> None:
+    from trajstore.writer import RecentIds
+
+    ids = RecentIds(cap=4)
+    ids.add_all(["a", "b", "c"])
+    ids.add_all(["d", "e"])
+    assert len(ids) == 4 and "a" not in ids and all(x in ids for x in "bcde")
+
+
+def test_a_reopened_writer_remembers_only_its_most_recent_sealed_ids(tmp_path: Path) -> None:
+    store = trajstore.open_store(tmp_path / "s")
+    events = [{"kind": "metric", "step": i, "metrics": {"loss": 1.0}, "event_id": f"m{i}"} for i in range(6)]
+    with store.writer("w") as w:
+        assert w.append(events).appended == 6
+    with store.writer("w", remember_ids=3) as w:
+        assert w.append(events[3:]).duplicates == 3  # the last three are remembered
+        again = w.append(events[:1])
+        assert again.appended == 1  # the oldest was forgotten: stored again...
+    n = store.query("SELECT count(*) AS n FROM events WHERE event_id = 'm0'").to_pylist()
+    assert n == [{"n": 1}]  # ...and still shown once
