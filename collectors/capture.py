@@ -7,7 +7,8 @@
 3. sample from the upstream policy server with the full token ids (`PolicyClient.complete`);
 4. decode and parse the reply, build the protocol response;
 5. append the turn event (exact prompt delta, sampled ids, logprobs, policy version) and wait
-   until it is durable; only then advance the session and answer the agent.
+   until it is durable; only then advance the session and answer the agent. Concurrent
+   calls' events share one append (`collectors.appender`).
 
 A failure at any step leaves the session as it was and writes nothing: no partial event.
 `max_tokens` above the room left in the context is lowered to that room (finish `length`
@@ -17,7 +18,6 @@ says so); a prompt that leaves no room at all is refused. Rollout open and close
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 import time
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from collectors.appender import BatchAppender
 from collectors.chat import ChatError, ChatReply, ChatRequest
 from collectors.errors import CollectorError
 from collectors.policy import PolicyClient, Sample
@@ -84,10 +85,11 @@ class Capture:
         self.run, self.max_model_len, self.default_max_tokens = run, max_model_len, default_max_tokens
         self.registry = Registry()
         self.stats = ProxyStats()
+        self._appender = BatchAppender(writer.append)  # concurrent turns share one append and its fsync
 
     async def _append(self, events: list[Any]) -> None:
         try:
-            await asyncio.to_thread(self.writer.append, events)
+            await self._appender.append(events)
         except Exception as exc:  # noqa: BLE001 - the agent must hear why nothing was recorded
             log.exception("appending %d event(s) failed", len(events))
             raise ChatError(f"the trajectory store refused the event(s): {type(exc).__name__}: {exc}; nothing was "

@@ -40,12 +40,23 @@ class ChatRenderer:
             raise ValueError("the tokenizer has no chat template; the proxy needs one to render conversations "
                              "(models made by `trajstore init-model` ship with it)")
         self.tokenizer = tokenizer
+        # A call through transformers' encode / decode costs several times the Rust tokenizer's own work,
+        # and a turn makes several. The backend gives the same ids and text when transformers would not
+        # truncate, pad or split special tokens, which is the case for every tokenizer loaded as is.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        plain = backend is not None and backend.truncation is None and backend.padding is None and not (
+            getattr(tokenizer, "split_special_tokens", False) or backend.encode_special_tokens)
+        self._backend = backend if plain else None
 
     def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         """Text of sampled ids with special tokens kept: exactly what the model wrote."""
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,

@@ -1,0 +1,345 @@
+"""Capture proxy overhead: latency and throughput through the proxy versus the policy server directly.
+
+The upstream is a fake vLLM-style policy server with a fixed response time: POST
+/v1/completions sleeps `--upstream-ms` and answers a fixed list of token ids in exactly the
+response JSON the embedded server gives (built with `collectors.completions`:
+`token_ids`, `prompt_token_ids` echoed, `logprobs.token_logprobs`, `policy_version`, the
+X-Policy-Version header). C sessions run T turns each, one after another, all C at once:
+
+- direct   POST /v1/completions with the conversation's token ids (precomputed: the rendered
+           conversation so far, as the proxy would send it), `return_token_ids`, `logprobs: 0`;
+- proxied  one rollout per session (POST /rollouts, before the clock starts), then POST
+           /v1/chat/completions with the growing multi-turn `messages`. The proxy renders the
+           template, samples upstream with token ids, parses the reply and appends a durable
+           `turn` event (fsync) to a real store in a temporary directory on local disk; the
+           store is read back afterwards and must hold every turn.
+
+Both sides use the same client: one aiohttp session with an unlimited connection pool in this
+process. The upstream and the proxy each run in a process of their own, so none of them
+shares an event loop or the GIL with the load generator. On a 2-core machine the three
+processes (client, proxy, upstream) still share two cores: a proxy's CPU time per call is
+taken from the client and the upstream too, and is printed beside the latencies.
+
+Added latency = proxied minus direct percentile; throughput = calls answered per second of wall
+time. Rounds alternate direct and proxied; latencies of all rounds are pooled, the throughput
+is the median round.
+
+    python benchmarks/proxy.py                      # ~1 minute
+    python benchmarks/proxy.py --quick              # ~15 seconds
+    python benchmarks/proxy.py --upstream-ms 200 --turns 6 --concurrency 64 256 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach for the Hub
+
+import aiohttp  # noqa: E402
+
+MODEL = "bench"
+REPLY = "Sure. The answer is forty-two, and here is a short explanation of why that is."
+QUESTIONS = ["What is the answer?", "Why is that?", "Can you say more?", "And then?", "Is that all?",
+             "Give an example.", "Summarize it.", "Thanks, anything else?"]
+
+
+# ---------------------------------------------------------------- the fake upstream (its own process)
+
+
+def upstream_app(model_dir: str, delay_s: float) -> Any:
+    """A vLLM-style /v1/completions that sleeps `delay_s` and samples REPLY + <|im_end|> every time."""
+    from aiohttp import web
+    from transformers import AutoTokenizer
+
+    from collectors.completions import CompletionJob, completion_response
+    from collectors.engine import Completion
+    from collectors.sampling import SamplingParams
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok.encode(REPLY, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+    logprobs = [-0.5 - 0.01 * i for i in range(len(ids))]
+    texts = {t: tok.decode([t], skip_special_tokens=False) for t in ids}
+
+    def answer(prompt: list[int]) -> dict[str, Any]:
+        result = Completion(prompt_ids=prompt, output_ids=ids, logprobs=logprobs, top_logprobs=None, text=REPLY,
+                            finish_reason="stop", stop_reason=None, policy_version=0)
+        job = CompletionJob(prompt=prompt, params=SamplingParams(logprobs=0), return_token_ids=True, model=None)
+        return completion_response(job, result, model_name=MODEL, decode_one=texts.__getitem__)
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        await asyncio.sleep(delay_s)
+        return web.json_response(answer(body["prompt"]), headers={"X-Policy-Version": "0"})
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    return app
+
+
+def serve_upstream(model_dir: str, delay_s: float, conn: Connection) -> None:
+    from aiohttp import web
+
+    async def main() -> None:
+        runner = web.AppRunner(upstream_app(model_dir, delay_s), access_log=None)
+        await runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(runner, sock, backlog=1024).start()
+        conn.send(f"http://127.0.0.1:{sock.getsockname()[1]}")
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # until told to stop
+        await runner.cleanup()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- the proxy (its own process)
+
+
+def serve_proxy(model_dir: str, store_dir: str, upstream: str, conn: Connection) -> None:
+    from collectors.clients import EmbeddedClient
+    from collectors.proxy import ProxyConfig, start_proxy
+    from trajstore import open_store
+
+    async def main() -> None:
+        config = ProxyConfig(model_dir=model_dir, run="bench", model_names=(MODEL,))
+        runner, url = await start_proxy(lambda: EmbeddedClient(upstream), open_store(store_dir), config)
+        conn.send(url)
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        await runner.cleanup()  # closes the writer: seals the write-ahead log into the table
+
+    asyncio.run(main())
+
+
+def start(target: Any, *args: Any) -> tuple[mp.Process, Connection, str]:
+    parent, child = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=target, args=(*args, child), daemon=True)
+    proc.start()
+    if not parent.poll(120):
+        raise RuntimeError(f"{target.__name__} did not start within 120 s")
+    return proc, parent, parent.recv()
+
+
+def stop(proc: mp.Process, conn: Connection) -> None:
+    conn.send("stop")
+    proc.join(60)
+    if proc.exitcode != 0:
+        raise RuntimeError(f"process {proc.name} exited with {proc.exitcode}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- load generation (this process)
+
+
+@dataclass
+class Round:
+    latencies: list[float] = field(default_factory=list)
+    calls: int = 0
+    seconds: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per process during the round
+
+    @property
+    def rate(self) -> float:
+        return self.calls / self.seconds
+
+
+def conversation(turns: int) -> list[list[dict[str, str]]]:
+    """The messages of each turn: turn t sends t questions and the t - 1 replies before them."""
+    history: list[dict[str, str]] = [{"role": "system", "content": "You are a helpful assistant."}]
+    out = []
+    for t in range(turns):
+        history.append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
+        out.append(list(history))
+        history.append({"role": "assistant", "content": REPLY})
+    return out
+
+
+def direct_prompts(model_dir: str, turns: list[list[dict[str, str]]]) -> list[list[int]]:
+    """The token ids the proxy sends upstream for each turn (the sampled reply re-renders to the same ids)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return [tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+                       add_special_tokens=False) for m in turns]
+
+
+async def run_round(url: str, sessions: int, *, proxied: bool, turns: list[list[dict[str, str]]],
+                    prompts: list[list[int]], keys: list[str], max_tokens: int) -> Round:
+    """`sessions` concurrent sessions of len(turns) calls each; returns every call's latency."""
+    result = Round()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async def call(route: str, body: dict[str, Any], headers: dict[str, str] | None) -> None:
+            t0 = time.perf_counter()
+            async with http.post(url + route, json=body, headers=headers) as resp:
+                reply = await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"{route} answered {resp.status}: {reply[:300]!r}")
+            result.latencies.append(time.perf_counter() - t0)
+            json.loads(reply)  # as an SDK would
+
+        async def session(s: int) -> None:
+            for t in range(len(turns)):
+                if proxied:
+                    await call("/v1/chat/completions", {"model": MODEL, "messages": turns[t], "max_tokens": max_tokens},
+                               {"Authorization": f"Bearer {keys[s]}"})
+                else:
+                    await call("/v1/completions", {"model": MODEL, "prompt": prompts[t], "max_tokens": max_tokens,
+                                                   "temperature": 1.0, "top_p": 1.0, "top_k": -1, "stop": [],
+                                                   "logprobs": 0, "return_token_ids": True}, None)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(session(s) for s in range(sessions)))
+        result.seconds = time.perf_counter() - t0
+    result.calls = len(result.latencies)
+    return result
+
+
+async def open_rollouts(proxy: str, n: int, group: str) -> list[str]:
+    async with aiohttp.ClientSession() as http:
+        async def one() -> str:
+            async with http.post(proxy + "/rollouts", json={"group_id": group}) as resp:
+                return (await resp.json())["api_key"]
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class Row:
+    """One (upstream time, sessions) cell: its direct and proxied rounds."""
+
+    upstream_ms: float
+    sessions: int
+    direct: list[Round]
+    proxied: list[Round]
+
+
+def measure(model_dir: str, store_dir: str, upstream_ms: float, args: argparse.Namespace,
+            turns: list[list[dict[str, str]]], prompts: list[list[int]]) -> tuple[list[Row], int, int]:
+    """Every concurrency level against one upstream; returns the rows, turns answered and turns stored."""
+    from trajstore import open_store
+
+    up_proc, up_conn, upstream = start(serve_upstream, model_dir, upstream_ms / 1000)
+    px_proc, px_conn, proxy = start(serve_proxy, model_dir, store_dir, upstream)
+    pids = {"client": os.getpid(), "proxy": px_proc.pid, "upstream": up_proc.pid}
+    rows, answered = [], 0
+    for c in args.concurrency:
+        warm = asyncio.run(open_rollouts(proxy, c, f"warm-{c}"))
+        for url, proxied in ((upstream, False), (proxy, True)):  # connections, first renders
+            asyncio.run(run_round(url, c, proxied=proxied, turns=turns[:1], prompts=prompts, keys=warm,
+                                  max_tokens=args.max_tokens))
+        answered += c
+        row = Row(upstream_ms, c, [], [])
+        for r in range(args.repeats):  # alternating, so a busy moment of the machine hits both alike
+            keys = asyncio.run(open_rollouts(proxy, c, f"c{c}-r{r}"))
+            for url, proxied, rounds in ((upstream, False, row.direct), (proxy, True, row.proxied)):
+                before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                rnd = asyncio.run(run_round(url, c, proxied=proxied, turns=turns, prompts=prompts, keys=keys,
+                                            max_tokens=args.max_tokens))
+                rnd.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+                rounds.append(rnd)
+            answered += row.proxied[-1].calls
+        rows.append(row)
+    stop(px_proc, px_conn)  # closes the writer, which seals its log into the table
+    stop(up_proc, up_conn)
+    stored = open_store(store_dir).query("SELECT count(*) AS n FROM events WHERE kind = 'turn'").to_pylist()[0]["n"]
+    return rows, answered, stored
+
+
+def report(rows: list[Row]) -> None:
+    print(f"\n  {'upstream':>8} {'sessions':>8} {'path':<8} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>8} "
+          f"{'added p50':>10} {'added p99':>10} {'throughput':>10}   CPU us/call: client / proxy / upstream")
+    verdicts = []
+    for row in rows:
+        stats = []
+        for rounds in (row.direct, row.proxied):
+            lat = [x for r in rounds for x in r.latencies]
+            calls = sum(r.calls for r in rounds)
+            cpu_s = {name: sum(r.cpu[name] for r in rounds) for name in rounds[0].cpu}
+            # /proc counts CPU in 10 ms ticks: per-call figures need a few hundred calls to mean anything
+            cpu = {n: f"{1e6 * v / calls:,.0f}" if calls >= 200 else "~" for n, v in cpu_s.items()}
+            stats.append((1000 * pct(lat, 0.5), 1000 * pct(lat, 0.99), statistics.median(r.rate for r in rounds),
+                          calls, cpu))
+        (d50, d99, d_rate, d_calls, d_cpu), (p50, p99, p_rate, p_calls, p_cpu) = stats
+        head = f"  {row.upstream_ms:>6g}ms {row.sessions:>8}"
+        print(f"{head} {'direct':<8} {d_calls:>6} {d50:>8.2f} {d99:>8.2f} {d_rate:>8,.0f} {'':>10} {'':>10} {'':>10}   "
+              f"{d_cpu['client']:>6} / {'-':>5} / {d_cpu['upstream']:>5}")
+        print(f"{head} {'proxied':<8} {p_calls:>6} {p50:>8.2f} {p99:>8.2f} {p_rate:>8,.0f} {p50 - d50:>+7.2f} ms "
+              f"{p99 - d99:>+7.2f} ms {p_rate / d_rate:>10.1%}   "
+              f"{p_cpu['client']:>6} / {p_cpu['proxy']:>5} / {p_cpu['upstream']:>5}")
+        offered = row.sessions / (row.upstream_ms / 1000)
+        verdicts.append(f"{row.upstream_ms:g} ms upstream, {row.sessions} sessions (offered {offered:,.0f} calls/s, "
+                        f"direct served {d_rate:,.0f}): added p50 {p50 - d50:+.2f} ms "
+                        f"({'met' if p50 - d50 <= 1 else 'MISSED'}), throughput {p_rate / d_rate:.1%} "
+                        f"({'met' if p_rate / d_rate >= 0.95 else 'MISSED'})")
+    print("\ntargets: added p50 <= 1 ms, throughput >= 95% of direct")
+    for v in verdicts:
+        print("  " + v)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256],
+                    help="concurrent sessions (default 1 64 256; 1 shows the cost of one call through an idle proxy)")
+    ap.add_argument("--upstream-ms", type=float, nargs="+", default=[50.0, 1000.0],
+                    help="the upstream's fixed response times, one run each (default 50 1000)")
+    ap.add_argument("--turns", type=int, default=6, help="calls per session, a growing conversation (default 6)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every call (default 64)")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per row, direct and proxied alternating (default 3)")
+    ap.add_argument("--quick", action="store_true", help="short run: 3 turns, 1 round")
+    args = ap.parse_args()
+    if args.quick:
+        args.turns, args.repeats = 3, 1
+
+    from collectors.model import ModelSize, init_model
+
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp:
+        model_dir = str(Path(tmp) / "model")
+        init_model(model_dir, ModelSize(), seed=0)
+        turns = conversation(args.turns)
+        prompts = direct_prompts(model_dir, turns)
+        print(f"upstream: fake vLLM /v1/completions (the embedded server's response JSON), fixed response time "
+              f"{' and '.join(f'{ms:g} ms' for ms in args.upstream_ms)}; every reply {REPLY!r} + <|im_end|>")
+        print(f"sessions: {args.turns} calls each, a growing conversation (prompts {len(prompts[0])}-{len(prompts[-1])} "
+              f"tokens), max_tokens {args.max_tokens}; {args.repeats} round(s) per row, direct and proxied alternating")
+        print("processes: load generator (aiohttp, this process) | proxy (own process and event loop, appending to a "
+              f"store under {tmp}) | upstream (own process)")
+        print(f"machine: {os.cpu_count()} CPU cores shared by all three processes, load average "
+              f"{os.getloadavg()[0]:.1f} at start")
+        for ms in args.upstream_ms:
+            store_dir = str(Path(tmp) / f"store-{ms:g}ms")
+            got, answered, stored = measure(model_dir, store_dir, ms, args, turns, prompts)
+            print(f"store ({ms:g} ms run): {stored} turn events read back after the proxy closed, "
+                  f"{answered} calls answered")
+            if stored != answered:
+                raise SystemExit(f"the store holds {stored} turns but {answered} calls were answered")
+            rows += got
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()
