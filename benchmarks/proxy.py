@@ -184,8 +184,9 @@ def direct_prompts(model_dir: str, turns: list[list[dict[str, str]]]) -> list[li
 
 
 async def run_round(url: str, sessions: int, *, proxied: bool, turns: list[list[dict[str, str]]],
-                    prompts: list[list[int]], keys: list[str], max_tokens: int) -> Round:
-    """`sessions` concurrent sessions of len(turns) calls each; returns every call's latency."""
+                    prompts: list[list[int]], keys: list[str], max_tokens: int, spread_s: float = 0.0) -> Round:
+    """`sessions` concurrent sessions of len(turns) calls each, their starts spread evenly over `spread_s`;
+    returns every call's latency."""
     result = Round()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         async def call(route: str, body: dict[str, Any], headers: dict[str, str] | None) -> None:
@@ -198,6 +199,7 @@ async def run_round(url: str, sessions: int, *, proxied: bool, turns: list[list[
             json.loads(reply)  # as an SDK would
 
         async def session(s: int) -> None:
+            await asyncio.sleep(spread_s * s / sessions)
             for t in range(len(turns)):
                 if proxied:
                     await call("/v1/chat/completions", {"model": MODEL, "messages": turns[t], "max_tokens": max_tokens},
@@ -246,6 +248,7 @@ def measure(model_dir: str, store_dir: str, upstream_ms: float, args: argparse.N
     px_proc, px_conn, proxy = start(serve_proxy, model_dir, store_dir, upstream)
     pids = {"client": os.getpid(), "proxy": px_proc.pid, "upstream": up_proc.pid}
     rows, answered = [], 0
+    spread_s = 0.0 if args.lockstep else upstream_ms / 1000
     for c in args.concurrency:
         warm = asyncio.run(open_rollouts(proxy, c, f"warm-{c}"))
         for url, proxied in ((upstream, False), (proxy, True)):  # connections, first renders
@@ -258,7 +261,7 @@ def measure(model_dir: str, store_dir: str, upstream_ms: float, args: argparse.N
             for url, proxied, rounds in ((upstream, False, row.direct), (proxy, True, row.proxied)):
                 before = {name: cpu_seconds(pid) for name, pid in pids.items()}
                 rnd = asyncio.run(run_round(url, c, proxied=proxied, turns=turns, prompts=prompts, keys=keys,
-                                            max_tokens=args.max_tokens))
+                                            max_tokens=args.max_tokens, spread_s=spread_s))
                 rnd.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
                 rounds.append(rnd)
             answered += row.proxied[-1].calls
@@ -309,6 +312,10 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=6, help="calls per session, a growing conversation (default 6)")
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every call (default 64)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds per row, direct and proxied alternating (default 3)")
+    ap.add_argument("--lockstep", action="store_true",
+                    help="start all sessions at the same moment (the worst case: with a fixed upstream time they stay "
+                         "in step, so every call of a round reaches the proxy in one burst); by default their starts "
+                         "are spread over one upstream response time, as agents whose calls take different times are")
     ap.add_argument("--quick", action="store_true", help="short run: 3 turns, 1 round")
     args = ap.parse_args()
     if args.quick:
@@ -324,8 +331,10 @@ def main() -> None:
         prompts = direct_prompts(model_dir, turns)
         print(f"upstream: fake vLLM /v1/completions (the embedded server's response JSON), fixed response time "
               f"{' and '.join(f'{ms:g} ms' for ms in args.upstream_ms)}; every reply {REPLY!r} + <|im_end|>")
+        starts = "all at once (--lockstep)" if args.lockstep else "starts spread over one upstream response time"
         print(f"sessions: {args.turns} calls each, a growing conversation (prompts {len(prompts[0])}-{len(prompts[-1])} "
-              f"tokens), max_tokens {args.max_tokens}; {args.repeats} round(s) per row, direct and proxied alternating")
+              f"tokens), max_tokens {args.max_tokens}, {starts}; {args.repeats} round(s) per row, direct and proxied "
+              "alternating")
         print("processes: load generator (aiohttp, this process) | proxy (own process and event loop, appending to a "
               f"store under {tmp}) | upstream (own process)")
         print(f"machine: {os.cpu_count()} CPU cores shared by all three processes, load average "

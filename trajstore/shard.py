@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from trajstore.schema import EVENT_SCHEMA
 from trajstore.table import FileInfo

@@ -1,0 +1,207 @@
+"""Strict conversion of token lists (Python lists, numpy or Arrow arrays) to Arrow list columns.
+
+Token lists are converted strictly: a float, bool or null among token ids is an error,
+never silently made an integer (a typed `pa.array(values, list<int32>)` turns 1.5 into 1,
+and numpy's astype wraps 2**32 to 0). A column of Python lists goes through Arrow's type
+inference in one call, which keeps ints, floats, bools and nulls apart at C speed; a
+column of numpy (or Arrow) arrays is checked per row by dtype and concatenated once.
+Either way the range of token ids is checked before they are narrowed to int32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+INT32_MAX = 2**31 - 1
+# The list columns and what their elements must be.
+ELEMENT = {"prompt_ids": "int", "output_ids": "int", "output_logprobs": "float", "output_mask": "bool"}
+
+_NOUN = {"int": "integers", "float": "numbers", "bool": "booleans"}
+_INT32_LIST = pa.list_(pa.int32())
+_NUMPY = {"int": np.int64, "float": np.float32, "bool": np.bool_}
+
+
+def _arrow_type_ok(typ: pa.DataType, element: str) -> bool:
+    if pa.types.is_null(typ):  # the lists are all empty
+        return True
+    if element == "int":
+        return pa.types.is_integer(typ)
+    if element == "float":
+        return pa.types.is_integer(typ) or pa.types.is_floating(typ)
+    return pa.types.is_boolean(typ)
+
+
+def _dtype_ok(dtype: np.dtype, element: str) -> bool:
+    if element == "int":
+        return dtype.kind in "iu"
+    if element == "float":
+        return dtype.kind in "iuf"
+    return dtype.kind in "biuf"  # a numpy mask may be 0/1 numbers: nonzero is trainable
+
+
+def _bad_item(values: Sequence[Any], element: str) -> str:
+    """Why a Python list is not a list of `element`s, naming the first offending item."""
+    allowed: tuple[type, ...] = {
+        "int": (int, np.integer), "float": (int, float, np.integer, np.floating), "bool": (bool, np.bool_),
+    }[element]
+    for j, x in enumerate(values):
+        if not isinstance(x, allowed) or (element != "bool" and isinstance(x, (bool, np.bool_))):
+            return f"must hold {_NOUN[element]} (item {j} is {x!r})"
+    return f"must hold token ids between 0 and {INT32_MAX}"  # only ints left: one is beyond 64 bits
+
+
+def row_array(value: Any, element: str) -> tuple[np.ndarray | None, str]:
+    """One row's list as a flat numpy array, or (None, why it is not a list of `element`s)."""
+    if isinstance(value, (pa.Array, pa.ChunkedArray)):
+        if value.null_count:
+            return None, f"must hold {_NOUN[element]}, not nulls"
+        if not _arrow_type_ok(value.type, element):
+            return None, f"must hold {_NOUN[element]}, not {value.type} values"
+        if pa.types.is_null(value.type):
+            return np.empty(0, _NUMPY[element]), ""
+        return value.to_numpy(zero_copy_only=False), ""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return np.empty(0, _NUMPY[element]), ""
+        try:
+            arr = pa.array(value)  # inference, not a typed conversion: see above
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            return None, _bad_item(value, element)
+        if arr.null_count or not _arrow_type_ok(arr.type, element):
+            return None, _bad_item(value, element)
+        return arr.to_numpy(zero_copy_only=False), ""
+    try:
+        arr = np.asarray(value)  # numpy arrays, and whatever speaks the array protocol
+    except (TypeError, ValueError, RuntimeError) as exc:
+        return None, f"must be a list of {_NOUN[element]} ({exc})"
+    if arr.ndim != 1:
+        return None, f"must be a flat list, not a {arr.ndim}-d array"
+    if arr.size == 0:  # np.array([]) is float64; an empty list has no elements to be wrong
+        return np.empty(0, _NUMPY[element]), ""
+    if not _dtype_ok(arr.dtype, element):
+        return None, f"must hold {_NOUN[element]}, not {arr.dtype} values"
+    if arr.dtype == np.uint64:  # with signed rows it would concatenate to float64
+        if element == "int" and arr.max() > INT32_MAX:
+            return None, f"must hold token ids between 0 and {INT32_MAX}"
+        arr = arr.astype(np.int64)
+    return arr, ""
+
+
+def _id_range_problems(name: str, flat: np.ndarray, lengths: np.ndarray) -> list[tuple[int, str]]:
+    """Rows whose token ids fall outside [0, INT32_MAX] (checked before narrowing to int32)."""
+    if not flat.size or (flat.min() >= 0 and flat.max() <= INT32_MAX):
+        return []
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    problems = [(int(r), f"{name} holds negative token ids; token ids are >= 0")
+                for r in np.unique(rows[flat < 0])]
+    problems += [(int(r), f"{name} cannot be stored as {_INT32_LIST}: token ids must be between 0 and {INT32_MAX}")
+                 for r in np.unique(rows[flat > INT32_MAX])]
+    return problems
+
+
+def _from_python(name: str, values: list[Any], typ: pa.ListType,
+                 element: str) -> tuple[pa.Array | None, list[tuple[int, str]]]:
+    """A column of Python lists (or None) in one inference call; (None, []) if it needs a closer look."""
+    try:
+        arr = pa.array(values)  # inference, not a typed conversion: see above
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None, []
+    if arr.null_count == len(arr):
+        return pa.nulls(len(arr), typ), []
+    if not pa.types.is_list(arr.type) or not _arrow_type_ok(arr.type.value_type, element):
+        return None, []
+    flat = pc.list_flatten(arr)
+    if flat.null_count:
+        return None, []
+    if element == "int" and len(flat):
+        lengths = pc.list_value_length(arr).fill_null(0).to_numpy()
+        problems = _id_range_problems(name, flat.to_numpy(), lengths)
+        if problems:
+            return None, problems
+    try:
+        return arr.cast(typ), []
+    except (pa.ArrowException, OverflowError):  # e.g. an int logprob float32 cannot hold exactly
+        return None, []
+
+
+def _from_rows(name: str, values: list[Any], typ: pa.ListType,
+               element: str) -> tuple[pa.Array | None, list[tuple[int, str]]]:
+    """A column row by row (numpy or Arrow arrays, or mixed input): checked per row, concatenated once."""
+    parts: list[np.ndarray] = []
+    lengths = np.zeros(len(values), dtype=np.int64)
+    nulls = np.zeros(len(values), dtype=bool)
+    problems: list[tuple[int, str]] = []
+    for i, value in enumerate(values):
+        if value is None:
+            nulls[i] = True
+            continue
+        arr, why = row_array(value, element)
+        if arr is None:
+            problems.append((i, f"{name} cannot be stored as {typ}: it {why}"))
+            continue
+        parts.append(arr)
+        lengths[i] = len(arr)
+    if problems:
+        return None, problems
+    if nulls.all():
+        return pa.nulls(len(values), typ), []
+    return _assemble(name, parts, lengths, nulls, typ, element)
+
+
+def _from_numpy(name: str, values: list[Any], typ: pa.ListType,
+                element: str) -> tuple[pa.Array | None, list[tuple[int, str]]]:
+    """A column of 1-d numpy arrays of one acceptable dtype (what an engine hands back), checked in bulk."""
+    dtypes = {v.dtype for v in values}
+    if len(dtypes) != 1 or not all(v.ndim == 1 for v in values):
+        return None, []
+    dtype = dtypes.pop()
+    if not _dtype_ok(dtype, element) or dtype == np.uint64:
+        return None, []
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    return _assemble(name, values, lengths, None, typ, element)
+
+
+def _assemble(name: str, parts: list[np.ndarray], lengths: np.ndarray, nulls: np.ndarray | None,
+              typ: pa.ListType, element: str) -> tuple[pa.Array | None, list[tuple[int, str]]]:
+    """One list column from checked rows: range-check token ids, narrow, and build the offsets."""
+    total = int(lengths.sum())
+    if total > INT32_MAX:
+        return None, [(0, f"{name}: one append holds {total} values, more than a column can; append fewer events at once")]
+    flat = np.concatenate(parts) if parts else np.empty(0, _NUMPY[element])
+    if element == "int":
+        problems = _id_range_problems(name, flat, lengths)
+        if problems:
+            return None, problems
+        flat = flat.astype(np.int32, copy=False)
+    elif element == "float":
+        with np.errstate(over="ignore"):  # beyond float32 becomes -inf, as Arrow's conversion does
+            flat = flat.astype(np.float32, copy=False)
+    else:
+        flat = flat.astype(np.bool_, copy=False)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    mask = pa.array(nulls) if nulls is not None and nulls.any() else None
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=typ, mask=mask), []
+
+
+def list_column(name: str, values: list[Any], typ: pa.ListType) -> tuple[pa.Array | None, list[tuple[int, str]]]:
+    """Convert one token/logprob/mask column strictly; returns (column, []) or (None, problems).
+
+    The fast paths answer only when the whole column is clean; anything else (mixed input,
+    a bad row) goes row by row, which names each offending row.
+    """
+    element = ELEMENT[name]
+    if all(type(v) is np.ndarray for v in values):
+        arr, problems = _from_numpy(name, values, typ, element)
+        if arr is not None or problems:
+            return arr, problems
+    elif all(v is None or type(v) is list or type(v) is tuple for v in values):
+        arr, problems = _from_python(name, values, typ, element)
+        if arr is not None or problems:
+            return arr, problems
+    return _from_rows(name, values, typ, element)
