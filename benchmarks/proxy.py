@@ -1,13 +1,15 @@
 """Capture proxy overhead: latency and throughput through the proxy versus the policy server directly.
 
 The upstream is a fake vLLM-style policy server with a fixed response time: POST
-/v1/completions sleeps `--upstream-ms` and answers a fixed list of token ids in exactly the
-response JSON the embedded server gives (built with `collectors.completions`:
-`token_ids`, `prompt_token_ids` echoed, `logprobs.token_logprobs`, `policy_version`, the
-X-Policy-Version header). C sessions run T turns each, one after another, all C at once:
+/v1/completions sleeps, then answers a fixed list of token ids in exactly the response JSON
+the embedded server gives (built with `collectors.completions`: `token_ids`,
+`prompt_token_ids` echoed, `logprobs.token_logprobs`, `policy_version`, the X-Policy-Version
+header). It runs at each `--upstream-ms` in turn: 50 ms (a fast server, where this machine's
+CPU is the limit) and 1000 ms (about what a real policy takes for a reply of this length).
+C sessions run T calls each, one after another:
 
 - direct   POST /v1/completions with the conversation's token ids (precomputed: the rendered
-           conversation so far, as the proxy would send it), `return_token_ids`, `logprobs: 0`;
+           conversation so far, as the proxy sends it), `return_token_ids`, `logprobs: 0`;
 - proxied  one rollout per session (POST /rollouts, before the clock starts), then POST
            /v1/chat/completions with the growing multi-turn `messages`. The proxy renders the
            template, samples upstream with token ids, parses the reply and appends a durable
@@ -15,17 +17,19 @@ X-Policy-Version header). C sessions run T turns each, one after another, all C 
            store is read back afterwards and must hold every turn.
 
 Both sides use the same client: one aiohttp session with an unlimited connection pool in this
-process. The upstream and the proxy each run in a process of their own, so none of them
-shares an event loop or the GIL with the load generator. On a 2-core machine the three
-processes (client, proxy, upstream) still share two cores: a proxy's CPU time per call is
-taken from the client and the upstream too, and is printed beside the latencies.
+process. The upstream and the proxy each run in a process of their own, so neither shares an
+event loop or the GIL with the load generator. On a 2-core machine the three processes still
+share two cores: the proxy's CPU time per call is taken from the client and the upstream too,
+and is printed beside the latencies (from /proc, so Linux only). Session starts are spread
+over one upstream response time (`--lockstep` starts them together; with a fixed response
+time they then stay in step and every call of a round reaches the proxy in one burst).
 
 Added latency = proxied minus direct percentile; throughput = calls answered per second of wall
 time. Rounds alternate direct and proxied; latencies of all rounds are pooled, the throughput
 is the median round.
 
-    python benchmarks/proxy.py                      # ~1 minute
-    python benchmarks/proxy.py --quick              # ~15 seconds
+    python benchmarks/proxy.py                      # ~3 minutes
+    python benchmarks/proxy.py --quick              # ~1 minute
     python benchmarks/proxy.py --upstream-ms 200 --turns 6 --concurrency 64 256 512
 """
 

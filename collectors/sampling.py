@@ -14,9 +14,14 @@ Semantics follow vLLM's sampler so that a collector sees the same numbers from e
   temperature 1 (as vLLM does), and the reported logprob is that distribution's;
 - top_k 0 (or vLLM's -1) and top_p 1 switch those filters off; top-k keeps ties at the k-th
   value; top-p keeps the smallest set of tokens whose mass reaches p, at least one token;
-- a random draw is an exponential race (argmax of p / Exp(1) noise), the same categorical
-  draw vLLM makes, with the noise taken from the row's own `torch.Generator`: a request's
-  tokens depend on its seed and its logits only, not on what else shares the batch.
+- a random draw is an exact categorical draw from that distribution, with its randomness
+  taken from the row's own `torch.Generator`: a request's tokens depend on its seed and its
+  logits only, not on what else shares the batch. vLLM races the probabilities against
+  Exp(1) noise, which needs one random number per vocabulary entry; here one uniform number
+  per row is located in the row's cumulative distribution (inverse CDF), the same
+  distribution at a fraction of the cost (on CPU the noise took longer than the model's
+  forward pass). The cumulative sums are float64, so tokens down to ~1e-16 of the mass
+  keep their chance, as with float64 noise.
 """
 
 from __future__ import annotations
@@ -78,18 +83,28 @@ def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
 def sample(logprobs: torch.Tensor, greedy: list[bool], generators: list[torch.Generator | None]) -> torch.Tensor:
     """Draw one token per row of processed logprobs (B, V); returns ids (B,) long.
 
-    Greedy rows take the argmax; the others race Exp(1) noise drawn from their own generator.
+    Greedy rows take the argmax; the others draw by inverse CDF with one uniform number from
+    their own generator.
     """
     ids = logprobs.argmax(dim=-1)
     random_rows = [i for i, g in enumerate(greedy) if not g]
     if random_rows:
-        noise = torch.empty((len(random_rows), logprobs.shape[-1]), device=logprobs.device, dtype=torch.float32)
+        every = len(random_rows) == len(greedy)
+        rows = None if every else torch.tensor(random_rows, device=logprobs.device)
+        probs = (logprobs if rows is None else logprobs[rows]).exp()  # (R, V), 0 on excluded tokens
+        cdf = probs.double().cumsum_(dim=-1)
+        u = torch.empty((len(random_rows), 1), device=logprobs.device, dtype=torch.float64)
         for j, row in enumerate(random_rows):
-            noise[j].exponential_(generator=generators[row])
-        rows = torch.tensor(random_rows, device=logprobs.device)
-        # argmax p/q == argmax (log p - log q); q is clamped so an exact 0 draw cannot give inf - inf
-        race = logprobs[rows] - noise.clamp_(min=1e-30).log()
-        ids[rows] = race.argmax(dim=-1)
+            u[j].uniform_(generator=generators[row])
+        # the first token whose cumulative mass exceeds u * total: never a zero-mass token, whose sum
+        # equals its predecessor's; past the end only if u * total rounds up to the total itself
+        drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+        over = drawn == probs.shape[-1]
+        if bool(over.any()):  # then take the last token with mass
+            drawn[over] = probs.shape[-1] - 1 - (probs[over].flip(-1) > 0).to(torch.int8).argmax(dim=-1)
+        if rows is None:
+            return drawn
+        ids[rows] = drawn
     return ids
 
 

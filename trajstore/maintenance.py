@@ -49,7 +49,7 @@ def seal_orphans(store: Store) -> dict[str, int]:
         try:
             for read in (wal.read_segment(p) for p in segments):
                 wal.truncate_torn_tail(read)
-            sealed[wdir.name] = seal_segments(store, wdir.name, segments)
+            sealed[wdir.name] = seal_segments(store, wdir.name, segments).events
         finally:
             lock.release()
     return sealed

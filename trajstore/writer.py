@@ -83,21 +83,41 @@ def acquire(directory: Path) -> _Lock:
     return _Lock(directory / "LOCK")
 
 
-def seal_segments(store: Store, name: str, segments: list[Path]) -> int:
-    """Seal closed segments of writer `name` into the table; returns the events committed.
+@dataclass(frozen=True)
+class SealResult:
+    events: int  # events committed by this seal
+    sealed_seq: int  # the writer's last sealed seq afterwards
+
+
+def _name_taken(name: str, table_seq: int, own_seq: int, where: Path) -> WriterBusyError:
+    return WriterBusyError(
+        f"writer {name!r}: the table says its events up to seq {table_seq} are sealed, but this "
+        f"process sealed up to {own_seq}; another process, probably on another machine, writes "
+        f"under the same name. Give every writer of a store a unique name; the unsealed "
+        f"segments in {where} were kept"
+    )
+
+
+def seal_segments(store: Store, name: str, segments: list[Path], *, expected: int | None = None) -> SealResult:
+    """Seal closed segments of writer `name` into the table.
 
     Only rows past the table's sealed seq for `name` are written; the commit carries the
     application transaction (name, last seq), and it is skipped when an earlier attempt
-    already landed. Sealed segments are deleted afterwards.
+    already landed. Sealed segments are deleted afterwards. `expected` is the sealed seq the
+    calling writer knows of; a table that says otherwise means the name is used elsewhere,
+    and nothing is deleted.
     """
-    if not segments:
-        return 0
-    reads = [wal.read_segment(p) for p in segments]
-    batches = [b for r in reads for b in r.batches]
     table = store.table
     start = sealed_seq(table._current(), name)
+    if expected is not None and start != expected:
+        raise _name_taken(name, start, expected, store.location.wal_root / name)
+    if not segments:
+        return SealResult(0, start)
+    reads = [wal.read_segment(p) for p in segments]
+    batches = [b for r in reads for b in r.batches]
     rows = [b.data for b in batches if b.last_seq > start]
     committed = 0
+    sealed_through = start
     if rows:
         data = pa.Table.from_batches(rows, schema=EVENT_SCHEMA)
         if batches[0].first_seq <= start:  # part of the first batch is sealed already
@@ -105,15 +125,22 @@ def seal_segments(store: Store, name: str, segments: list[Path]) -> int:
             data = data.filter(pa.array(seqs > start))
         last = batches[-1].last_seq
         add = table.write_file(data, prefix=f"seal-{name}")
-        done = table.commit(
-            [add], operation="seal", writer_txn=(name, last),
-            precheck=lambda dt: sealed_seq(dt, name) < last,
-        )
+
+        def precheck(dt: Any) -> bool:
+            current = sealed_seq(dt, name)
+            if current == start:
+                return True
+            if current >= last and add.path in pa.table(dt.get_add_actions()).column("path").to_pylist():
+                return False  # an earlier attempt of this seal landed; its acknowledgement was lost
+            raise _name_taken(name, current, start, segments[0].parent)
+
+        done = table.commit([add], operation="seal", writer_txn=(name, last), precheck=precheck)
         committed = data.num_rows if done is not None else 0
+        sealed_through = last
     for p in segments:
         p.unlink(missing_ok=True)
     wal.fsync_dir(segments[0].parent)
-    return committed
+    return SealResult(committed, sealed_through)
 
 
 def sealed_event_ids(store: Store, name: str, *, after_seq: int = -1) -> list[str]:
@@ -221,7 +248,7 @@ class Writer:
             os.fsync(f.fileno())
         os.replace(tmp, epoch_file)
         wal.fsync_dir(self.dir)
-        sealed = self.store.table_sealed_seq(self.name)
+        sealed = self._sealed_seq = self.store.table_sealed_seq(self.name)
         if sealed >= 0:  # a re-sent event an earlier epoch sealed (segment gone) is still a duplicate
             self._known_ids.add_all(sealed_event_ids(self.store, self.name, after_seq=sealed - self._known_ids.cap))
         self._known_ids.add_all(wal_ids)
@@ -336,7 +363,9 @@ class Writer:
                     self._rotate()
                 segments, self._closed_segments = self._closed_segments, []
             try:
-                return seal_segments(self.store, self.name, segments)
+                result = seal_segments(self.store, self.name, segments, expected=self._sealed_seq)
+                self._sealed_seq = result.sealed_seq
+                return result.events
             except BaseException:
                 with self._io:  # keep them for the next attempt
                     self._closed_segments = segments + self._closed_segments
@@ -356,6 +385,10 @@ class Writer:
             if due:
                 try:
                     self._seal(rotate=False)
+                except WriterBusyError as exc:  # the name is taken elsewhere: stop, keep the segments
+                    self._failed = exc
+                    log.error("writer %s stopped: %s", self.name, exc)
+                    return
                 except (TrajstoreError, OSError) as exc:
                     log.warning("writer %s: background seal failed, will retry: %s", self.name, exc)
 

@@ -546,3 +546,29 @@ def test_a_reopened_writer_remembers_only_its_most_recent_sealed_ids(tmp_path: P
         assert again.appended == 1  # the oldest was forgotten: stored again...
     n = store.query("SELECT count(*) AS n FROM events WHERE event_id = 'm0'").to_pylist()
     assert n == [{"n": 1}]  # ...and still shown once
+
+
+def test_one_writer_name_on_two_machines_is_refused_and_loses_nothing(tmp_path: Path) -> None:
+    """Two machines (two spool directories) writing one store under one name: the second
+    seal is refused, its segments stay, and the writer stops rather than dropping events."""
+    import dataclasses
+
+    here = trajstore.open_store(tmp_path / "s")
+    elsewhere = trajstore.Store(dataclasses.replace(here.location, wal_root=tmp_path / "other-machine" / "wal"))
+
+    def metric(i: int) -> dict:
+        return {"kind": "metric", "step": i, "metrics": {"x": 1.0}, "event_id": f"e{i}"}
+
+    a = here.writer("collector", seal_on_close=False)
+    b = elsewhere.writer("collector", seal_on_close=False)
+    a.append([metric(0), metric(1)])
+    b.append([metric(10)])  # the same seq 0, from the other machine
+    assert a.seal() == 2
+    with pytest.raises(WriterBusyError, match="another machine"):
+        b.seal()
+    kept = list((tmp_path / "other-machine" / "wal" / "collector").glob("*.arrows"))
+    assert kept and sum(len(wal.read_segment(p).batches) for p in kept) == 1
+    a.close()
+    b.close()
+    sealed = here.query("SELECT event_id FROM events ORDER BY event_id").column(0).to_pylist()
+    assert sealed == ["e0", "e1"]  # e10 was not committed under a seq that belongs to e0
