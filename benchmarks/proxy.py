@@ -14,18 +14,22 @@ C sessions run T calls each, one after another:
            /v1/chat/completions with the growing multi-turn `messages`. The proxy renders the
            template, samples upstream with token ids, parses the reply and appends a durable
            `turn` event (fsync) to a real store in a temporary directory on local disk; the
-           store is read back afterwards and must hold every turn.
+           store is read back afterwards and must hold every turn;
+- bare hop the direct calls through `serve_passthrough`, an aiohttp server that forwards the body
+           and answers with the upstream's: what one more aiohttp hop costs here, the floor under
+           any proxy written this way.
 
-Both sides use the same client: one aiohttp session with an unlimited connection pool in this
-process. The upstream and the proxy each run in a process of their own, so neither shares an
-event loop or the GIL with the load generator. On a 2-core machine the three processes still
-share two cores: the proxy's CPU time per call is taken from the client and the upstream too,
-and is printed beside the latencies (from /proc, so Linux only). Session starts are spread
+Every path uses the same client: one aiohttp session with an unlimited connection pool in this
+process. The upstream, the proxy and the bare hop each run in a process of their own, so none
+shares an event loop or the GIL with the load generator. On a 2-core machine the client, the
+middle process and the upstream still share two cores: the proxy's CPU time per call is taken
+from the client and the upstream too, and is printed beside the latencies (from /proc, so
+Linux only). Session starts are spread
 over one upstream response time (`--lockstep` starts them together; with a fixed response
 time they then stay in step and every call of a round reaches the proxy in one burst).
 
-Added latency = proxied minus direct percentile; throughput = calls answered per second of wall
-time. Rounds alternate direct and proxied; latencies of all rounds are pooled, the throughput
+Added latency = a path's percentile minus direct's; throughput = calls answered per second of wall
+time. Rounds take the paths in turn; latencies of all rounds are pooled, the throughput
 is the median round.
 
     python benchmarks/proxy.py                      # ~3 minutes
@@ -126,6 +130,33 @@ def serve_proxy(model_dir: str, store_dir: str, upstream: str, conn: Connection)
         conn.send(url)
         await asyncio.get_running_loop().run_in_executor(None, conn.recv)
         await runner.cleanup()  # closes the writer: seals the write-ahead log into the table
+
+    asyncio.run(main())
+
+
+def serve_passthrough(upstream: str, conn: Connection) -> None:
+    """The floor of any proxy here: an aiohttp server that forwards each body upstream, untouched."""
+    from aiohttp import web
+
+    async def main() -> None:
+        http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+        async def forward(request: web.Request) -> web.Response:
+            async with http.post(upstream + request.path, data=await request.read(),
+                                 headers={"Content-Type": "application/json"}) as resp:
+                return web.Response(body=await resp.read(), status=resp.status, content_type="application/json")
+
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_post("/v1/completions", forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(runner, sock, backlog=1024).start()
+        conn.send(f"http://127.0.0.1:{sock.getsockname()[1]}")
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        await runner.cleanup()
+        await http.close()
 
     asyncio.run(main())
 
@@ -233,14 +264,16 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+PATHS = ("direct", "bare hop", "proxied")  # the bare hop: serve_passthrough, the cost of any extra aiohttp server
+
+
 @dataclass
 class Row:
-    """One (upstream time, sessions) cell: its direct and proxied rounds."""
+    """One (upstream time, sessions) cell: the rounds of each path."""
 
     upstream_ms: float
     sessions: int
-    direct: list[Round]
-    proxied: list[Round]
+    rounds: dict[str, list[Round]] = field(default_factory=lambda: {p: [] for p in PATHS})
 
 
 def measure(model_dir: str, store_dir: str, upstream_ms: float, args: argparse.Namespace,
@@ -249,60 +282,64 @@ def measure(model_dir: str, store_dir: str, upstream_ms: float, args: argparse.N
     from trajstore import open_store
 
     up_proc, up_conn, upstream = start(serve_upstream, model_dir, upstream_ms / 1000)
+    hop_proc, hop_conn, hop = start(serve_passthrough, upstream)
     px_proc, px_conn, proxy = start(serve_proxy, model_dir, store_dir, upstream)
-    pids = {"client": os.getpid(), "proxy": px_proc.pid, "upstream": up_proc.pid}
+    paths = {"direct": (upstream, None), "bare hop": (hop, hop_proc.pid), "proxied": (proxy, px_proc.pid)}
     rows, answered = [], 0
     spread_s = 0.0 if args.lockstep else upstream_ms / 1000
     for c in args.concurrency:
         warm = asyncio.run(open_rollouts(proxy, c, f"warm-{c}"))
-        for url, proxied in ((upstream, False), (proxy, True)):  # connections, first renders
-            asyncio.run(run_round(url, c, proxied=proxied, turns=turns[:1], prompts=prompts, keys=warm,
+        for url, _ in paths.values():  # connections, first renders
+            asyncio.run(run_round(url, c, proxied=url == proxy, turns=turns[:1], prompts=prompts, keys=warm,
                                   max_tokens=args.max_tokens))
         answered += c
-        row = Row(upstream_ms, c, [], [])
-        for r in range(args.repeats):  # alternating, so a busy moment of the machine hits both alike
+        row = Row(upstream_ms, c)
+        for r in range(args.repeats):  # round robin, so a busy moment of the machine hits every path alike
             keys = asyncio.run(open_rollouts(proxy, c, f"c{c}-r{r}"))
-            for url, proxied, rounds in ((upstream, False, row.direct), (proxy, True, row.proxied)):
-                before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-                rnd = asyncio.run(run_round(url, c, proxied=proxied, turns=turns, prompts=prompts, keys=keys,
+            for name, (url, middle) in paths.items():
+                pids = {"client": os.getpid(), "upstream": up_proc.pid, **({"middle": middle} if middle else {})}
+                before = {n: cpu_seconds(pid) for n, pid in pids.items()}
+                rnd = asyncio.run(run_round(url, c, proxied=url == proxy, turns=turns, prompts=prompts, keys=keys,
                                             max_tokens=args.max_tokens, spread_s=spread_s))
-                rnd.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
-                rounds.append(rnd)
-            answered += row.proxied[-1].calls
+                rnd.cpu = {n: cpu_seconds(pid) - before[n] for n, pid in pids.items()}
+                row.rounds[name].append(rnd)
+            answered += row.rounds["proxied"][-1].calls
         rows.append(row)
     stop(px_proc, px_conn)  # closes the writer, which seals its log into the table
+    stop(hop_proc, hop_conn)
     stop(up_proc, up_conn)
     stored = open_store(store_dir).query("SELECT count(*) AS n FROM events WHERE kind = 'turn'").to_pylist()[0]["n"]
     return rows, answered, stored
 
 
 def report(rows: list[Row]) -> None:
-    print(f"\n  {'upstream':>8} {'sessions':>8} {'path':<8} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>8} "
-          f"{'added p50':>10} {'added p99':>10} {'throughput':>10}   CPU us/call: client / proxy / upstream")
+    print(f"\n  {'upstream':>8} {'sessions':>8} {'path':<9} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>8} "
+          f"{'added p50':>10} {'added p99':>10} {'throughput':>10}   CPU us/call: client / middle / upstream")
     verdicts = []
     for row in rows:
-        stats = []
-        for rounds in (row.direct, row.proxied):
+        base: tuple[float, float, float] = (0.0, 0.0, 1.0)
+        for name, rounds in row.rounds.items():
             lat = [x for r in rounds for x in r.latencies]
             calls = sum(r.calls for r in rounds)
-            cpu_s = {name: sum(r.cpu[name] for r in rounds) for name in rounds[0].cpu}
             # /proc counts CPU in 10 ms ticks: per-call figures need a few hundred calls to mean anything
-            cpu = {n: f"{1e6 * v / calls:,.0f}" if calls >= 200 else "~" for n, v in cpu_s.items()}
-            stats.append((1000 * pct(lat, 0.5), 1000 * pct(lat, 0.99), statistics.median(r.rate for r in rounds),
-                          calls, cpu))
-        (d50, d99, d_rate, d_calls, d_cpu), (p50, p99, p_rate, p_calls, p_cpu) = stats
-        head = f"  {row.upstream_ms:>6g}ms {row.sessions:>8}"
-        print(f"{head} {'direct':<8} {d_calls:>6} {d50:>8.2f} {d99:>8.2f} {d_rate:>8,.0f} {'':>10} {'':>10} {'':>10}   "
-              f"{d_cpu['client']:>6} / {'-':>5} / {d_cpu['upstream']:>5}")
-        print(f"{head} {'proxied':<8} {p_calls:>6} {p50:>8.2f} {p99:>8.2f} {p_rate:>8,.0f} {p50 - d50:>+7.2f} ms "
-              f"{p99 - d99:>+7.2f} ms {p_rate / d_rate:>10.1%}   "
-              f"{p_cpu['client']:>6} / {p_cpu['proxy']:>5} / {p_cpu['upstream']:>5}")
-        offered = row.sessions / (row.upstream_ms / 1000)
-        verdicts.append(f"{row.upstream_ms:g} ms upstream, {row.sessions} sessions (offered {offered:,.0f} calls/s, "
-                        f"direct served {d_rate:,.0f}): added p50 {p50 - d50:+.2f} ms "
-                        f"({'met' if p50 - d50 <= 1 else 'MISSED'}), throughput {p_rate / d_rate:.1%} "
-                        f"({'met' if p_rate / d_rate >= 0.95 else 'MISSED'})")
-    print("\ntargets: added p50 <= 1 ms, throughput >= 95% of direct")
+            cpu = {n: f"{1e6 * sum(r.cpu[n] for r in rounds) / calls:,.0f}" if calls >= 200 else "~"
+                   for n in rounds[0].cpu}
+            p50, p99, rate = 1000 * pct(lat, 0.5), 1000 * pct(lat, 0.99), statistics.median(r.rate for r in rounds)
+            line = f"  {row.upstream_ms:>6g}ms {row.sessions:>8} {name:<9} {calls:>6} {p50:>8.2f} {p99:>8.2f} {rate:>8,.0f}"
+            if name == "direct":
+                base = (p50, p99, rate)
+                line += f" {'':>10} {'':>10} {'':>10}"
+            else:
+                line += f" {p50 - base[0]:>+7.2f} ms {p99 - base[1]:>+7.2f} ms {rate / base[2]:>10.1%}"
+            print(f"{line}   {cpu['client']:>6} / {cpu.get('middle', '-'):>6} / {cpu['upstream']:>5}")
+            if name == "proxied":
+                added, share = p50 - base[0], rate / base[2]
+                offered = row.sessions / (row.upstream_ms / 1000)
+                verdicts.append(f"{row.upstream_ms:g} ms upstream, {row.sessions} sessions (offered {offered:,.0f} "
+                                f"calls/s, direct served {base[2]:,.0f}): added p50 {added:+.2f} ms "
+                                f"({'met' if added <= 1 else 'MISSED'}), throughput {share:.1%} "
+                                f"({'met' if share >= 0.95 else 'MISSED'})")
+    print("\ntargets (capture proxy against direct): added p50 <= 1 ms, throughput >= 95% of direct")
     for v in verdicts:
         print("  " + v)
 
@@ -315,7 +352,7 @@ def main() -> None:
                     help="the upstream's fixed response times, one run each (default 50 1000)")
     ap.add_argument("--turns", type=int, default=6, help="calls per session, a growing conversation (default 6)")
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every call (default 64)")
-    ap.add_argument("--repeats", type=int, default=3, help="rounds per row, direct and proxied alternating (default 3)")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds per row, the paths taking turns (default 2)")
     ap.add_argument("--lockstep", action="store_true",
                     help="start all sessions at the same moment (the worst case: with a fixed upstream time they stay "
                          "in step, so every call of a round reaches the proxy in one burst); by default their starts "
@@ -337,11 +374,10 @@ def main() -> None:
               f"{' and '.join(f'{ms:g} ms' for ms in args.upstream_ms)}; every reply {REPLY!r} + <|im_end|>")
         starts = "all at once (--lockstep)" if args.lockstep else "starts spread over one upstream response time"
         print(f"sessions: {args.turns} calls each, a growing conversation (prompts {len(prompts[0])}-{len(prompts[-1])} "
-              f"tokens), max_tokens {args.max_tokens}, {starts}; {args.repeats} round(s) per row, direct and proxied "
-              "alternating")
-        print("processes: load generator (aiohttp, this process) | proxy (own process and event loop, appending to a "
-              f"store under {tmp}) | upstream (own process)")
-        print(f"machine: {os.cpu_count()} CPU cores shared by all three processes, load average "
+              f"tokens), max_tokens {args.max_tokens}, {starts}; {args.repeats} round(s) per row, the paths taking turns")
+        print("processes: load generator (aiohttp, this process) | middle: the capture proxy (own process and event "
+              f"loop, appending to a store under {tmp}) or the bare hop (own process) | upstream (own process)")
+        print(f"machine: {os.cpu_count()} CPU cores shared by the client, the middle and the upstream, load average "
               f"{os.getloadavg()[0]:.1f} at start")
         for ms in args.upstream_ms:
             store_dir = str(Path(tmp) / f"store-{ms:g}ms")

@@ -18,8 +18,8 @@ process with the same torch thread settings, printed with the results; the HTTP 
 share the process (and the GIL) with the server, which only makes the server's numbers
 conservative.
 
-    python benchmarks/serve.py               # ~2 minutes on 2 CPU cores
-    python benchmarks/serve.py --quick       # ~30 seconds
+    python benchmarks/serve.py               # ~1 minute on 2 CPU cores
+    python benchmarks/serve.py --quick       # ~15 seconds
     python benchmarks/serve.py --hidden 256 --layers 4 --threads 2
 """
 

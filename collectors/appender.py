@@ -1,11 +1,12 @@
 """Group commit in front of the store writer: concurrent calls' events go down in one `Writer.append`.
 
-Every turn the proxy stores must be durable before its agent is answered, and one
+Every turn the proxy stores must be durable before its agent is answered, and a
 `Writer.append` costs far more per call (validation, conversion of every column to Arrow,
-an fsync) than per event: one turn alone takes about as long as thirty together. So the
-proxy's event loop hands the writer one batch at a time: events that arrive while a batch
-is being written wait for the next one, and N concurrent turns cost one append instead of
-N. A lone caller waits for nothing; its events are written at once.
+an fsync) than per event: measured here, 32 turns in one append cost what 3 or 4 cost
+appended one by one. So the proxy's event loop hands the writer one batch at a time: events
+that arrive while a batch is being written wait for the next one, and N concurrent turns
+cost one append instead of N. A lone caller waits for nothing; its events are written at
+once.
 
 A batch the writer refuses is retried call by call, so a call with an invalid event fails
 alone and the others are stored; the retry cannot store anything twice because the writer
