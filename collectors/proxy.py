@@ -32,8 +32,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,6 +47,7 @@ from collectors.capture import Capture, Wire
 from collectors.chat import ChatError, is_int
 from collectors.policy import PolicyClient
 from collectors.render import ChatRenderer
+from collectors.serving import app_in_thread, run_until_interrupted, start_app
 from collectors.sessions import SESSION_HEADER, Rollout, split_key
 from trajstore import Store, open_store
 
@@ -309,13 +308,7 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
 async def start_proxy(client_factory: Callable[[], PolicyClient], store: Store, config: ProxyConfig,
                       host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
     """Serve from the running event loop; port 0 takes a free one. Returns (runner, base URL)."""
-    runner = web.AppRunner(create_app(client_factory, store, config), access_log=None)
-    await runner.setup()
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    await web.SockSite(runner, sock).start()
-    return runner, f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
+    return await start_app(create_app(client_factory, store, config), host, port)
 
 
 @dataclass
@@ -333,20 +326,9 @@ def serve_proxy_in_thread(client_factory: Callable[[], PolicyClient], store: Sto
                           config: ProxyConfig, *, host: str = "127.0.0.1", port: int = 0) -> Iterator[RunningProxy]:
     """Run the proxy on its own event-loop thread (tests, notebooks); yields its URL and state."""
     store = store if isinstance(store, Store) else open_store(store)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="trajstore-proxy", daemon=True)
-    thread.start()
-    try:
-        runner, url = asyncio.run_coroutine_threadsafe(start_proxy(client_factory, store, config, host, port),
-                                                       loop).result(60)
-        try:
-            yield RunningProxy(url, runner.app)
-        finally:
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(60)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=30)
-        loop.close()
+    with app_in_thread(lambda: start_proxy(client_factory, store, config, host, port),
+                       name="trajstore-proxy") as (runner, url):
+        yield RunningProxy(url, runner.app)
 
 
 def run(client_factory: Callable[[], PolicyClient], store_location: str, config: ProxyConfig, *,
@@ -355,18 +337,9 @@ def run(client_factory: Callable[[], PolicyClient], store_location: str, config:
     config.check()
     store = open_store(store_location)
 
-    async def main() -> None:
-        runner, url = await start_proxy(client_factory, store, config, host, port)
+    def banner(runner: web.AppRunner, url: str) -> str:
         capture = runner.app[STATE].capture
-        print(f"capture proxy on {url} -> policy server {capture.client.base_url}, store {store_location}, "
-              f"run {config.run!r}; open a rollout: curl -X POST {url}/rollouts -d '{{\"group_id\": \"g1\"}}'",
-              flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
+        return (f"capture proxy on {url} -> policy server {capture.client.base_url}, store {store_location}, "
+                f"run {config.run!r}; open a rollout: curl -X POST {url}/rollouts -d '{{\"group_id\": \"g1\"}}'")
 
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+    run_until_interrupted(lambda: start_proxy(client_factory, store, config, host, port), banner)

@@ -22,8 +22,6 @@ import asyncio
 import ipaddress
 import json
 import logging
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +34,7 @@ from aiohttp import web
 from collectors.completions import RequestError, check_prompt, completion_response, error_body, parse_completion_request
 from collectors.engine import Engine
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
+from collectors.serving import app_in_thread, run_until_interrupted, start_app
 
 log = logging.getLogger(__name__)
 ENGINE = web.AppKey("engine", Engine)
@@ -168,14 +167,7 @@ def create_app(engine: Engine, model_name: str | None = None) -> web.Application
 async def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 0,
                        model_name: str | None = None) -> tuple[web.AppRunner, str]:
     """Serve `engine` from the running event loop; port 0 takes a free one. Returns (runner, base URL)."""
-    runner = web.AppRunner(create_app(engine, model_name), access_log=None)
-    await runner.setup()
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    await web.SockSite(runner, sock).start()
-    bound = sock.getsockname()[1]
-    return runner, f"http://{f'[{host}]' if ':' in host else host}:{bound}"
+    return await start_app(create_app(engine, model_name), host, port)
 
 
 @dataclass
@@ -193,19 +185,10 @@ def serve_in_thread(model_dir: str | Path, *, host: str = "127.0.0.1", port: int
             requests.post(server.url + "/v1/completions", json={"prompt": "hi"})
     """
     engine = Engine(model_dir, **engine_options)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="trajstore-serve", daemon=True)
-    thread.start()
     try:
-        runner, url = asyncio.run_coroutine_threadsafe(start_server(engine, host, port, model_name), loop).result(30)
-        try:
+        with app_in_thread(lambda: start_server(engine, host, port, model_name), name="trajstore-serve") as (_, url):
             yield RunningServer(url=url, engine=engine)
-        finally:
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
     finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=30)
-        loop.close()
         engine.close()
 
 
@@ -213,19 +196,11 @@ def run(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, mod
         **engine_options: Any) -> None:
     """Serve until interrupted (the `trajstore serve` command)."""
     engine = Engine(model_dir, **engine_options)
-
-    async def main() -> None:
-        runner, url = await start_server(engine, host, port, model_name)
-        print(f"serving {engine.model_dir} (policy version {engine.policy_version}) on {url} "
-              f"[device {engine.device}, max batch {engine.max_batch}]", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
     try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+        run_until_interrupted(
+            lambda: start_server(engine, host, port, model_name),
+            lambda _, url: f"serving {engine.model_dir} (policy version {engine.policy_version}) on {url} "
+                           f"[device {engine.device}, max batch {engine.max_batch}]",
+        )
     finally:
         engine.close()
