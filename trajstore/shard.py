@@ -120,9 +120,7 @@ def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rol
     if problems:
         raise ValueError("; ".join(problems))
     lo = policy_version - max_staleness
-    live_rows = store.live()
-    table = store.table.snapshot(writers=list(live_rows.by_writer))
-    live = live_rows.table(table)
+    table, live = store.pin()
 
     # 1. fresh candidate groups, minus those with a consumed or excluded rollout
     recent = [f for f in table.files if not f.min or (f.max.get("policy_version") is not None

@@ -59,23 +59,19 @@ class Snapshot:
     """One consistent view of the store: a pinned table version plus live rows. Query it many times.
 
     `files` are the sealed files to read (all of the version's by default) and `live` the
-    live rows; or `rows` gives the raw rows directly (the shard planner's pre-filtered rows).
+    live rows; `use_rows` swaps in pre-filtered raw rows (the shard planner).
     """
 
     def __init__(self, store: Store, table: TableSnapshot, live: pa.Table | None = None, *,
-                 files: Iterable[FileInfo] | None = None, rows: pa.Table | None = None) -> None:
+                 files: Iterable[FileInfo] | None = None) -> None:
         self.store = store
         self.table_version = table.version
+        self.files = tuple(table.files if files is None else files)
         self._con = duckdb.connect()
         self._con.execute("SET TimeZone = 'UTC'")
-        if rows is not None:
-            self.files: tuple[FileInfo, ...] = ()
-            self._con.register("_raw", rows)
-        else:
-            self.files = tuple(table.files if files is None else files)
-            self._con.register("_sealed", store.table.open_dataset(self.files))
-            self._con.register("_live", live if live is not None else EVENT_SCHEMA.empty_table())
-            self._con.execute("CREATE TEMP VIEW _raw AS SELECT * FROM _sealed UNION ALL BY NAME SELECT * FROM _live")
+        self._con.register("_sealed", store.table.open_dataset(self.files))
+        self._con.register("_live", live if live is not None else EVENT_SCHEMA.empty_table())
+        self._con.execute("CREATE TEMP VIEW _raw AS SELECT * FROM _sealed UNION ALL BY NAME SELECT * FROM _live")
         create_views(self._con)
 
     def query(self, sql: str, params: Any = None) -> pa.Table:
@@ -171,11 +167,18 @@ class Store:
                 del self._segment_cache[stale]
         return LiveRows(by_writer)
 
-    def snapshot(self, version: int | None = None, *, live: bool = True) -> Snapshot:
-        """Pin a table version (latest by default) plus, when `live`, the live segments."""
+    def pin(self, version: int | None = None, *, live: bool = True) -> tuple[TableSnapshot, pa.Table]:
+        """A table version (latest by default) and, when `live`, the live rows it has not sealed.
+
+        The segments are read before the version is pinned (see the module docstring)."""
         rows = self.live() if live and version is None else LiveRows({})
         table = self.table.snapshot(version, writers=list(rows.by_writer))
-        return Snapshot(self, table, rows.table(table))
+        return table, rows.table(table)
+
+    def snapshot(self, version: int | None = None, *, live: bool = True) -> Snapshot:
+        """Pin a table version (latest by default) plus, when `live`, the live segments."""
+        table, rows = self.pin(version, live=live)
+        return Snapshot(self, table, rows)
 
     def query(self, sql: str, params: Any = None, *, version: int | None = None) -> pa.Table:
         """Run SQL over the views (events, turns, samples, rollouts, groups, advantages, ...)."""
