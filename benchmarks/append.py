@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import trajstore
+from trajstore.wal import fsync_dir
 
 try:
     import torch
@@ -92,14 +93,6 @@ def make_turns(n: int, *, arrays: bool, seed: int = 0) -> list[dict[str, Any]]:
 
 def batches_of(turns: list[dict[str, Any]], size: int) -> list[list[dict[str, Any]]]:
     return [turns[i:i + size] for i in range(0, len(turns), size)]
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------- writers
