@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import openai
+import pytest
+
 from collectors.policy import PolicyClient, Sample, Sampling
 from collectors.proxy import ProxyConfig, RunningProxy, serve_proxy_in_thread
 from tests.collectors import http
@@ -136,3 +140,35 @@ def running_proxy(upstream: Any, store_dir: Path, model_dir: Path, **config: Any
     store = open_store(store_dir)
     with serve_proxy_in_thread(factory, store, settings) as proxy:
         yield Harness(proxy, store, upstream)
+
+
+def openai_client(rollout: dict[str, Any], **kw: Any) -> openai.OpenAI:
+    """The real OpenAI SDK pointed at one rollout: only its base URL and key."""
+    return openai.OpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0, **kw)
+
+
+def async_openai_client(rollout: dict[str, Any]) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0)
+
+
+def anthropic_client(rollout: dict[str, Any], **kw: Any) -> anthropic.Anthropic:
+    """The real Anthropic SDK pointed at one rollout: only its base URL and key."""
+    return anthropic.Anthropic(base_url=rollout["base_urls"]["anthropic"], api_key=rollout["api_key"], max_retries=0,
+                               **kw)
+
+
+def assert_exact(h: Harness, rollout_id: str, turns: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Stored turns == the server's samples, and each segment's tokens chain to the ids sent upstream."""
+    turns = h.turns(rollout_id) if turns is None else turns
+    by_output = {tuple(s.output_ids): (sent, s) for sent, s in h.upstream.calls}
+    held: dict[str, list[int]] = {}
+    for t in turns:
+        sent, sample = by_output[tuple(t["output_ids"])]
+        server = sample.raw["choices"][0]
+        assert t["output_ids"] == server["token_ids"]
+        assert t["output_logprobs"] == pytest.approx(server["logprobs"]["token_logprobs"], rel=1e-6, abs=1e-6)
+        assert t["policy_version"] == sample.raw["policy_version"]
+        prefix = held.get(t["segment_id"], []) if t["turn_index"] else []
+        assert prefix + t["prompt_ids"] == sent == server["prompt_token_ids"]
+        held[t["segment_id"]] = sent + t["output_ids"]
+    return turns

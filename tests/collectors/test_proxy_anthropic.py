@@ -4,27 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
-import pytest
 
-from collectors.clients import EmbeddedClient
-from collectors.server import RunningServer
-from tests.collectors.proxy_harness import MODEL, Harness, Recording, running_proxy
-from tests.collectors.test_proxy_openai import assert_exact
-
-
-@pytest.fixture(scope="module")
-def proxy(server: RunningServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    with running_proxy(Recording(EmbeddedClient(server.url)), tmp_path_factory.mktemp("store"), tiny_model) as h:
-        yield h
-
-
-def client(rollout: dict[str, Any]) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=rollout["base_urls"]["anthropic"], api_key=rollout["api_key"], max_retries=0)
+from tests.collectors.proxy_harness import Harness, MODEL, anthropic_client, assert_exact
 
 
 def text_of(message: Any) -> str:
@@ -33,7 +18,7 @@ def text_of(message: Any) -> str:
 
 def test_sync_multi_turn_with_system_blocks_is_one_exact_segment(proxy: Harness) -> None:
     rollout = proxy.open(group_id="a-chat")
-    c = client(rollout)
+    c = anthropic_client(rollout)
     messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "Hello, who are you?"}]}]
     replies = []
     for i in range(3):
@@ -92,7 +77,7 @@ def test_sync_stream_and_tool_result_history(proxy: Harness, tiny_model: Path) -
                                           {"type": "tool_use", "id": "toolu_1", "name": "read_file",
                                            "input": {"path": "README.md"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "# trajstore"}]}]
-    with client(rollout).messages.stream(model=MODEL, max_tokens=8, tools=tools, messages=messages) as stream:
+    with anthropic_client(rollout).messages.stream(model=MODEL, max_tokens=8, tools=tools, messages=messages) as stream:
         final = stream.get_final_message()
     (turn,) = assert_exact(proxy, rollout["rollout_id"])
     from transformers import AutoTokenizer
@@ -106,7 +91,7 @@ def test_sync_stream_and_tool_result_history(proxy: Harness, tiny_model: Path) -
 
 def test_prefill_continues_the_assistant_message(proxy: Harness) -> None:
     rollout = proxy.open()
-    client(rollout).messages.create(model=MODEL, max_tokens=5, messages=[
+    anthropic_client(rollout).messages.create(model=MODEL, max_tokens=5, messages=[
         {"role": "user", "content": "Answer in JSON"}, {"role": "assistant", "content": '{"answer":'}])
     (turn,) = assert_exact(proxy, rollout["rollout_id"])
     assert proxy.proxy.capture.renderer.decode(turn["prompt_ids"]).endswith('<|im_start|>assistant\n{"answer":')

@@ -10,12 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-import openai
 from click.testing import CliRunner
 
 from cli.proxy_cmd import proxy
 from collectors.server import RunningServer
-from tests.collectors.proxy_harness import call
+from tests.collectors.proxy_harness import call, openai_client
 from trajstore import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +49,7 @@ def test_the_command_serves_stores_and_stops(server: RunningServer, tiny_model: 
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, proc)
         rollout = call(url + "/rollouts", {"group_id": "g"}).body
-        c = openai.OpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0)
+        c = openai_client(rollout)
         c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         assert call(f"{url}/rollouts/{rollout['rollout_id']}/close", {"status": "completed", "reward": 0.5},
                     key=rollout["api_key"]).status == 200

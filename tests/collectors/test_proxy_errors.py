@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +11,9 @@ import openai
 import pytest
 
 from collectors.clients import EmbeddedClient
-from collectors.server import RunningServer
-from tests.collectors.proxy_harness import MODEL, Harness, Recording, call, running_proxy
+from tests.collectors.proxy_harness import Harness, MODEL, anthropic_client, call, openai_client, running_proxy
 
 USER = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def proxy(server: RunningServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    with running_proxy(Recording(EmbeddedClient(server.url)), tmp_path_factory.mktemp("store"), tiny_model) as h:
-        yield h
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +98,11 @@ def test_anthropic_bad_requests(proxy: Harness, rollout: dict[str, Any], name: s
 
 
 def test_sdks_raise_their_own_errors_and_the_proxy_keeps_serving(proxy: Harness, rollout: dict[str, Any]) -> None:
-    o = openai.OpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0)
+    o = openai_client(rollout)
     with pytest.raises(openai.NotFoundError, match="does not exist") as err:
         o.chat.completions.create(model="gpt-9", messages=USER)
     assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
-    a = anthropic.Anthropic(base_url=rollout["base_urls"]["anthropic"], api_key=rollout["api_key"], max_retries=0)
+    a = anthropic_client(rollout)
     with pytest.raises(anthropic.BadRequestError, match="input_schema"):
         a.messages.create(model=MODEL, max_tokens=4, messages=USER, tools=[{"name": "f", "input_schema": {
             "type": "object", "properties": {"a": {"type": 5}}}}])
@@ -126,7 +118,7 @@ def test_unknown_routes_and_session_names(proxy: Harness, rollout: dict[str, Any
 
 def test_anthropic_cache_warmup_samples_and_stores_nothing(proxy: Harness, rollout: dict[str, Any]) -> None:
     before = proxy.count()
-    a = anthropic.Anthropic(base_url=rollout["base_urls"]["anthropic"], api_key=rollout["api_key"], max_retries=0)
+    a = anthropic_client(rollout)
     m = a.messages.create(model=MODEL, max_tokens=0, messages=USER)
     assert m.usage.output_tokens == 0 and m.usage.input_tokens > 0 and proxy.count() == before
 
@@ -141,12 +133,12 @@ def test_an_unreachable_upstream_is_a_502_with_the_reason(tiny_model: Path, tmp_
     dead = f"http://127.0.0.1:{free_port()}"
     with running_proxy(EmbeddedClient(dead, connect_retries=0), tmp_path / "store", tiny_model) as h:
         rollout = h.open()
-        o = openai.OpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0)
+        o = openai_client(rollout)
         with pytest.raises(openai.APIStatusError) as err:
             o.chat.completions.create(model=MODEL, messages=USER, max_tokens=3)
         assert err.value.status_code == 502 and dead in err.value.body["message"]
         assert err.value.body["type"] == "server_error"
-        a = anthropic.Anthropic(base_url=rollout["base_urls"]["anthropic"], api_key=rollout["api_key"], max_retries=0)
+        a = anthropic_client(rollout)
         with pytest.raises(anthropic.APIStatusError) as aerr:
             with a.messages.stream(model=MODEL, max_tokens=3, messages=USER) as stream:
                 stream.get_final_message()

@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
-import pytest
 
 from collectors.clients import EmbeddedClient
 from collectors.server import RunningServer
-from tests.collectors.proxy_harness import MODEL, Harness, Recording, running_proxy
-from tests.collectors.test_proxy_openai import assert_exact
-
-
-@pytest.fixture(scope="module")
-def proxy(server: RunningServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    with running_proxy(Recording(EmbeddedClient(server.url)), tmp_path_factory.mktemp("store"), tiny_model) as h:
-        yield h
+from tests.collectors.proxy_harness import Harness, MODEL, assert_exact
 
 
 async def one_call(rollout: dict[str, Any], i: int, max_tokens: int) -> tuple[str, dict[str, Any]]:

@@ -9,52 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
-from collectors.clients import EmbeddedClient
-from collectors.server import RunningServer
-from tests.collectors.proxy_harness import MODEL, Harness, Recording, running_proxy
-
-
-@pytest.fixture(scope="module")
-def proxy(server: RunningServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    with running_proxy(Recording(EmbeddedClient(server.url)), tmp_path_factory.mktemp("store"), tiny_model) as h:
-        yield h
-
-
-def client(rollout: dict[str, Any], **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0, **kw)
-
-
-def aclient(rollout: dict[str, Any]) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0)
-
-
-def assert_exact(h: Harness, rollout_id: str, turns: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Stored turns == the server's samples, and each segment's tokens chain to the ids sent upstream."""
-    turns = h.turns(rollout_id) if turns is None else turns
-    by_output = {tuple(s.output_ids): (sent, s) for sent, s in h.upstream.calls}
-    held: dict[str, list[int]] = {}
-    for t in turns:
-        sent, sample = by_output[tuple(t["output_ids"])]
-        server = sample.raw["choices"][0]
-        assert t["output_ids"] == server["token_ids"]
-        assert t["output_logprobs"] == pytest.approx(server["logprobs"]["token_logprobs"], rel=1e-6, abs=1e-6)
-        assert t["policy_version"] == sample.raw["policy_version"]
-        prefix = held.get(t["segment_id"], []) if t["turn_index"] else []
-        assert prefix + t["prompt_ids"] == sent == server["prompt_token_ids"]
-        held[t["segment_id"]] = sent + t["output_ids"]
-    return turns
+from tests.collectors.proxy_harness import Harness, MODEL, assert_exact, async_openai_client, openai_client
 
 
 def test_sync_multi_turn_chat_is_one_exact_segment(proxy: Harness) -> None:
     rollout = proxy.open(group_id="chat", meta={"task": "t1"})
-    c = client(rollout)
+    c = openai_client(rollout)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."},
                                       {"role": "user", "content": "Hello there, what is new?"}]
     replies = []
@@ -83,7 +48,7 @@ def test_async_streaming_with_usage_continues_the_segment(proxy: Harness) -> Non
     rollout = proxy.open()
 
     async def chat() -> tuple[str, list[Any]]:
-        c = aclient(rollout)
+        c = async_openai_client(rollout)
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Tell me a story."}]
         chunks = [ch async for ch in await c.chat.completions.create(
             model=MODEL, messages=messages, max_tokens=10, seed=5, stream=True,
@@ -106,13 +71,13 @@ def test_async_streaming_with_usage_continues_the_segment(proxy: Harness) -> Non
 
 def test_sync_streaming_and_async_plain_calls(proxy: Harness) -> None:
     rollout = proxy.open()
-    chunks = list(client(rollout).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                                          max_tokens=8, seed=1, stream=True))
+    chunks = list(openai_client(rollout).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, seed=1, stream=True))
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks)
     assert chunks[-1].usage is None and chunks[-1].choices[0].finish_reason in ("stop", "length")
 
     async def plain() -> Any:
-        c = aclient(rollout)
+        c = async_openai_client(rollout)
         try:
             return await c.chat.completions.create(
                 model=MODEL, max_tokens=8, seed=2, logprobs=True,
@@ -140,7 +105,7 @@ def test_tool_call_history_round_trip(proxy: Harness, tiny_model: Path) -> None:
             {"id": "call_1", "type": "function",
              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'}]
-    c = client(rollout)
+    c = openai_client(rollout)
     r = c.chat.completions.create(model=MODEL, messages=messages, tools=tools, tool_choice="auto", max_tokens=8, seed=3)
     messages += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "Thanks"}]
     c.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=8, seed=4)

@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
 
-from collectors.clients import EmbeddedClient
-from collectors.server import RunningServer
-from tests.collectors.proxy_harness import MODEL, Harness, Recording, call, running_proxy
-from tests.collectors.test_proxy_openai import assert_exact
-
-
-@pytest.fixture(scope="module")
-def proxy(server: RunningServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    with running_proxy(Recording(EmbeddedClient(server.url)), tmp_path_factory.mktemp("store"), tiny_model) as h:
-        yield h
-
-
-def oai(rollout: dict[str, Any], **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0, **kw)
+from tests.collectors.proxy_harness import Harness, MODEL, assert_exact, call, openai_client
 
 
 def say(c: openai.OpenAI, messages: list[dict[str, Any]], seed: int) -> str:
@@ -37,7 +22,7 @@ def rollout_row(h: Harness, rollout_id: str) -> dict[str, Any]:
 
 def test_compaction_forks_into_two_segments_of_one_rollout(proxy: Harness) -> None:
     rollout = proxy.open(group_id="compaction", group_size=1)
-    c = oai(rollout)
+    c = openai_client(rollout)
     history: list[dict[str, Any]] = [{"role": "system", "content": "Agent."}, {"role": "user", "content": "Step one"}]
     for i in range(2):
         history += [{"role": "assistant", "content": say(c, history, i)}, {"role": "user", "content": f"Step {i + 2}"}]
@@ -62,11 +47,12 @@ def test_compaction_forks_into_two_segments_of_one_rollout(proxy: Harness) -> No
 
 def test_sub_agents_get_their_own_sessions_and_segments(proxy: Harness) -> None:
     rollout = proxy.open()
-    main = oai(rollout)
+    main = openai_client(rollout)
     history: list[dict[str, Any]] = [{"role": "user", "content": "Plan the work"}]
     history.append({"role": "assistant", "content": say(main, history, 1)})
     # a sub-agent by header (OpenAI SDK) and one by key suffix (Anthropic SDK, no headers needed)
-    say(oai(rollout, default_headers={"X-Trajstore-Session": "explorer"}), [{"role": "user", "content": "Look"}], 2)
+    explorer = openai_client(rollout, default_headers={"X-Trajstore-Session": "explorer"})
+    say(explorer, [{"role": "user", "content": "Look"}], 2)
     critic = anthropic.Anthropic(base_url=proxy.url, api_key=rollout["api_key"] + ".critic", max_retries=0)
     critic.messages.create(model=MODEL, max_tokens=6, messages=[{"role": "user", "content": "Judge"}])
     say(main, [*history, {"role": "user", "content": "Continue"}], 3)

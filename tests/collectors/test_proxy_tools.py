@@ -12,12 +12,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.collectors.proxy_harness import MODEL, Harness, Scripted, call, running_proxy
+from tests.collectors.proxy_harness import (
+    Harness,
+    MODEL,
+    Scripted,
+    anthropic_client,
+    call,
+    openai_client,
+    running_proxy,
+)
 
 WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call>'
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -43,7 +49,7 @@ def metas(h: Harness, rollout: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_openai_tool_call_round_trip_stays_one_segment(proxy: Harness) -> None:
     rollout = proxy.open()
-    c = openai.OpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0)
+    c = openai_client(rollout)
     script(proxy, "Let me check.\n" + WEATHER, "It is 21 degrees.")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
     first = c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=64)
@@ -68,7 +74,7 @@ def test_openai_tool_call_round_trip_stays_one_segment(proxy: Harness) -> None:
 
 def test_openai_streamed_tool_call_deltas(proxy: Harness) -> None:
     rollout = proxy.open()
-    c = openai.OpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0)
+    c = openai_client(rollout)
     script(proxy, WEATHER + "\n" + WEATHER.replace("Paris", "Oslo"))
     with c.chat.completions.stream(model=MODEL, messages=[{"role": "user", "content": "Two cities"}], tools=TOOLS,
                                    max_tokens=64) as stream:
@@ -80,7 +86,7 @@ def test_openai_streamed_tool_call_deltas(proxy: Harness) -> None:
 
 def test_openai_reasoning_is_returned_and_kept_in_the_template(proxy: Harness) -> None:
     rollout = proxy.open()
-    c = openai.OpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0)
+    c = openai_client(rollout)
     script(proxy, "<think>\nThe user greets.\n</think>\n\nHello!", "Fine.")
     r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=64)
     message = r.choices[0].message
@@ -93,7 +99,7 @@ def test_openai_reasoning_is_returned_and_kept_in_the_template(proxy: Harness) -
 
 def test_anthropic_tool_use_round_trip_keeps_the_sampled_argument_text(proxy: Harness) -> None:
     rollout = proxy.open()
-    c = anthropic.Anthropic(base_url=rollout["base_urls"]["anthropic"], api_key=rollout["api_key"], max_retries=0)
+    c = anthropic_client(rollout)
     script(proxy, "<think>\nNeed data.\n</think>\n\nChecking.\n" + WEATHER, "Sunny.", "x")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
     first = c.messages.create(model=MODEL, max_tokens=64, tools=A_TOOLS, messages=messages)
@@ -115,7 +121,7 @@ def test_anthropic_tool_use_round_trip_keeps_the_sampled_argument_text(proxy: Ha
 
 def test_anthropic_streamed_tool_use(proxy: Harness) -> None:
     rollout = proxy.open()
-    c = anthropic.Anthropic(base_url=rollout["base_urls"]["anthropic"], api_key=rollout["api_key"], max_retries=0)
+    c = anthropic_client(rollout)
     script(proxy, WEATHER)
     with c.messages.stream(model=MODEL, max_tokens=64, tools=A_TOOLS,
                            messages=[{"role": "user", "content": "Paris?"}]) as stream:
@@ -129,7 +135,7 @@ def test_anthropic_streamed_tool_use(proxy: Harness) -> None:
 def test_a_reply_the_template_cannot_reproduce_forks_and_is_counted(proxy: Harness) -> None:
     rollout = proxy.open()
     before = call(proxy.url + "/stats").body
-    c = openai.OpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0)
+    c = openai_client(rollout)
     script(proxy, '<tool_call>{"arguments": {"city": "Rome"}, "name": "get_weather"}</tool_call>', "ok")
     r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Rome?"}], tools=TOOLS,
                                   max_tokens=64)
