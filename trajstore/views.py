@@ -12,8 +12,10 @@ Definitions an RL researcher can rely on:
   value, counting rollout-level rewards only (segment rewards are in `samples`); status is
   the latest status event; a rollout is *trainable* when its status is completed or
   truncated and it has a reward.
-- `groups`: a group is *complete* when every rollout it knows has a terminal status and it
-  knows at least `group_size` rollouts (the planned size carried by status events).
+- `groups`: a group is *complete* when every rollout it knows has a terminal status and at
+  least `group_size` of them (the planned size carried by status events; 1 without one) are
+  trainable: every slot has a usable rollout, so a failed attempt awaiting its retry, or an
+  aborted one awaiting a resumed run, keeps the group out of training.
   Reward statistics are over trainable rollouts.
 - `advantages`: per trainable rollout, with group statistics over trainable rollouts:
   `grpo` = (r - mean) / (std + 1e-6) with the sample std (GRPO), `dr_grpo` = r - mean
@@ -119,7 +121,7 @@ VIEWS: dict[str, str] = {
                count(*) FILTER (WHERE status IN ('completed', 'truncated', 'aborted', 'failed')) AS finished,
                count(*) FILTER (WHERE trainable) AS trainable,
                (count(*) FILTER (WHERE status IN ('completed', 'truncated', 'aborted', 'failed')) = count(*)
-                AND count(*) >= coalesce(max(group_size), 0)) AS complete,
+                AND count(*) FILTER (WHERE trainable) >= coalesce(max(group_size), 1)) AS complete,
                avg(reward) FILTER (WHERE trainable) AS reward_mean,
                coalesce(stddev_samp(reward) FILTER (WHERE trainable), 0) AS reward_std,
                min(min_version) AS min_version, max(max_version) AS max_version,

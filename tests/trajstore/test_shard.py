@@ -10,7 +10,7 @@ The hand-built scenario (policy_version 10, max_staleness 2, so the oldest allow
   gD     t=30     10, 10    one rollout only started                      no: incomplete
   gE     t=40     9, 9, 9   complete, e1 consumed by the checkpoint       no: consumed
   gF     t=50     10, 10    complete                                      yes (unless excluded)
-  gG     t=60     9, 9      complete, both failed                         no: nothing trainable
+  gG     t=60     9, 9      incomplete: both failed                       no: nothing trainable
 
 The planner reads sealed files selectively (by their statistics), so the same scenario runs
 live (unsealed), sealed into one file, and sealed into one file per append call; and a

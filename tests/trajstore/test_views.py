@@ -3,7 +3,7 @@
 One small experiment (run "exp") is appended with explicit event times, so "latest" is
 unambiguous, and deliberately out of order:
 
-group g1 (group_size 4, complete):
+group g1 (group_size 3, complete: 3 slots, D a failed attempt beside them):
   A  completed  reward 2.0 = correct 1.0 (latest of 0.0, 1.0 and an older -5.0) + format 1.0
      segments: A0 (session main, 2 turns), A1 (session main, a fork after compaction),
                A2 (session sub, a sub-agent, 2 turns, segment reward 0.25)
@@ -13,7 +13,7 @@ group g1 (group_size 4, complete):
   trainable rewards 2, 0, 1: mean 1, sample std 1
 g2 (group_size 2, incomplete: F has only started):   E completed 5.0, F started
 g3 (group_size 3, incomplete: 2 of 3 rollouts):      G completed 1.0, H completed 3.0
-g4 (no group_size, complete):                        I completed 2.0, J aborted (no reward)
+g4 (no group_size, complete: all finished, one trainable): I completed 2.0, J aborted (no reward)
 g5 (no group_size, incomplete: K has no status yet): K reward 4.0
 run "other", group o1: O completed 10.0
 
@@ -85,21 +85,21 @@ def experiment() -> list[list[Any]]:
         turn("A", "A2", 0, 5, [7, 7], [16, 17], [-0.7, -0.8], [False, False], group=g1, session="sub", t=35),
     ]
     a_rest = [
-        status("A", "started", group=g1, t=1, size=4),
+        status("A", "started", group=g1, t=1, size=3),
         reward("A", 0.0, group=g1, t=50),
         reward("A", 1.0, group=g1, t=60),
         reward("A", 1.0, group=g1, t=55, name="format"),
         reward("A", 0.5, group=g1, t=45, name="subtask", segment="A2"),
         reward("A", 0.25, group=g1, t=46, name="subtask", segment="A2"),
-        status("A", "completed", group=g1, t=70, size=4),
+        status("A", "completed", group=g1, t=70, size=3),
     ]
     stale = [reward("A", -5.0, group=g1, t=-86400)]  # appended last, but older than the others
     b = [turn("B", "B0", 0, 3, [1, 2, 3], [30], [-1.0], group=g1, t=11),
-         reward("B", 0.0, group=g1, t=12), status("B", "completed", group=g1, t=13, size=4)]
-    c = single("C", g1, 4, 1.0, "truncated", size=4, t=14)
+         reward("B", 0.0, group=g1, t=12), status("B", "completed", group=g1, t=13, size=3)]
+    c = single("C", g1, 4, 1.0, "truncated", size=3, t=14)
     d = single("D", g1, 4, 100.0, None, t=17) + [
-        status("D", "started", group=g1, t=2, size=4),
-        status("D", "failed", group=g1, t=80, size=4, error="timeout")]
+        status("D", "started", group=g1, t=2, size=3),
+        status("D", "failed", group=g1, t=80, size=3, error="timeout")]
     g2 = single("E", "g2", 5, 5.0, "completed", size=2, t=100) + single("F", "g2", 5, None, "started", size=2, t=103)
     g3 = single("G", "g3", 5, 1.0, "completed", size=3, t=110) + single("H", "g3", 5, 3.0, "completed", size=3, t=113)
     g4 = single("I", "g4", 5, 2.0, "completed", t=120) + single("J", "g4", 5, None, "aborted", t=123)
@@ -169,7 +169,7 @@ def test_rollouts(exp: trajstore.Store) -> None:
     assert (a["status"], a["error"], a["trainable"]) == ("completed", None, True)
     assert (a["segments"], a["sessions"], a["turns"]) == (3, 2, 5)
     assert (a["tokens"], a["output_tokens"], a["trainable_tokens"]) == (9 + 4 + 5, 2 + 3 + 1 + 2 + 1, 4 + 1 + 1)
-    assert (a["min_version"], a["max_version"], a["group_size"]) == (3, 5, 4)
+    assert (a["min_version"], a["max_version"], a["group_size"]) == (3, 5, 3)
     assert (a["started"], a["ended"]) == (at(-86400), at(70))
 
     d = rollouts["D"]
@@ -192,7 +192,7 @@ def test_rollouts(exp: trajstore.Store) -> None:
 def test_groups(exp: trajstore.Store) -> None:
     groups = by(exp.query("SELECT * FROM groups").to_pylist(), "group_id")
     want = {  # size, planned, finished, trainable, complete, mean, std
-        "g1": (4, 4, 4, 3, True, 1.0, 1.0),
+        "g1": (4, 3, 4, 3, True, 1.0, 1.0),
         "g2": (2, 2, 1, 1, False, 5.0, 0.0),
         "g3": (2, 3, 2, 2, False, 2.0, math.sqrt(2)),
         "g4": (2, None, 2, 1, True, 2.0, 0.0),
