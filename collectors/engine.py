@@ -13,7 +13,8 @@ neighbours' lengths.
 Hot reload (`load_weights`): the new checkpoint is read in the caller's thread while serving
 goes on; then admission stops, the running rows finish on the weights they started with, the
 model is swapped, and admission resumes. Every completion carries the version of the weights
-that produced all of its tokens.
+that produced all of its tokens. A checkpoint is a full Hugging Face directory or a LoRA
+adapter directory, which is merged into the base model it names when loaded.
 
 Why hand-written: transformers' continuous batching applies one generation config to all
 requests and returns neither per-request seeded draws nor processed logprobs; vLLM does all of
@@ -24,6 +25,7 @@ only the scheduling here (sampling is in `collectors.sampling`).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import threading
@@ -101,10 +103,48 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+ADAPTER_CONFIG = "adapter_config.json"
+
+
 def load_model(path: str | Path, device: torch.device) -> PreTrainedModel:
-    """Weights are served in float32 on every device: logprobs must match the learner's closely."""
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    """Load a full checkpoint, or a LoRA adapter directory merged into the base model it names.
+
+    Weights are served in float32 on every device: logprobs must match the learner's closely.
+    An adapter (peft's adapter_config.json + adapter_model.safetensors, as the learner publishes
+    and vLLM's runtime LoRA loads) is merged into its base once here, so serving it costs
+    exactly what serving a full checkpoint does.
+    """
+    path = Path(path)
+    if (path / ADAPTER_CONFIG).is_file():
+        model = _merged_adapter(path)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     return model.to(device).eval()
+
+
+def adapter_base_dir(adapter_dir: Path) -> Path:
+    """The local base model directory an adapter records in `base_model_name_or_path`."""
+    try:
+        base = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise WeightLoadError(f"{adapter_dir / ADAPTER_CONFIG} is not a valid adapter config ({exc}); "
+                              "save the adapter again with peft's save_pretrained") from exc
+    if not isinstance(base, str) or not base:
+        raise WeightLoadError(f"{adapter_dir / ADAPTER_CONFIG} names no base model (base_model_name_or_path); "
+                              "set it to the absolute path of the local model directory the adapter was trained on")
+    if not (Path(base) / "config.json").is_file():
+        raise WeightLoadError(f"the adapter {adapter_dir} was trained on base model {base!r}, which is not a local "
+                              "model directory here (no config.json; Hub names are not downloaded): copy the base "
+                              "model to this machine and set base_model_name_or_path in "
+                              f"{adapter_dir / ADAPTER_CONFIG} to its absolute path")
+    return Path(base)
+
+
+def _merged_adapter(adapter_dir: Path) -> PreTrainedModel:
+    from peft import PeftModel  # only adapter checkpoints need peft; serving full checkpoints never imports it
+
+    base = AutoModelForCausalLM.from_pretrained(str(adapter_base_dir(adapter_dir)), dtype=torch.float32)
+    return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
 
 
 class Engine:
@@ -208,10 +248,13 @@ class Engine:
                 raise VersionConflict(f"policy version {version} is not above the served version "
                                       f"{self.policy_version}; versions only go up, publish the next one")
             path = str(path)
-            if not (Path(path) / "config.json").is_file():
-                raise WeightLoadError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
+            if not any((Path(path) / name).is_file() for name in ("config.json", ADAPTER_CONFIG)):
+                raise WeightLoadError(f"{path} has no config.json (a Hugging Face checkpoint) and no {ADAPTER_CONFIG} "
+                                      "(a LoRA adapter); pass a published checkpoint directory such as CKPTS/v000003")
             try:
                 model = load_model(path, self.device)
+            except WeightLoadError:
+                raise
             except Exception as exc:  # noqa: BLE001 - any loader failure leaves the old weights serving
                 raise WeightLoadError(f"could not load {path}: {exc}") from exc
             if model.config.vocab_size != self.vocab_size:
