@@ -1,0 +1,6 @@
+"""Example environments: tasks, an agent and a reward each, plugged into `trajstore collect` by import path.
+
+- `arithmetic`: questions a tiny model answers only through a calculator tool (the demo);
+- `coding`: write one function in `solution.py`, graded by running its tests in the workdir;
+- `subagent`: a main agent, a sub-agent and a compacted context, i.e. several segments per rollout.
+"""
