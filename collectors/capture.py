@@ -194,7 +194,7 @@ class Capture:
         return rollout
 
     async def close_rollout(self, rollout: Rollout, *, status: str, rewards: dict[str, float],
-                            error: str | None) -> dict[str, Any]:
+                            error: str | None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         if status not in TERMINAL_STATUSES:
             raise ChatError(f"`status` must be one of {', '.join(sorted(TERMINAL_STATUSES))}, got {status!r}",
                             param="status")
@@ -206,7 +206,7 @@ class Capture:
         events: list[Any] = [Reward(run=run, group_id=group_id, rollout_id=rollout_id, reward=value, reward_name=name)
                              for name, value in rewards.items()]
         events.append(Status(run=run, group_id=group_id, rollout_id=rollout_id, status=status, error=error,
-                             group_size=rollout.group_size))
+                             group_size=rollout.group_size, meta=meta))
         try:
             await self._append(events)
         except ChatError:

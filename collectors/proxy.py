@@ -6,7 +6,7 @@ token-exact `turn` event (`collectors.capture`). Routes:
 
     POST /rollouts                      {run?, group_id?, rollout_id?, group_size?, meta?} -> {rollout_id,
                                         group_id, run, api_key, base_urls: {openai, anthropic}, session_header}
-    POST /rollouts/{id}/close           {status, reward? | rewards? {name: value}, error?}; the rollout's key
+    POST /rollouts/{id}/close           {status, reward? | rewards? {name: value}, error?, meta?}; the rollout's key
     GET  /rollouts/{id}                 its sessions, segments, turns and forks; the rollout's key
     POST /v1/chat/completions           OpenAI Chat Completions (stream too)      \\ also under /r/{key}/...
     POST /v1/messages                   Anthropic Messages (stream too)           /
@@ -251,7 +251,8 @@ async def close_rollout(request: web.Request) -> web.Response:
         rewards["reward"] = reward
     summary = await request.app[STATE].capture.close_rollout(
         rollout, status=str(body.get("status")), rewards={k: float(v) for k, v in rewards.items()},
-        error=_optional(body, "error", lambda v: isinstance(v, str), "a string"))
+        error=_optional(body, "error", lambda v: isinstance(v, str), "a string"),
+        meta=_optional(body, "meta", lambda v: isinstance(v, dict), "a JSON object"))
     return web.json_response(summary)
 
 

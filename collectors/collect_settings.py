@@ -1,0 +1,92 @@
+"""The settings of `trajstore collect` (`CollectSettings`): one frozen dataclass, checked all at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DISPLAYS = ("auto", "live", "plain", "off")
+
+
+@dataclass(frozen=True)
+class CollectSettings:
+    """Everything `collect` needs; `problems()` lists every invalid setting at once."""
+
+    store: str
+    run: str
+    tasks: str
+    n: int = 4
+    server: str | None = None  # policy server URL; None: start the embedded one on `model`
+    vllm: bool = False  # `server` is vLLM (VLLMClient) rather than `trajstore serve`
+    model: str | None = None  # checkpoint dir: served in-process, and the proxy's tokenizer
+    proxy: str | None = None  # an external capture proxy; None: one in-process
+    concurrency: int = 16
+    rollout_timeout: float = 600.0
+    max_turns: int = 8
+    max_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    epochs: int = 1
+    forever: bool = False  # cycle over the tasks (epoch after epoch) until stopped
+    follow: bool = False  # forever, after waiting for the learner to announce itself
+    agent: str | None = None  # module:function
+    tools: str | None = None  # module:fn,module:fn for the built-in tool agent
+    agent_cmd: str | None = None  # shell command, run per rollout in its directory
+    reward: str | None = None  # module:function
+    reward_cmd: str | None = None  # shell command: exit 0 = 1.0
+    retries: int = 2
+    max_staleness: int | None = None
+    groups_per_version: int | None = None  # default: the learner's announcement
+    workdir: str | None = None  # default: <tmp>/trajstore-<run>
+    keep_workdirs: bool = False  # keep the directories of usable rollouts too (failed ones are always kept)
+    display: str = "auto"  # auto (live on a terminal, else plain) | live | plain | off
+    policy_version: int = 0  # version of the weights the server starts with (in-process or vLLM)
+    device: str = "auto"
+    max_batch: int = 16
+    threads: int | None = None
+    poll_interval_s: float = 0.5
+
+    def problems(self) -> list[str]:
+        out = []
+        for name, low in (("n", 1), ("concurrency", 1), ("max_turns", 1), ("max_tokens", 1), ("epochs", 1),
+                          ("max_batch", 1), ("retries", 0), ("policy_version", 0)):
+            if getattr(self, name) < low:
+                out.append(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
+        for name in ("max_staleness", "groups_per_version", "threads"):
+            value, low = getattr(self, name), 0 if name == "max_staleness" else 1
+            if value is not None and value < low:
+                out.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+        if self.rollout_timeout <= 0 or self.poll_interval_s <= 0:
+            out.append("--rollout-timeout and the poll interval must be positive")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or (self.top_k != -1 and self.top_k < 1):
+            out.append("sampling needs --temperature >= 0, 0 < --top-p <= 1 and --top-k -1 (off) or >= 1")
+        if not self.run:
+            out.append("--run must name the run")
+        given = [f"--{n.replace('_', '-')}" for n in ("agent", "tools", "agent_cmd") if getattr(self, n)]
+        if len(given) > 1:
+            out.append(f"{' and '.join(given)} are all agents: give one (or none for a single model call per rollout)")
+        if self.reward and self.reward_cmd:
+            out.append("--reward and --reward-cmd both given: give one")
+        if not Path(self.tasks).is_file():
+            out.append(f"--tasks {self.tasks} does not exist")
+        if self.model is None and self.server is None:
+            out.append("no policy: pass --model DIR (served in-process) or --server URL")
+        if self.model is not None and not (Path(self.model) / "config.json").is_file():
+            out.append(f"--model {self.model} is not a Hugging Face checkpoint directory (no config.json)")
+        if self.proxy is not None and self.server is None:
+            out.append("--proxy needs --server: the external proxy samples from a server this process must reach "
+                       "to hot-reload checkpoints")
+        if self.vllm and self.model is None and self.proxy is None:
+            out.append("--vllm needs --model DIR too: the in-process capture proxy renders prompts with its "
+                       "tokenizer and chat template")
+        if self.vllm and self.server is None:
+            out.append("--vllm needs --server URL (vLLM cannot run in-process)")
+        if self.vllm and self.proxy is not None:
+            out.append("--vllm with --proxy: the proxy's vLLM client stamps policy versions, so this process cannot "
+                       "reload vLLM behind its back; leave --proxy out")
+        if self.display not in DISPLAYS:
+            out.append(f"display must be one of {', '.join(DISPLAYS)}, got {self.display!r}")
+        return out
+
