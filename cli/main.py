@@ -17,6 +17,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 import trajstore
+from cli.collect_cmd import collect, reward
 from cli.collectors_cmds import init_model, serve
 from cli.options import domain_errors, store_option
 from cli.proxy_cmd import proxy
@@ -258,6 +259,12 @@ main.add_command(init_model)
 main.add_command(serve)
 main.add_command(replay)
 main.add_command(proxy)
+main.add_command(collect)
+main.add_command(reward)
+
+from cli.learn_cmd import learn  # noqa: E402  (learner helper: registered for its tests; the lead may move it)
+
+main.add_command(learn)
 
 if __name__ == "__main__":
     main()

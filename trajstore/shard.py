@@ -107,7 +107,7 @@ def _rows(store: Store, files: list[FileInfo], live: pa.Table, column: str, valu
 
 def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
                estimator: Estimator = "grpo", run: str | None = None,
-               exclude: Iterable[str] = ()) -> Shard:
+               exclude: Iterable[str] = (), max_groups: int | None = None) -> Shard:
     from trajstore.store import Snapshot  # the store module imports this one
 
     problems = []
@@ -115,6 +115,8 @@ def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rol
         problems.append("policy_version and max_staleness must be >= 0")
     if max_rollouts < 1:
         problems.append("max_rollouts must be >= 1")
+    if max_groups is not None and max_groups < 1:
+        problems.append("max_groups must be >= 1 (or None for no limit)")
     if estimator not in ESTIMATORS:
         problems.append(f"estimator {estimator!r} is not one of {list(ESTIMATORS)}")
     if problems:
@@ -159,9 +161,9 @@ def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rol
                 SELECT group_id, row_number() OVER w AS k,
                        sum(trainable) OVER w AS total
                 FROM ok WINDOW w AS (ORDER BY started, group_id ROWS UNBOUNDED PRECEDING))
-            SELECT group_id FROM acc WHERE total <= $budget OR k = 1 ORDER BY k
+            SELECT group_id FROM acc WHERE (total <= $budget OR k = 1) AND k <= $max_groups ORDER BY k
             """,
-            {"lo": lo, "budget": max_rollouts},
+            {"lo": lo, "budget": max_rollouts, "max_groups": max_groups if max_groups is not None else 2**62},
         ).column("group_id").to_pylist()
         if not chosen:
             return empty

@@ -186,13 +186,16 @@ class Store:
             return snap.query(sql, params)
 
     def shard(self, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
-              estimator: Estimator = "grpo", run: str | None = None, exclude: Iterable[str] = ()) -> Shard:
+              estimator: Estimator = "grpo", run: str | None = None, exclude: Iterable[str] = (),
+              max_groups: int | None = None) -> Shard:
         """The next training shard: complete groups whose oldest tokens are at most
         `max_staleness` versions behind `policy_version`, not consumed by any checkpoint and
         not in `exclude` (rollouts the learner holds but has not checkpointed yet), oldest
-        first, up to `max_rollouts` trainable rollouts (at least one group). See trajstore.shard."""
+        first, up to `max_rollouts` trainable rollouts (at least one group) and at most
+        `max_groups` groups. See trajstore.shard."""
         return make_shard(self, policy_version=policy_version, max_staleness=max_staleness,
-                          max_rollouts=max_rollouts, estimator=estimator, run=run, exclude=exclude)
+                          max_rollouts=max_rollouts, estimator=estimator, run=run, exclude=exclude,
+                          max_groups=max_groups)
 
     def compact(self, *, target_bytes: int = 128 << 20) -> CompactResult:
         """Seal orphaned segments and rewrite small sealed files into larger ones."""

@@ -1,0 +1,96 @@
+"""`trajstore learn`: a thin click shell over `learner.train.learn`."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import click
+
+from cli.options import domain_errors, store_option
+from learner.settings import AggregationName, DeviceName, EstimatorName, LearnSettings, LossName
+
+
+@click.command("learn")
+@store_option
+@click.option("--run", default="default", show_default=True, help="The run whose rollouts to train on.")
+@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="The initial policy: a Hugging Face checkpoint directory (trajstore init-model makes one).")
+@click.option("--checkpoints", "checkpoints_dir", required=True, type=click.Path(file_okay=False),
+              help="Where versions v000001/, v000002/, ... are published; resumes from the newest one in it.")
+@click.option("--max-staleness", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Train on groups whose oldest tokens are at most this many versions old.")
+@click.option("--groups-per-step", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Complete groups per optimizer step.")
+@click.option("--micro-batch-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Packed tokens per forward pass.")
+@click.option("--lr", type=float, default=1e-5, show_default=True, help="AdamW learning rate.")
+@click.option("--max-grad-norm", type=float, default=1.0, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), help="Total optimizer steps to reach (counted across restarts).")
+@click.option("--follow", is_flag=True, help="Keep training as data arrives, until killed.")
+@click.option("--publish-every", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Optimizer steps per published version.")
+@click.option("--estimator", type=click.Choice(get_args(EstimatorName)), default="grpo", show_default=True,
+              help="Advantage estimator (computed by the store's SQL).")
+@click.option("--loss", type=click.Choice(get_args(LossName)), default="ppo", show_default=True,
+              help="ppo: clipped ratio to the behaviour logprobs; tis: REINFORCE with truncated IS weights.")
+@click.option("--aggregation", type=click.Choice(get_args(AggregationName)), default="token_mean",
+              show_default=True, help="How token losses become the step's loss.")
+@click.option("--normalizer", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="seq_mean_token_sum's constant divisor (e.g. the max generation length).")
+@click.option("--clip-low", type=float, default=0.2, show_default=True)
+@click.option("--clip-high", type=float, default=0.28, show_default=True)
+@click.option("--is-cap", type=float, default=2.0, show_default=True, help="Truncated IS cap (--loss tis).")
+@click.option("--kl-coef", type=float, default=0.0, show_default=True, help="k3 KL to the initial model.")
+@click.option("--temperature", type=float, default=1.0, show_default=True,
+              help="The collectors' sampling temperature.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--lora", is_flag=True, help="Train LoRA adapters and publish adapter checkpoints.")
+@click.option("--lora-rank", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--lora-alpha", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--device", type=click.Choice(get_args(DeviceName)), default="auto", show_default=True)
+@click.option("--poll-interval", type=float, default=1.0, show_default=True,
+              help="Seconds between looks at the store while waiting for groups.")
+@click.option("--wait-timeout", type=float, default=600.0, show_default=True,
+              help="Without --follow: stop after this many seconds without a full step of data.")
+@click.option("--writer", help="Store writer name (default: learner-RUN).")
+@domain_errors
+def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, max_staleness: int, groups_per_step: int,
+          micro_batch_tokens: int, lr: float, max_grad_norm: float, steps: int | None, follow: bool,
+          publish_every: int, estimator: str, loss: str, aggregation: str, normalizer: int, clip_low: float,
+          clip_high: float, is_cap: float, kl_coef: float, temperature: float, seed: int, lora: bool,
+          lora_rank: int, lora_alpha: int, device: str, poll_interval: float, wait_timeout: float,
+          writer: str | None) -> None:
+    """Train the policy on the store's complete groups and publish checkpoints the collectors load.
+
+    Each step takes the oldest GROUPS_PER_STEP complete, unconsumed groups within
+    MAX_STALENESS versions, packs them into micro-batches, and takes one AdamW step.
+    Every PUBLISH_EVERY steps a version is published atomically and announced in the store
+    with the rollouts it consumed. Killed and restarted, it resumes from its newest version
+    and trains the unpublished steps' rollouts again (each rollout lands in one version).
+
+    \b
+    Example:
+      trajstore learn --store runs/s --run exp1 --model tiny-model --checkpoints runs/ckpts \\
+          --groups-per-step 4 --max-staleness 1 --steps 20 --lr 1e-5
+    """
+    from learner.checkpoints import CheckpointError
+    from learner.metrics_log import show
+    from learner.train import learn as run_learner
+
+    settings = LearnSettings(
+        store=store_loc, run=run, model=model_dir, checkpoints=checkpoints_dir, max_staleness=max_staleness,
+        groups_per_step=groups_per_step, micro_batch_tokens=micro_batch_tokens, lr=lr, max_grad_norm=max_grad_norm,
+        steps=steps, follow=follow, publish_every=publish_every, estimator=estimator,  # type: ignore[arg-type]
+        loss=loss, aggregation=aggregation, normalizer=normalizer, clip_low=clip_low,  # type: ignore[arg-type]
+        clip_high=clip_high, is_cap=is_cap, kl_coef=kl_coef, temperature=temperature, seed=seed, lora=lora,
+        lora_rank=lora_rank, lora_alpha=lora_alpha, device=device, poll_interval=poll_interval,  # type: ignore[arg-type]
+        wait_timeout=wait_timeout, writer=writer,
+    )
+    try:
+        summary = run_learner(settings, show=show)
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from exc
+    why = "reached --steps" if summary.stopped == "steps" else f"no new groups for {wait_timeout:g} s"
+    published = ", ".join(str(v) for v in summary.published) or "none"
+    click.echo(f"stopped at step {summary.step} ({why}); {summary.steps_trained} steps trained, "
+               f"versions published: {published}; newest version {summary.version} in {checkpoints_dir}")

@@ -1,0 +1,212 @@
+"""Micro-batches from a shard's samples: packed by a token budget (or padded, for comparison).
+
+A sample (one row of `Shard.samples`) holds `tokens`, `loss_mask` and `logprobs` of equal
+length: the prompt, the sampled outputs and the later turns' prompt deltas, with the mask
+true and the behaviour logprob set only on sampled tokens (trajstore.views, `samples`).
+A causal LM predicts token t+1 at position t, so a sample of n tokens feeds n-1 input
+positions, tokens[:-1], whose targets are tokens[1:]; the mask and the behaviour logprobs
+are shifted the same way. The first token of a sample is therefore never a target, and its
+last token is never an input.
+
+`pack` concatenates several samples into one row, first-fit-decreasing on their input
+positions, with `position_ids` restarting at 0 for each sample and no attention mask:
+transformers 5 finds the sample boundaries from the position ids (masking_utils
+`find_packed_sequence_indices`, used when no attention mask and no cache are given, so
+the forward must pass `use_cache=False`) and attends within each sample only.
+tests/learner/test_batching.py checks that packed logprobs equal those of each sample
+alone. A row holds at most `budget` input positions, except a sample longer than the
+budget, which gets a micro-batch of its own rather than being cut (cutting would change
+what the model conditions on).
+
+`pad_batches` builds the usual padded (B, L) batches instead, in shard order, for
+`benchmarks/learn.py` to measure what packing saves.
+
+Samples with no trainable target are left out of both: they add nothing to any loss.
+Every flat tensor is over the B*L input positions in row-major order (B = 1 when packed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward pass worth of samples, every flat tensor over the B*L input positions."""
+
+    input_ids: torch.Tensor  # (B, L) int64
+    position_ids: torch.Tensor  # (B, L) int64, restarting at 0 for each sample
+    attention_mask: torch.Tensor | None  # (B, L) int64 for padded batches; None when packed
+    targets: torch.Tensor  # (B*L,) int64: the token each position predicts
+    mask: torch.Tensor  # (B*L,) bool: the target is a sampled (trainable) token
+    behaviour_logprobs: torch.Tensor  # (B*L,) float32: what the policy server sampled it with
+    advantages: torch.Tensor  # (B*L,) float32: the sample's (its rollout's) advantage
+    seq: torch.Tensor  # (B*L,) int64: index into `rows` of the sample each position belongs to
+    seq_weight: torch.Tensor  # (S,) float32: 1 / segments of the sample's rollout
+    rows: tuple[int, ...]  # the samples table's rows, in `seq` order
+
+    @property
+    def num_positions(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def num_trainable(self) -> int:
+        return int(self.mask.sum())
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, **moved)
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """Global normalizers of one optimizer step, computed before its first micro-batch."""
+
+    trainable_tokens: int  # trainable targets over every sample of the step
+    rollouts: float  # sum of the samples' seq_weight: each rollout counts once however it fans out
+    samples: int
+
+
+@dataclass(frozen=True)
+class _Flat:
+    """The samples' list columns as flat numpy arrays plus offsets."""
+
+    tokens: np.ndarray  # int64
+    mask: np.ndarray  # bool
+    logprobs: np.ndarray  # float32
+    offsets: np.ndarray  # (S+1,) int64
+    advantage: np.ndarray  # (S,) float32
+    weight: np.ndarray  # (S,) float32
+
+    def positions(self, row: int) -> int:
+        return int(self.offsets[row + 1] - self.offsets[row]) - 1
+
+    def trainable(self, row: int) -> int:
+        start, end = self.offsets[row], self.offsets[row + 1]
+        return int(self.mask[start + 1:end].sum())
+
+
+def _flat(samples: pa.Table) -> _Flat:
+    def values(name: str, dtype: type, fill: object) -> np.ndarray:
+        flat = pc.list_flatten(samples.column(name).combine_chunks())
+        if flat.null_count:
+            flat = pc.fill_null(flat, fill)
+        return flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+    tokens_col = samples.column("tokens").combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(tokens_col), 0).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = _Flat(
+        tokens=values("tokens", np.int64, 0),
+        mask=values("loss_mask", bool, False),
+        logprobs=values("logprobs", np.float32, 0.0),
+        offsets=offsets,
+        advantage=pc.fill_null(samples.column("advantage"), 0.0).to_numpy().astype(np.float32),
+        weight=(1.0 / samples.column("rollout_segments").to_numpy().astype(np.float64)).astype(np.float32),
+    )
+    n = int(offsets[-1])
+    if not (len(flat.tokens) == len(flat.mask) == len(flat.logprobs) == n):
+        raise ValueError(f"the samples' tokens, loss_mask and logprobs hold {len(flat.tokens)}, {len(flat.mask)} "
+                         f"and {len(flat.logprobs)} values in all; every sample needs the three of equal length")
+    return flat
+
+
+def step_totals(samples: pa.Table) -> StepTotals:
+    """The step's global normalizers: trainable targets and rollouts (sum of 1/segments)."""
+    if samples.num_rows == 0:
+        return StepTotals(0, 0.0, 0)
+    flat = _flat(samples)
+    tokens = sum(flat.trainable(r) for r in range(samples.num_rows))
+    return StepTotals(trainable_tokens=tokens, rollouts=float(flat.weight.astype(np.float64).sum()),
+                      samples=samples.num_rows)
+
+
+def _trainable_rows(flat: _Flat) -> list[int]:
+    return [r for r in range(len(flat.advantage)) if flat.positions(r) > 0 and flat.trainable(r) > 0]
+
+
+def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
+    """Rows concatenated into one packed row (width None) or padded to `width`, one row each."""
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("inp", "pos", "tgt", "msk", "blp", "adv", "seq", "att")}
+    for i, r in enumerate(rows):
+        start, end = int(flat.offsets[r]), int(flat.offsets[r + 1])
+        n = end - start - 1
+        pad = 0 if width is None else width - n
+        parts["inp"].append(np.pad(flat.tokens[start:end - 1], (0, pad)))
+        parts["pos"].append(np.arange(n + pad, dtype=np.int64))
+        parts["tgt"].append(np.pad(flat.tokens[start + 1:end], (0, pad)))
+        parts["msk"].append(np.pad(flat.mask[start + 1:end], (0, pad)))
+        parts["blp"].append(np.pad(flat.logprobs[start + 1:end], (0, pad)))
+        parts["adv"].append(np.full(n + pad, flat.advantage[r], dtype=np.float32))
+        parts["seq"].append(np.full(n + pad, i, dtype=np.int64))
+        parts["att"].append(np.pad(np.ones(n, dtype=np.int64), (0, pad)))
+    rows_b = 1 if width is None else len(rows)
+
+    def cat(key: str) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate(parts[key]))
+
+    return MicroBatch(
+        input_ids=cat("inp").view(rows_b, -1),
+        position_ids=cat("pos").view(rows_b, -1),
+        attention_mask=None if width is None else cat("att").view(rows_b, -1),
+        targets=cat("tgt"),
+        mask=cat("msk"),
+        behaviour_logprobs=cat("blp"),
+        advantages=cat("adv"),
+        seq=cat("seq"),
+        seq_weight=torch.from_numpy(flat.weight[rows].copy()),
+        rows=tuple(rows),
+    )
+
+
+def pack(samples: pa.Table, budget: int) -> list[MicroBatch]:
+    """Packed micro-batches of at most `budget` input positions each (first-fit-decreasing).
+
+    A sample with more than `budget` input positions gets a micro-batch of its own.
+    """
+    if budget < 1:
+        raise ValueError(f"the micro-batch budget must be >= 1 token (got {budget})")
+    if samples.num_rows == 0:
+        return []
+    flat = _flat(samples)
+    bins: list[tuple[int, list[int]]] = []  # (free positions, rows)
+    for r in sorted(_trainable_rows(flat), key=lambda r: (-flat.positions(r), r)):
+        n = flat.positions(r)
+        for i, (free, rows) in enumerate(bins):
+            if n <= free:
+                bins[i] = (free - n, rows + [r])
+                break
+        else:
+            bins.append((max(budget - n, 0), [r]))
+    return [_micro_batch(flat, sorted(rows), None) for _, rows in bins]
+
+
+def pad_batches(samples: pa.Table, budget: int) -> list[MicroBatch]:
+    """Padded (B, L) micro-batches in shard order: B rows padded to the longest, B * L <= budget.
+
+    The baseline packing is measured against (`benchmarks/learn.py`); a sample longer than
+    the budget is a batch of one.
+    """
+    if budget < 1:
+        raise ValueError(f"the micro-batch budget must be >= 1 token (got {budget})")
+    if samples.num_rows == 0:
+        return []
+    flat = _flat(samples)
+    batches: list[list[int]] = []
+    width = 0
+    for r in _trainable_rows(flat):
+        n = flat.positions(r)
+        if batches and (len(batches[-1]) + 1) * max(width, n) <= budget:
+            batches[-1].append(r)
+            width = max(width, n)
+        else:
+            batches.append([r])
+            width = n
+    return [_micro_batch(flat, rows, max(flat.positions(r) for r in rows)) for rows in batches]

@@ -1,0 +1,240 @@
+"""The checkpoint directory: atomic numbered versions the collectors load, and the learner resumes from.
+
+Layout (the contract between learner and collectors; they share nothing else but the store):
+
+    CKPTS/v000001/   config.json, model.safetensors, tokenizer files, chat_template.jinja,
+                     generation_config.json                      (full weights)
+                     or adapter_config.json, adapter_model.safetensors, tokenizer files (LoRA;
+                     base_model_name_or_path = absolute path of the base model directory)
+                     trajstore_checkpoint.json  {"version", "step", "parent", "run", "table_version",
+                                                 "consumed", "adapter", "base_model", "metrics", "settings"}
+                     learner_state.pt           optimizer state and RNG states (learner-private)
+
+A version is written under `CKPTS/.partial-v000001-<random>/`, every file and the directory
+fsynced, then renamed into place: a reader sees a whole version or none. A `.partial-*`
+directory is what a crash left behind; `latest` removes it (one learner owns a checkpoint
+directory, so no other process can be writing one).
+
+The store learns of a version from its Checkpoint event (`checkpoint_event`), appended after
+the rename with the deterministic id `checkpoint:{run}:{version}`: after a crash between the
+rename and the append, the resumed learner appends the same event again from the JSON here.
+Version 0 is the initial model, announced by `initial_event` so that collectors know the
+learner's batch size before the first checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trajstore import Checkpoint
+
+INFO_FILE = "trajstore_checkpoint.json"
+STATE_FILE = "learner_state.pt"
+PARTIAL_PREFIX = ".partial-"
+# copied from the initial model so that every version is a self-describing, servable directory
+TOKENIZER_FILES: tuple[str, ...] = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+                                    "generation_config.json")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory is not what the contract says it should be."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What `trajstore_checkpoint.json` of one published version says."""
+
+    path: Path
+    version: int
+    step: int
+    parent: int | None
+    run: str
+    table_version: int | None
+    consumed: tuple[str, ...]
+    adapter: bool
+    base_model: str
+    metrics: dict[str, float]
+    settings: dict[str, Any]
+
+
+def version_dir(root: str | Path, version: int) -> Path:
+    return Path(root) / f"v{version:06d}"
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        _fsync(p)
+    _fsync(path)
+
+
+def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copyfile(tokenizer_dir / name, dest / name)
+
+
+def _keep_compat_keys(initial: Path, dest: Path) -> None:
+    """Keys the initial config.json carried that transformers did not write back (older loaders'
+    names such as `torch_dtype`, `rope_theta`, which vLLM pinned to transformers 4 reads)."""
+    source, written = initial / "config.json", dest / "config.json"
+    if not (source.is_file() and written.is_file()):
+        return
+    old, new = json.loads(source.read_text()), json.loads(written.read_text())
+    merged = {**{k: v for k, v in old.items() if k not in new}, **new}
+    if merged != new:
+        written.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+
+
+def publish(root: str | Path, version: int, step: int, model: torch.nn.Module, tokenizer_dir: str | Path,
+            optimizer: torch.optim.Optimizer, *, info: Mapping[str, Any], adapter: bool) -> Path:
+    """Write version `version` atomically under `root` and return its directory.
+
+    `model` is the policy (a PeftModel when `adapter`); `tokenizer_dir` the initial model's
+    directory, whose tokenizer files (and, for an adapter, weights) the version refers to.
+    `info` fills trajstore_checkpoint.json (run, parent, table_version, consumed, metrics,
+    settings, ...); version, step, adapter and base_model are set here.
+    """
+    root = Path(root)
+    final = version_dir(root, version)
+    if final.exists():
+        raise CheckpointError(f"{final} already exists; versions only go up. Another learner may be publishing "
+                              "into this checkpoint directory; give each run its own --checkpoints")
+    root.mkdir(parents=True, exist_ok=True)
+    base = Path(tokenizer_dir).resolve()
+    tmp = root / f"{PARTIAL_PREFIX}{final.name}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        if adapter:
+            from learner.lora import save_adapter  # peft only when LoRA is on
+
+            save_adapter(model, tmp, base)  # type: ignore[arg-type]
+        else:
+            model.save_pretrained(str(tmp), safe_serialization=True)  # type: ignore[operator]
+            _copy_tokenizer(base, tmp)
+            _keep_compat_keys(base, tmp)
+        torch.save(_learner_state(optimizer), tmp / STATE_FILE)
+        record = {**dict(info), "version": version, "step": step, "adapter": adapter, "base_model": str(base),
+                  "consumed": list(info.get("consumed", ()))}
+        (tmp / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+        _fsync_tree(tmp)
+        os.rename(tmp, final)
+        _fsync(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _learner_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    state: dict[str, Any] = {"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def read_info(path: str | Path) -> CheckpointInfo:
+    """The CheckpointInfo of one version directory."""
+    path = Path(path)
+    try:
+        raw = json.loads((path / INFO_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path / INFO_FILE} cannot be read ({exc}); a published version always has it, "
+                              f"so {path} was not written by `trajstore learn`: move it out of the directory") from exc
+    return CheckpointInfo(
+        path=path, version=int(raw["version"]), step=int(raw["step"]), parent=raw.get("parent"),
+        run=str(raw.get("run", "default")), table_version=raw.get("table_version"),
+        consumed=tuple(raw.get("consumed", ())), adapter=bool(raw.get("adapter", False)),
+        base_model=str(raw.get("base_model", "")), metrics=dict(raw.get("metrics") or {}),
+        settings=dict(raw.get("settings") or {}),
+    )
+
+
+def published(root: str | Path) -> list[CheckpointInfo]:
+    """Every published version under `root`, oldest first; removes `.partial-*` leftovers."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(PARTIAL_PREFIX):
+            shutil.rmtree(entry, ignore_errors=True)  # a crash mid-publish; never visible as a version
+        elif entry.is_dir() and entry.name.startswith("v") and entry.name[1:].isdigit():
+            out.append(read_info(entry))
+    return sorted(out, key=lambda info: info.version)
+
+
+def latest(root: str | Path) -> CheckpointInfo | None:
+    """The newest published version under `root`, or None; removes `.partial-*` leftovers."""
+    versions = published(root)
+    return versions[-1] if versions else None
+
+
+@dataclass(frozen=True)
+class LearnerState:
+    optimizer: dict[str, Any]
+    torch_rng: torch.Tensor
+    cuda_rng: list[torch.Tensor] | None
+
+
+def load_state(info: CheckpointInfo) -> LearnerState:
+    """The optimizer and RNG states saved with a version (load them with `restore`)."""
+    raw = torch.load(info.path / STATE_FILE, map_location="cpu", weights_only=True)
+    return LearnerState(optimizer=raw["optimizer"], torch_rng=raw["torch_rng"], cuda_rng=raw.get("cuda_rng"))
+
+
+def restore(state: LearnerState, optimizer: torch.optim.Optimizer) -> None:
+    """Put the saved optimizer and RNG states back (after the model's weights are loaded)."""
+    optimizer.load_state_dict(state.optimizer)
+    torch.set_rng_state(state.torch_rng)
+    if state.cuda_rng is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state.cuda_rng)
+
+
+def event_id(run: str, version: int) -> str:
+    return f"checkpoint:{run}:{version}"
+
+
+def checkpoint_event(info: CheckpointInfo, run: str, metrics: Mapping[str, float], groups_per_version: int,
+                     max_staleness: int) -> Checkpoint:
+    """The store's announcement of a published version (idempotent: a deterministic event id)."""
+    return Checkpoint(
+        run=run, policy_version=info.version, step=info.step, consumed=list(info.consumed),
+        table_version=info.table_version, metrics=dict(metrics),
+        meta={"path": str(info.path.resolve()), "adapter": info.adapter, "base_model": info.base_model,
+              "groups_per_version": groups_per_version, "max_staleness": max_staleness},
+        event_id=event_id(run, info.version),
+    )
+
+
+def initial_event(model_dir: str | Path, run: str, groups_per_version: int, max_staleness: int,
+                  settings: Mapping[str, Any] | None = None) -> Checkpoint:
+    """Version 0: the initial model, announced by a fresh learner so collectors learn its batch size."""
+    path = str(Path(model_dir).resolve())
+    meta: dict[str, Any] = {"path": path, "adapter": False, "base_model": path,
+                            "groups_per_version": groups_per_version, "max_staleness": max_staleness}
+    if settings is not None:
+        meta["settings"] = dict(settings)
+    return Checkpoint(run=run, policy_version=0, step=0, consumed=[], meta=meta, event_id=event_id(run, 0))
+
+
+def missing_events(infos: Sequence[CheckpointInfo], announced: set[int]) -> list[CheckpointInfo]:
+    """Published versions whose Checkpoint event the store lacks (a crash between rename and append)."""
+    return [info for info in infos if info.version not in announced]

@@ -1,0 +1,131 @@
+"""`LearnSettings`: every knob of `trajstore learn`, validated all at once before any work starts.
+
+Kept free of torch so that `trajstore --help` and the CLI's option parsing stay fast; the
+names of the loss and aggregation choices map to functions in one dict each in
+`learner.train` (STYLE.md 5). `resolved()` is what gets written next to every checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+EstimatorName = Literal["grpo", "dr_grpo", "rloo"]
+LossName = Literal["ppo", "tis"]
+AggregationName = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+DeviceName = Literal["auto", "cpu", "cuda"]
+
+_WRITER_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class SettingsError(ValueError):
+    """The settings have problems; `problems` lists every one of them."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("the learner settings have {} problem(s); fix them and start again:\n{}".format(
+            len(problems), "\n".join(f"  - {p}" for p in problems)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnSettings:
+    """One learner run. Paths may be relative; `resolved()` makes them absolute."""
+
+    store: str  # a directory or s3://bucket/prefix
+    run: str = "default"
+    model: str  # the initial policy: a Hugging Face checkpoint directory
+    checkpoints: str  # where v000001/, v000002/, ... are published
+    max_staleness: int = 1  # train on groups whose oldest tokens are at most this many versions old
+    groups_per_step: int = 8  # complete groups in one optimizer step
+    micro_batch_tokens: int = 4096  # packed tokens per forward pass (a longer sample gets its own)
+    lr: float = 1e-5  # AdamW, betas (0.9, 0.95), no weight decay
+    max_grad_norm: float = 1.0
+    steps: int | None = None  # the total step count to reach (counted across restarts)
+    follow: bool = False  # keep waiting for data forever (no step limit needed)
+    publish_every: int = 1  # optimizer steps per published version
+    estimator: EstimatorName = "grpo"
+    loss: LossName = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    is_cap: float = 2.0  # truncated importance-sampling cap (loss "tis")
+    aggregation: AggregationName = "token_mean"
+    normalizer: int = 1024  # seq_mean_token_sum: the fixed divisor of each sample's token sum (Dr. GRPO)
+    kl_coef: float = 0.0  # k3 KL to the initial model; the reference model is loaded only when > 0
+    temperature: float = 1.0  # the collectors' sampling temperature: logits / temperature match their logprobs
+    seed: int = 0
+    lora: bool = False
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    device: DeviceName = "auto"
+    poll_interval: float = 1.0  # seconds between looks at the store while waiting for groups
+    wait_timeout: float = 600.0  # without --follow: stop after this long without a full step of data
+    writer: str | None = None  # store writer name; default learner-<run>
+
+    def problems(self) -> list[str]:
+        """Every problem with these settings, each saying what would fix it."""
+        out: list[str] = []
+        model = Path(self.model)
+        if not model.is_dir():
+            out.append(f"model {self.model!r} is not a directory; pass a Hugging Face checkpoint "
+                       "(make one with `trajstore init-model`)")
+        elif not (model / "config.json").is_file():
+            out.append(f"model {self.model!r} has no config.json; it must be a full Hugging Face checkpoint "
+                       "(a LoRA adapter directory cannot start a run: pass its base model and --lora)")
+        ckpts = Path(self.checkpoints)
+        if ckpts.exists() and not ckpts.is_dir():
+            out.append(f"checkpoints {self.checkpoints!r} exists and is not a directory")
+        if not self.run:
+            out.append("run must be a non-empty name")
+        for name in ("groups_per_step", "micro_batch_tokens", "publish_every", "normalizer", "lora_rank",
+                     "lora_alpha"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        for name in ("lr", "max_grad_norm", "is_cap", "temperature", "poll_interval", "wait_timeout"):
+            if not getattr(self, name) > 0:
+                out.append(f"{name} must be > 0 (got {getattr(self, name)})")
+        if self.max_staleness < 0:
+            out.append(f"max_staleness must be >= 0 (got {self.max_staleness})")
+        if not 0 <= self.clip_low < 1:
+            out.append(f"clip_low must be in [0, 1) so that 1 - clip_low stays positive (got {self.clip_low})")
+        if self.clip_high < 0:
+            out.append(f"clip_high must be >= 0 (got {self.clip_high})")
+        if self.kl_coef < 0:
+            out.append(f"kl_coef must be >= 0 (got {self.kl_coef})")
+        if self.steps is None and not self.follow:
+            out.append("say when to stop: give steps (a total step count) or follow=True (run until killed)")
+        if self.steps is not None and self.steps < 1:
+            out.append(f"steps must be >= 1 (got {self.steps})")
+        for name, typ in (("estimator", EstimatorName), ("loss", LossName), ("aggregation", AggregationName),
+                          ("device", DeviceName)):
+            if getattr(self, name) not in get_args(typ):
+                out.append(f"{name} {getattr(self, name)!r} is not one of {list(get_args(typ))}")
+        if self.writer is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", self.writer):
+            out.append(f"writer {self.writer!r} must be 1-100 letters, digits, '.', '_' or '-'")
+        return out
+
+    def check(self) -> None:
+        """Raise SettingsError listing every problem, if there is any."""
+        problems = self.problems()
+        if problems:
+            raise SettingsError(problems)
+
+    @property
+    def groups_per_version(self) -> int:
+        """What collectors pace admission by: groups trained into each published version."""
+        return self.groups_per_step * self.publish_every
+
+    @property
+    def writer_name(self) -> str:
+        return self.writer or ("learner-" + _WRITER_UNSAFE.sub("_", self.run))[:100]
+
+    def resolved(self) -> dict[str, Any]:
+        """The settings as JSON-ready values with absolute local paths (written beside each checkpoint)."""
+        out = asdict(self)
+        out["model"] = str(Path(self.model).resolve())
+        out["checkpoints"] = str(Path(self.checkpoints).resolve())
+        if "://" not in self.store:
+            out["store"] = str(Path(self.store).resolve())
+        out["writer"] = self.writer_name
+        return out

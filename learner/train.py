@@ -1,0 +1,386 @@
+"""`learn(settings)`: the training loop of `trajstore learn`, top to bottom.
+
+settings -> model (+ frozen reference, + LoRA) -> optimizer -> resume from the newest
+checkpoint -> `for step in ...`: wait for `groups_per_step` complete groups, pack them,
+forward, loss, backward, clip, step, log a Metric event, and every `publish_every` steps
+publish a version and announce it with a Checkpoint event.
+
+Exactly-once. Rollouts trained since the last published version are held in `pending` and
+excluded from the next shards; a Checkpoint event lists them as `consumed`, after which the
+store excludes them itself. A learner killed at any point restarts from its newest
+checkpoint (weights, optimizer state, RNG, step, version) and trains the unpublished steps'
+rollouts again, so every rollout ends up in exactly one published version. A version whose
+directory was renamed into place but whose event never reached the store is announced on
+restart (same deterministic event id). A retrained step appears twice in `metrics` (one per
+attempt); `checkpoints.consumed` is the record of what was trained.
+
+Loss of one step: the chosen per-token loss (`LOSSES`), plus kl_coef * k3 KL to the initial
+model, aggregated over the step (`AGGREGATIONS`) with normalizers computed over all of its
+micro-batches before the first one, so gradient accumulation gives the step's exact
+gradient however the samples were packed. Behaviour logprobs (what the policy server
+sampled with) are the PPO "old" logprobs: one optimizer step per shard, the ratio measures
+staleness plus the inference/training mismatch.
+
+Precision: float32 weights and optimizer state; the forward runs under bfloat16 autocast on
+CUDA and in float32 on CPU (one code path); log-softmax math is float32 either way.
+
+Several GPUs: under torchrun (WORLD_SIZE > 1) rank 0 alone reads the store and writes
+events and checkpoints; it broadcasts each shard, every rank trains on its share of the
+micro-batches, and the accumulated gradients are summed once per step. That replaces
+DistributedDataParallel on purpose: ranks get unequal numbers of micro-batches, which DDP's
+per-backward all-reduce would deadlock on. This path is not exercised by the tests here
+(one CPU process); it is kept to these few lines.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+from learner import checkpoints
+from learner.batching import MicroBatch, StepTotals, pack, step_totals
+from learner.losses import (
+    LossStats,
+    entropy,
+    kl_k3,
+    loss_stats,
+    ppo_clip_loss,
+    seq_mean_token_mean,
+    seq_mean_token_sum,
+    tis_pg_loss,
+    token_logprobs,
+    token_mean,
+)
+from learner.settings import LearnSettings
+from trajstore import Metric, Store, Writer, open_store
+from trajstore.shard import Shard
+
+# the shard planner's rollout budget: a step is bounded by its group count, not its rollouts
+_NO_ROLLOUT_LIMIT = 1 << 40
+
+
+# ---- the choices of the settings, one visible dict each ------------------------------------------
+
+def _ppo(lp: torch.Tensor, behaviour: torch.Tensor, adv: torch.Tensor,
+         s: LearnSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    return ppo_clip_loss(lp, behaviour, adv, clip_low=s.clip_low, clip_high=s.clip_high)
+
+
+def _tis(lp: torch.Tensor, behaviour: torch.Tensor, adv: torch.Tensor,
+         s: LearnSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    truncated = (lp.detach() - behaviour) > math.log(s.is_cap)  # reported as the clip fraction
+    return tis_pg_loss(lp, behaviour, adv, cap=s.is_cap), truncated
+
+
+# per-token loss (N,) and the tokens its clip/truncation is active on (N,) bool
+LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, LearnSettings],
+                           tuple[torch.Tensor, torch.Tensor]]] = {"ppo": _ppo, "tis": _tis}
+
+# (per-token loss over one micro-batch's trainable tokens, their sample index, the micro-batch's
+# sample weights, the step's totals, settings) -> this micro-batch's share of the step's loss
+Aggregation = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, StepTotals, LearnSettings], torch.Tensor]
+AGGREGATIONS: dict[str, Aggregation] = {
+    "token_mean": lambda loss, seq, w, totals, s: token_mean(
+        loss, torch.ones_like(loss), total_tokens=totals.trainable_tokens),
+    "seq_mean_token_mean": lambda loss, seq, w, totals, s: seq_mean_token_mean(
+        loss, torch.ones_like(loss), seq, w, total_weight=totals.rollouts),
+    "seq_mean_token_sum": lambda loss, seq, w, totals, s: seq_mean_token_sum(
+        loss, torch.ones_like(loss), seq, w, normalizer=s.normalizer, total_weight=totals.rollouts),
+}
+
+
+@dataclass(frozen=True)
+class LearnSummary:
+    run: str
+    step: int  # the last step trained, counted across restarts
+    version: int  # the newest published version
+    steps_trained: int  # by this call
+    published: tuple[int, ...]  # versions this call published
+    resumed_from: int | None  # the version this call started from, None when fresh
+    stopped: Literal["steps", "no_data"]  # reached `steps`, or waited `wait_timeout` for data in vain
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+# ---- small pieces the loop reads as one line each --------------------------------------------------
+
+def resolve_device(name: str, local_rank: int) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' was asked for but torch sees no GPU; use --device cpu or auto")
+        return torch.device("cuda", local_rank)
+    return torch.device(name)
+
+
+def load_policy(s: LearnSettings, resume: checkpoints.CheckpointInfo | None) -> torch.nn.Module:
+    """The policy to train: the initial model, or the newest checkpoint (full or LoRA adapter)."""
+    if s.lora:
+        from learner.lora import apply_lora, load_adapter_for_training  # peft only when LoRA is on
+
+        if resume is not None:
+            return load_adapter_for_training(s.model, resume.path)
+        base = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32)
+        return apply_lora(base, rank=s.lora_rank, alpha=s.lora_alpha)
+    return AutoModelForCausalLM.from_pretrained(str(resume.path if resume else s.model), dtype=torch.float32)
+
+
+def forward_logits(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> torch.Tensor:
+    """Logits (K, V) at the micro-batch's K trainable positions, divided by the sampling temperature.
+
+    `use_cache=False` matters: transformers detects packed samples from the position ids only
+    when no cache is passed. A packed row asks the LM head for the trainable positions only.
+    """
+    keep = mb.mask.nonzero().squeeze(1)
+    if mb.input_ids.shape[0] == 1:  # packed
+        out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, logits_to_keep=keep)
+        logits = out.logits[0]
+    else:  # padded (B, L): select after the head
+        out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
+                    use_cache=False)
+        logits = out.logits.flatten(0, 1)[keep]
+    return logits / temperature
+
+
+def wait_for_shard(store: Store, s: LearnSettings, version: int, exclude: Iterable[str]) -> Shard | None:
+    """The next `groups_per_step` complete, fresh, unconsumed groups; None after `wait_timeout` without them."""
+    exclude = list(exclude)
+    deadline = None if s.follow else time.monotonic() + s.wait_timeout
+    while True:
+        shard = store.shard(policy_version=version, max_staleness=s.max_staleness, max_rollouts=_NO_ROLLOUT_LIMIT,
+                            estimator=s.estimator, run=s.run, exclude=exclude, max_groups=s.groups_per_step)
+        if len(shard.group_ids) >= s.groups_per_step:
+            return shard
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(s.poll_interval)
+
+
+def shard_metrics(samples: pa.Table, version: int) -> dict[str, float]:
+    """Reward, advantage and staleness of a step's data (one value per rollout for the first two)."""
+    per_rollout = {r: (rew, adv) for r, rew, adv in zip(samples.column("rollout_id").to_pylist(),
+                                                       samples.column("reward").to_pylist(),
+                                                       samples.column("advantage").to_pylist())}
+    rewards = np.array([v[0] for v in per_rollout.values()], dtype=np.float64)
+    advantages = np.array([v[1] for v in per_rollout.values()], dtype=np.float64)
+    staleness = version - samples.column("min_version").to_numpy().astype(np.float64)
+    return {"reward_mean": float(rewards.mean()), "advantage_mean": float(advantages.mean()),
+            "advantage_std": float(advantages.std()), "staleness_mean": float(staleness.mean()),
+            "staleness_max": float(staleness.max()), "rollouts": float(len(per_rollout)),
+            "samples": float(samples.num_rows),
+            "tokens": float(samples.column("num_tokens").to_numpy().sum())}
+
+
+def announce_missing(store: Store, writer: Writer, s: LearnSettings,
+                     infos: list[checkpoints.CheckpointInfo]) -> None:
+    """Append the Checkpoint event of every published version the store lacks; refuse a foreign history."""
+    known = store.query("SELECT DISTINCT version FROM checkpoints WHERE run = $run", {"run": s.run})
+    announced = set(known.column("version").to_pylist())
+    newest_here = infos[-1].version if infos else 0
+    if announced and max(announced) > newest_here:
+        raise checkpoints.CheckpointError(
+            f"the store already holds checkpoints of run {s.run!r} up to version {max(announced)}, but "
+            f"{s.checkpoints} holds versions only up to {newest_here}; resume with that run's checkpoint "
+            "directory, or start a new run with another --run")
+    missing = checkpoints.missing_events(infos, announced)
+    if missing:
+        writer.append([checkpoints.checkpoint_event(i, s.run, i.metrics, s.groups_per_version, s.max_staleness)
+                       for i in missing])
+
+
+def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | None, mb: MicroBatch,
+                         totals: StepTotals, s: LearnSettings,
+                         autocast: Callable[[], torch.autocast]) -> tuple[float, float, LossStats]:
+    """Forward one micro-batch, add its share of the step's loss gradient; returns (loss, kl, stats)."""
+    keep = mb.mask.nonzero().squeeze(1)  # only trainable targets enter the loss
+    behaviour, advantages, seq, targets = (mb.behaviour_logprobs[keep], mb.advantages[keep], mb.seq[keep],
+                                           mb.targets[keep])
+    with autocast():
+        logits = forward_logits(model, mb, s.temperature)
+    logprobs = token_logprobs(logits, targets)
+    per_token, clipped = LOSSES[s.loss](logprobs, behaviour, advantages, s)
+    kl_value = 0.0
+    if s.kl_coef > 0:
+        with torch.no_grad(), autocast():
+            if reference is not None:
+                ref_logits = forward_logits(reference, mb, s.temperature)
+            else:  # LoRA: the base model is the reference
+                with model.disable_adapter():  # type: ignore[operator]
+                    ref_logits = forward_logits(model, mb, s.temperature)
+        kl = kl_k3(logprobs, token_logprobs(ref_logits, targets))
+        per_token = per_token + s.kl_coef * kl
+        kl_value = AGGREGATIONS[s.aggregation](kl.detach(), seq, mb.seq_weight, totals, s).item()
+    loss = AGGREGATIONS[s.aggregation](per_token, seq, mb.seq_weight, totals, s)
+    loss.backward()
+    stats = loss_stats(logprobs, behaviour, torch.ones_like(keep, dtype=torch.bool), clipped, entropy(logits))
+    return loss.item(), kl_value, stats
+
+
+def _sum_over_ranks(params: list[torch.nn.Parameter], loss: float, kl: float, stats: LossStats,
+                    world: int) -> tuple[float, float, LossStats]:
+    """Sum every rank's accumulated gradients (the normalizers are global already) and statistics."""
+    for p in params:
+        if p.grad is None:  # a rank without micro-batches this step
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)
+    parts: list[tuple[float, float, LossStats]] = [(0.0, 0.0, LossStats())] * world
+    dist.all_gather_object(parts, (loss, kl, stats))
+    return sum(p[0] for p in parts), sum(p[1] for p in parts), sum((p[2] for p in parts), LossStats())
+
+
+def _broadcast(value: object, world: int) -> object:
+    if world == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+# ---- the loop ---------------------------------------------------------------------------------------
+
+def learn(settings: LearnSettings, *,
+          show: Callable[[int, int, Mapping[str, float]], None] | None = None) -> LearnSummary:
+    """Train `settings.run` from the store until `settings.steps` (or forever with `follow`).
+
+    `show(step, version, metrics)` is called after every step (the CLI prints a line).
+    Raises SettingsError listing every problem before any work starts.
+    """
+    s = settings
+    s.check()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    device = resolve_device(s.device, int(os.environ.get("LOCAL_RANK", "0")))
+    # bfloat16 autocast on CUDA, plain float32 on CPU: one code path
+    autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    torch.manual_seed(s.seed)
+
+    # resume point: the newest published version, if any (partial leftovers are removed)
+    infos = checkpoints.published(s.checkpoints)
+    resume = infos[-1] if infos else None
+    if resume is not None and resume.adapter != s.lora:
+        raise checkpoints.CheckpointError(
+            f"{resume.path} is a {'LoRA adapter' if resume.adapter else 'full'} checkpoint but the settings "
+            f"{'ask for' if s.lora else 'do not ask for'} LoRA; resume with the same --lora setting")
+    if resume is not None and resume.run != s.run:
+        raise checkpoints.CheckpointError(
+            f"{resume.path} belongs to run {resume.run!r}, not {s.run!r}; give each run its own --checkpoints")
+
+    # model, optional frozen reference (the initial policy), optimizer
+    model = load_policy(s, resume).to(device).eval()  # eval: no dropout, the policy that sampled
+    reference = None
+    if s.kl_coef > 0 and not s.lora:  # with LoRA the reference is the base, adapter disabled
+        reference = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32).to(device).eval()
+        reference.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    version = step_done = 0
+    if resume is not None:
+        checkpoints.restore(checkpoints.load_state(resume), optimizer)
+        version, step_done = resume.version, resume.step
+
+    pending: list[str] = []  # rollouts trained since the last published version
+    pending_steps = 0
+    table_version: int | None = None
+    published: list[int] = []
+    metrics: dict[str, float] = {}
+    stopped: Literal["steps", "no_data"] = "steps"
+    steps_trained = 0
+    last_step = step_done
+    steps = itertools.count(step_done + 1) if s.steps is None else range(step_done + 1, s.steps + 1)
+    store = open_store(s.store) if rank == 0 else None
+    writer = store.writer(s.writer_name) if store is not None else None
+    try:
+        if store is not None and writer is not None:
+            announce_missing(store, writer, s, infos)
+            if resume is None:
+                writer.append([checkpoints.initial_event(s.model, s.run, s.groups_per_version, s.max_staleness,
+                                                         s.resolved())])
+        for step in steps:
+            shard = wait_for_shard(store, s, version, pending) if store is not None else None
+            shard = _broadcast(shard, world)
+            if shard is None:
+                stopped = "no_data"
+                break
+            started = time.perf_counter()
+            totals = step_totals(shard.samples)
+            batches = pack(shard.samples, s.micro_batch_tokens)
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = kl_sum = 0.0
+            stats = LossStats()
+            for mb in batches[rank::world]:
+                loss, kl, mb_stats = backward_micro_batch(model, reference, mb.to(device), totals, s, autocast)
+                loss_sum, kl_sum, stats = loss_sum + loss, kl_sum + kl, stats + mb_stats
+            if world > 1:
+                loss_sum, kl_sum, stats = _sum_over_ranks(params, loss_sum, kl_sum, stats, world)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
+            optimizer.step()
+            elapsed = time.perf_counter() - started
+
+            metrics = {"loss": loss_sum, "grad_norm": float(grad_norm), "lr": s.lr, **stats.finalize(),
+                       **shard_metrics(shard.samples, version),  # its "tokens" (all of them) replaces the stats'
+                       "trainable_tokens": float(totals.trainable_tokens), "micro_batches": float(len(batches)),
+                       "step_time": elapsed}
+            if s.kl_coef > 0:
+                metrics["kl_ref"] = kl_sum
+            metrics["tokens_per_s"] = metrics["tokens"] / elapsed if elapsed > 0 else 0.0
+            pending += shard.rollout_ids
+            pending_steps += 1
+            steps_trained += 1
+            last_step = step
+            table_version = shard.table_version
+            if writer is not None:
+                writer.append([Metric(run=s.run, step=step, metrics=metrics, policy_version=version,
+                                      table_version=shard.table_version, consumed=list(shard.rollout_ids))])
+            if show is not None and rank == 0:
+                show(step, version, metrics)
+
+            if pending_steps == s.publish_every:
+                version = _publish(s, model, optimizer, writer, version + 1, step, pending, table_version,
+                                   metrics, rank, world)
+                published.append(version)
+                pending, pending_steps = [], 0
+        if pending_steps:  # the last steps of a finished run are published too
+            version = _publish(s, model, optimizer, writer, version + 1, last_step, pending, table_version,
+                               metrics, rank, world)
+            published.append(version)
+    finally:
+        if writer is not None:
+            writer.close()
+        if world > 1:
+            dist.destroy_process_group()
+    return LearnSummary(run=s.run, step=last_step, version=version, steps_trained=steps_trained,
+                        published=tuple(published), resumed_from=resume.version if resume else None,
+                        stopped=stopped, last_metrics=metrics)
+
+
+def _publish(s: LearnSettings, model: torch.nn.Module, optimizer: torch.optim.Optimizer, writer: Writer | None,
+             version: int, step: int, consumed: list[str], table_version: int | None,
+             metrics: Mapping[str, float], rank: int, world: int) -> int:
+    """Write version `version` and announce it (rank 0), then let every rank go on."""
+    if rank == 0:
+        info = {"run": s.run, "parent": version - 1, "table_version": table_version, "consumed": consumed,
+                "metrics": dict(metrics), "settings": s.resolved()}
+        path = checkpoints.publish(s.checkpoints, version, step, model, s.model, optimizer, info=info,
+                                   adapter=s.lora)
+        event = checkpoints.checkpoint_event(checkpoints.read_info(path), s.run, metrics, s.groups_per_version,
+                                             s.max_staleness)
+        writer.append([event])  # type: ignore[union-attr]
+    if world > 1:
+        dist.barrier()
+    return version
+
