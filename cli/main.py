@@ -19,6 +19,8 @@ from rich.text import Text
 import trajstore
 from cli.collect_cmd import collect, reward
 from cli.collectors_cmds import init_model, serve
+from cli.demo_cmd import demo
+from cli.learn_cmd import learn
 from cli.options import domain_errors, store_option
 from cli.proxy_cmd import proxy
 from cli.replay_cmd import replay
@@ -261,10 +263,8 @@ main.add_command(replay)
 main.add_command(proxy)
 main.add_command(collect)
 main.add_command(reward)
-
-from cli.learn_cmd import learn  # noqa: E402  (learner helper: registered for its tests; the lead may move it)
-
 main.add_command(learn)
+main.add_command(demo)
 
 if __name__ == "__main__":
     main()
