@@ -11,15 +11,15 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
-# torch==2.13.0 resolves to the local CPU build; only the append benchmark's baseline needs it.
+# torch==2.13.0 resolves to the local CPU build (also a runtime dependency); the bench extra names it for the append baseline.
 $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
 .PHONY: demo test bench clean
 demo: $(VENV)/.installed
-	rm -rf walkthrough-store
-	$(VENV)/bin/trajstore walkthrough --store walkthrough-store
+	rm -rf trajstore-demo
+	$(VENV)/bin/trajstore demo --dir trajstore-demo
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
@@ -27,6 +27,10 @@ test: $(VENV)/.installed
 bench: $(VENV)/.bench
 	$(PY) benchmarks/append.py
 	$(PY) benchmarks/shard.py
+	$(PY) benchmarks/serve.py
+	$(PY) benchmarks/proxy.py
+	$(PY) benchmarks/collect.py
+	$(PY) benchmarks/learn.py
 
 clean:
-	rm -rf $(VENV) walkthrough-store .pytest_cache
+	rm -rf $(VENV) trajstore-demo walkthrough-store .pytest_cache
