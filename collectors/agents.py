@@ -18,6 +18,11 @@ A reward scores a finished rollout, sync or async:
 A dict gives named components; each becomes one reward event and the rollout's reward is
 their sum (the `rollouts` view). Both are plugged in by import path (`module:function`),
 never by subclassing (STYLE.md 4).
+
+The SDK clients of `ctx.openai` / `ctx.anthropic` are cheap to build when they share one HTTP
+connection pool (`shared_http_client`, owned by the runner for the whole run): a client that
+makes its own pool loads the CA bundle, tens of milliseconds of CPU per rollout. Without one
+(an agent driven by hand, in a test), each context's clients get their own pool as usual.
 """
 
 from __future__ import annotations
@@ -28,9 +33,12 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from collectors.sessions import SESSION_HEADER
+
+if TYPE_CHECKING:
+    import httpx2
 
 
 class Agent(Protocol):
@@ -64,6 +72,8 @@ class AgentContext:
     max_tokens: int  # per model call
     sampling: Mapping[str, Any] = field(default_factory=dict)  # temperature, top_p, ... for each call
     session_name: str = "main"
+    # one connection pool for the SDK clients of every rollout (`shared_http_client`); its owner closes it
+    http_client: httpx2.AsyncClient | None = field(default=None, repr=False)
     _outcome: dict[str, str] = field(default_factory=dict, repr=False)  # shared by all sessions of the rollout
     _clients: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -87,7 +97,8 @@ class AgentContext:
             import openai
 
             self._clients["openai"] = openai.AsyncOpenAI(base_url=self.base_urls["openai"], api_key=self.api_key,
-                                                         default_headers=self._headers(), max_retries=0)
+                                                         default_headers=self._headers(), max_retries=0,
+                                                         http_client=self.http_client)
         return self._clients["openai"]
 
     @property
@@ -98,13 +109,13 @@ class AgentContext:
 
             self._clients["anthropic"] = anthropic.AsyncAnthropic(
                 base_url=self.base_urls["anthropic"], api_key=self.api_key, default_headers=self._headers(),
-                max_retries=0)
+                max_retries=0, http_client=self.http_client)
         return self._clients["anthropic"]
 
     def session(self, name: str) -> AgentContext:
         """The same rollout seen from another session (a sub-agent): its turns form their own segments."""
         return AgentContext(self.rollout, self.base_urls, self.api_key, self.model, self.max_turns,
-                            self.max_tokens, self.sampling, name, self._outcome)
+                            self.max_tokens, self.sampling, name, self.http_client, self._outcome)
 
     def env(self) -> dict[str, str]:
         """The variables an external agent reads: OPENAI_BASE_URL, OPENAI_API_KEY, ANTHROPIC_*."""
@@ -118,9 +129,26 @@ class AgentContext:
         return {} if self.session_name == "main" else {SESSION_HEADER: self.session_name}
 
     async def aclose(self) -> None:
-        for client in self._clients.values():
-            await client.close()
+        """Close this context's own SDK clients; a shared `http_client` stays open (closing an SDK client
+        would close its pool, so those built on it are only dropped)."""
+        if self.http_client is None:
+            for client in self._clients.values():
+                await client.close()
         self._clients.clear()
+
+
+def shared_http_client(connections: int) -> httpx2.AsyncClient:
+    """One HTTP connection pool for the OpenAI and Anthropic SDK clients of many rollouts (both SDKs run
+    on `httpx2` and take any `httpx2.AsyncClient`), sized for `connections` calls at once. Close it with
+    `aclose()`, inside the event loop that used it."""
+    import httpx2
+    import openai
+
+    # aiohttp underneath (the SDK's own transport for it): httpx2's pool scans every pooled connection on
+    # each request, which at a hundred connections costs more CPU than the request; a full pool would make
+    # calls queue here, unseen, so leave room for sub-agents' parallel calls too
+    limits = httpx2.Limits(max_connections=max(1000, 4 * connections), max_keepalive_connections=max(100, connections))
+    return openai.DefaultAioHttpClient(limits=limits)
 
 
 def load_object(spec: str, *, what: str = "object") -> Any:

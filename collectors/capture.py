@@ -159,6 +159,7 @@ class Capture:
                 output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
                 request=body, response=wire.response(reply), meta=meta)])
             record_turn(state, plan, prompt_text, sample.output_ids, reply_text, closing)
+            rollout.tally.add(session, reply.finish, len(sample.output_ids), sample.policy_version)
             rollout.raw_arguments.update((c.id, c.arguments) for c in reply.tool_calls)
         self._count(rollout, session, plan.fork, plan.previous_segment, plan.segment_id, closing is not None,
                     retokenizes, req.stream)

@@ -6,6 +6,11 @@
     close  POST {proxy}/rollouts/{id}/close -> reward events + the final status (meta: timings,
            the agent command's exit status and output tail, the result when small)
 
+What the rollout's turns hold (the last finish reason, which decides `truncated`; output
+tokens and policy versions, for the progress display) comes from the proxy, which counts
+every turn it stores: its GET /rollouts/{id} before the close and the close's answer. No
+store query: at hundreds of rollouts a second those cost more CPU than the rollouts.
+
 Outcomes: `completed`; `truncated` when the agent called `ctx.truncate` or its last model
 call stopped at max_tokens; `aborted` on the time limit (retried) or on shutdown (not
 retried, the next run resumes it); `failed` when the agent or the reward raised, or the
@@ -23,7 +28,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -32,7 +37,10 @@ from collectors.agents import AgentContext, RolloutInfo
 from collectors.errors import CollectorError
 from collectors.rewards import call_reward, command_reward
 from collectors.tasks import chat_messages, write_files
-from trajstore import Store, new_id
+from trajstore import new_id
+
+if TYPE_CHECKING:
+    import httpx2
 
 log = logging.getLogger(__name__)
 MAX_STORED_TASK = 8192  # characters of JSON: smaller tasks are stored whole in the started status
@@ -59,6 +67,7 @@ class ProxyLink:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
+        self._warned = False
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -87,10 +96,26 @@ class ProxyLink:
                                                       "group_size": group_size, "meta": meta})
         return Opened(body["rollout_id"], body["group_id"], body["api_key"], body["base_urls"])
 
+    async def facts(self, opened: Opened) -> Facts:
+        """What the proxy has stored of the rollout's turns so far."""
+        return self._facts(await self._call("GET", f"/rollouts/{opened.rollout_id}", key=opened.api_key))
+
     async def close(self, opened: Opened, *, status: str, rewards: dict[str, float], error: str | None,
-                    meta: dict[str, Any]) -> None:
-        await self._call("POST", f"/rollouts/{opened.rollout_id}/close",
-                         {"status": status, "rewards": rewards, "error": error, "meta": meta}, key=opened.api_key)
+                    meta: dict[str, Any]) -> Facts:
+        """Close the rollout; what it stored of its turns, all of them."""
+        return self._facts(await self._call("POST", f"/rollouts/{opened.rollout_id}/close",
+                                            {"status": status, "rewards": rewards, "error": error, "meta": meta},
+                                            key=opened.api_key))
+
+    def _facts(self, summary: Any) -> Facts:
+        if isinstance(summary, dict) and "output_tokens" in summary:
+            return facts_of(summary)
+        if not self._warned:
+            self._warned = True
+            log.warning("the capture proxy at %s does not count its rollouts' turns (an older trajstore?): rollouts "
+                        "whose last call stopped at max_tokens are recorded as completed, not truncated; run the "
+                        "proxy of this version", self.url)
+        return Facts()
 
     async def stats(self) -> dict[str, Any]:
         return await self._call("GET", "/stats")
@@ -110,52 +135,48 @@ class ProxyLink:
 
 @dataclass(frozen=True)
 class Facts:
-    """What the store holds of a rollout's turns."""
+    """What a rollout's stored turns hold, as the capture proxy counted them."""
 
     finish_reason: str | None = None  # of its last turn (main session first)
     turns: int = 0
     output_tokens: int = 0
     min_version: int | None = None
+    max_version: int | None = None
 
 
-FACTS_SQL = """
-    SELECT rollout_id, last(finish_reason ORDER BY coalesce(session_id, 'main') = 'main', time, writer_seq) AS finish,
-           count(*) AS turns, sum(output_tokens)::BIGINT AS output_tokens, min(policy_version) AS min_version
-    FROM turns WHERE list_contains(?, rollout_id) GROUP BY rollout_id
-"""
+def facts_of(summary: dict[str, Any]) -> Facts:
+    """The facts in a rollout summary of the proxy (`collectors.sessions.Rollout.summary`)."""
+    return Facts(summary.get("finish_reason"), int(summary.get("turns") or 0), int(summary.get("output_tokens") or 0),
+                 summary.get("min_policy_version"), summary.get("max_policy_version"))
 
 
-class FactsLookup:
-    """Batched reads of rollouts' turns: a lookup waits for the query in flight, then joins the next one,
-    so a busy collector runs one store query for many rollouts ending together."""
+class Workdirs:
+    """Removes finished rollouts' working directories in the background, many per worker thread: a slot
+    does not wait for it, and on some file systems a rmdir alone takes milliseconds. `drain` waits
+    until everything handed over is gone."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._waiting: dict[str, list[asyncio.Future[Facts]]] = {}
+    def __init__(self) -> None:
+        self._doomed: list[Path] = []
         self._worker: asyncio.Task[None] | None = None
 
-    async def get(self, rollout_id: str) -> Facts:
-        future: asyncio.Future[Facts] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(rollout_id, []).append(future)
+    def remove(self, path: Path) -> None:
+        self._doomed.append(path)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._work())
-        return await future
 
     async def _work(self) -> None:
-        while self._waiting:
-            batch, self._waiting = self._waiting, {}
-            try:
-                table = await asyncio.to_thread(self.store.query, FACTS_SQL, [list(batch)])
-                rows = table.to_pylist()
-                found = {r["rollout_id"]: Facts(r["finish"], r["turns"], r["output_tokens"] or 0, r["min_version"])
-                         for r in rows}
-            except Exception:  # facts only refine a status: never lose the rollout over them
-                log.exception("reading the turns of %d rollout(s) failed", len(batch))
-                found = {}
-            for rollout_id, futures in batch.items():
-                for future in futures:
-                    if not future.done():
-                        future.set_result(found.get(rollout_id, Facts()))
+        while self._doomed:
+            batch, self._doomed = self._doomed, []
+            await asyncio.to_thread(_remove_all, batch)
+
+    async def drain(self) -> None:
+        while self._worker is not None and not self._worker.done():
+            await self._worker
+
+
+def _remove_all(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -181,7 +202,6 @@ class RolloutEnv:
 
     run: str
     link: ProxyLink
-    facts: FactsLookup
     workdir: Path
     timeout_s: float
     model: str
@@ -193,6 +213,8 @@ class RolloutEnv:
     reward: Callable[..., Any] | None = None
     reward_cmd: str | None = None
     keep_workdirs: bool = False
+    workdirs: Workdirs = field(default_factory=Workdirs)  # removes usable rollouts' directories
+    http_client: httpx2.AsyncClient | None = None  # one pool for every rollout's SDK clients (`shared_http_client`)
 
 
 @dataclass(frozen=True)
@@ -244,6 +266,12 @@ def _result_text(result: Any) -> str:
     return result if isinstance(result, str) else json.dumps(result, default=str)
 
 
+def _prepare_workdir(task: dict[str, Any], workdir: Path, task_json: str) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_files(task, workdir)
+    (workdir / TASK_FILE).write_text(task_json)
+
+
 async def chat_agent(task: dict[str, Any], ctx: AgentContext) -> str:
     """The default agent: one model call on the task's conversation; returns the reply text."""
     reply = await ctx.openai.chat.completions.create(model=ctx.model, messages=chat_messages(task),
@@ -263,29 +291,28 @@ async def play(job: Job, env: RolloutEnv, stop: asyncio.Event) -> Outcome:
     info = RolloutInfo(run=env.run, group_id=job.group_id, rollout_id=opened.rollout_id, slot=job.slot,
                        attempt=job.attempt, workdir=workdir, policy_version=job.version)
     ctx = AgentContext(info, opened.base_urls, opened.api_key, env.model, env.max_turns, env.max_tokens,
-                       env.sampling(job))
+                       env.sampling(job), http_client=env.http_client)
     started = time.monotonic()
     try:
         try:
-            outcome = await _run(job, env, ctx, workdir, task_json, meta, stop)
+            outcome = await _run(job, env, opened, ctx, workdir, task_json, meta, stop)
         except Exception as exc:  # noqa: BLE001 - e.g. the task's files could not be written: still close it
             error, meta["traceback"] = _describe("preparing or finishing the rollout", exc)
             outcome = Outcome("failed", error=error, retry=True)
         meta["seconds"] = round(time.monotonic() - started, 3)
-        await asyncio.shield(env.link.close(opened, status=outcome.status, rewards=outcome.rewards,
-                                            error=outcome.error, meta=meta))
+        facts = await asyncio.shield(env.link.close(opened, status=outcome.status, rewards=outcome.rewards,
+                                                    error=outcome.error, meta=meta))
     finally:
         await ctx.aclose()
     if outcome.status in ("completed", "truncated") and not env.keep_workdirs:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return Outcome(outcome.status, outcome.rewards, outcome.error, outcome.retry, outcome.facts, opened.rollout_id)
+        env.workdirs.remove(workdir)
+    return Outcome(outcome.status, outcome.rewards, outcome.error, outcome.retry, facts, opened.rollout_id)
 
 
-async def _run(job: Job, env: RolloutEnv, ctx: AgentContext, workdir: Path, task_json: str, meta: dict[str, Any],
-               stop: asyncio.Event) -> Outcome:
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_files(job.task, workdir)
-    (workdir / TASK_FILE).write_text(task_json)
+async def _run(job: Job, env: RolloutEnv, opened: Opened, ctx: AgentContext, workdir: Path, task_json: str,
+               meta: dict[str, Any], stop: asyncio.Event) -> Outcome:
+    # in a thread, as they are removed: file system calls can take milliseconds, the event loop's time
+    await asyncio.to_thread(_prepare_workdir, job.task, workdir, task_json)
     cmd_env = {**ctx.env(), "TRAJSTORE_TASK_FILE": str(workdir / TASK_FILE), "TRAJSTORE_TASK_ID": job.task_id,
                "TRAJSTORE_RUN": env.run, "TRAJSTORE_GROUP_ID": job.group_id, "TRAJSTORE_SLOT": str(job.slot),
                "TRAJSTORE_ATTEMPT": str(job.attempt), "TRAJSTORE_WORKDIR": str(workdir)}
@@ -337,8 +364,9 @@ async def _run(job: Job, env: RolloutEnv, ctx: AgentContext, workdir: Path, task
             rewards, extra = value
             meta.update(extra)
 
-    facts = await env.facts.get(info.rollout_id)
-    reason = ctx.truncated or ("max_tokens" if facts.finish_reason == "length" else None)
+    reason = ctx.truncated
+    if reason is None and (await env.link.facts(opened)).finish_reason == "length":
+        reason = "max_tokens"
     if reason:
         meta["truncated"] = reason
-    return Outcome("truncated" if reason else "completed", rewards, facts=facts)
+    return Outcome("truncated" if reason else "completed", rewards)

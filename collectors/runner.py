@@ -39,13 +39,13 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from collectors.agents import load_object
+from collectors.agents import load_object, shared_http_client
 from collectors.collect_settings import CollectSettings
 from collectors.policy import PolicyClient
 from collectors.progress import CollectSummary, Progress, show
 from collectors.reload import Reloader, served_version
 from collectors.rewards import load_reward
-from collectors.rollout import FactsLookup, Job, ProxyLink, RolloutEnv
+from collectors.rollout import Job, ProxyLink, RolloutEnv
 from collectors.scheduler import Collection
 from collectors.tasks import TaskFileError, load_tasks
 from trajstore import Store, open_store
@@ -154,11 +154,15 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
         proxy_url = settings.proxy or await _start_proxy(settings, store, client, stack)
         link = ProxyLink(proxy_url)
         stack.push_async_callback(link.aclose)
-        env = RolloutEnv(run=settings.run, link=link, facts=FactsLookup(store), workdir=workdir,
+        http = None
+        if settings.agent_cmd is None:  # a Python agent: its SDK clients share one pool for the whole run
+            http = shared_http_client(settings.concurrency)
+            stack.push_async_callback(http.aclose)
+        env = RolloutEnv(run=settings.run, link=link, workdir=workdir,
                          timeout_s=settings.rollout_timeout, model=await link.model_name(),
                          max_turns=settings.max_turns, max_tokens=settings.max_tokens, sampling=_sampling(settings),
                          agent=agent, agent_cmd=settings.agent_cmd, reward=reward, reward_cmd=settings.reward_cmd,
-                         keep_workdirs=settings.keep_workdirs)
+                         keep_workdirs=settings.keep_workdirs, http_client=http)
         reloader = Reloader(client, await served_version(client, settings.policy_version))
         run = Collection(settings, store, env, reloader, progress, stop,
                          needs_reward=reward is not None or settings.reward_cmd is not None)
@@ -175,6 +179,7 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
         try:
             await run.schedule(tasks)
         finally:
+            await env.workdirs.drain()
             await forks()
             done.set()
             await asyncio.gather(*helpers, return_exceptions=True)

@@ -3,8 +3,17 @@
 `Collection.schedule` walks the (task, epoch) plans of `collectors.resume` in order. Each
 group waits for admission (`collectors.admission`, when a staleness bound is set), then its
 slots start as concurrency allows; a slot retries failed or timed-out attempts. Alongside,
-`poll_forever` reads the store every `poll_interval_s`: the learner's newest checkpoint
-(loaded by `collectors.reload`) and, for admission, every group of the run.
+`poll_forever` reads the store: the learner's newest checkpoint (loaded by
+`collectors.reload`) and, for admission, every group of the run. Admission (a staleness bound,
+`--follow`) waits on those reads, so they come every `poll_interval_s`; a run without it reads
+only to notice checkpoints, every `RELOAD_POLL_S` at most, since each read pins a store
+snapshot (about 0.1 s of CPU that the rollouts need more).
+
+Concurrency is `concurrency` worker tasks taking slots from a short hand-off queue that the
+admission loop keeps filled (at most one group's slots ahead). A worker that finishes a slot
+takes the next one in the same event-loop turn: under load a loop turn is long, and a slot
+started through a semaphore, a task per slot and `asyncio.wait` waited several of them, so
+most slots sat empty.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from trajstore import Status, Store, new_id
 from trajstore.schema import TRAINABLE_STATUSES
 
 log = logging.getLogger(__name__)
+RELOAD_POLL_S = 5.0  # store reads without admission to feed: hot reload alone need not be prompt
 
 
 @dataclass
@@ -43,6 +53,15 @@ class _Group:
     group_id: str
     left: int  # slots still running
     usable: int  # slots with a usable rollout (including those done before this run)
+
+
+@dataclass(frozen=True)
+class _Start:
+    """One slot of an admitted group, waiting for a worker."""
+
+    group: _Group
+    slot: int
+    attempt: int  # its first attempt
 
 
 @dataclass
@@ -90,10 +109,17 @@ class Collection:
         self.polled.set()
         self.polled = asyncio.Event()
 
+    @property
+    def poll_every_s(self) -> float:
+        s = self.settings
+        if s.follow or s.max_staleness is not None:
+            return s.poll_interval_s
+        return max(s.poll_interval_s, RELOAD_POLL_S)
+
     async def poll_forever(self, done: asyncio.Event) -> None:
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), self.settings.poll_interval_s)
+                await asyncio.wait_for(done.wait(), self.poll_every_s)
             if not done.is_set():
                 await self.poll_once()
 
@@ -150,7 +176,7 @@ class Collection:
     def usable(self, outcome: Outcome) -> bool:
         return outcome.status in TRAINABLE_STATUSES and (bool(outcome.rewards) or not self.needs_reward)
 
-    async def run_slot(self, group: _Group, slot: int, first_attempt: int, limit: asyncio.Semaphore) -> None:
+    async def run_slot(self, group: _Group, slot: int, first_attempt: int) -> None:
         s, p = self.settings, self.progress
         try:
             for attempt in range(first_attempt, first_attempt + s.retries + 1):
@@ -180,7 +206,6 @@ class Collection:
                 if not outcome.retry:
                     break
         finally:
-            limit.release()
             group.left -= 1
             if group.left == 0:
                 complete = group.usable >= s.n
@@ -192,31 +217,52 @@ class Collection:
 
     async def schedule(self, tasks: list[dict[str, Any]]) -> None:
         s, p = self.settings, self.progress
-        limit = asyncio.Semaphore(s.concurrency)
-        running: set[asyncio.Task[None]] = set()
         history = await asyncio.to_thread(read_history, self.store, s.run)
         history = await self.close_orphans(history, {task_id(t) for t in tasks})
         epochs = None if s.forever or s.follow else s.epochs
-        for plan in plans(tasks, history, n=s.n, epochs=epochs, needs_reward=self.needs_reward):
-            if self.stop.is_set():
-                break
-            if not plan.todo:
-                p.groups_skipped += 1
-                continue
-            admitted = await self.admit(plan)
-            if admitted is None:
-                break
-            group_id, todo = admitted
-            group = _Group(plan, group_id, left=len(todo), usable=s.n - len(todo))
-            for index, (slot, attempt) in enumerate(todo):
-                if not await _acquire(limit, self.stop):
-                    group.left -= len(todo) - index  # never started: the group stays partial for the next run
+        # admitted slots wait here for a worker; small, so a group is admitted only shortly before it runs
+        starts: asyncio.Queue[_Start | None] = asyncio.Queue(maxsize=min(s.concurrency, s.n))
+        errors: list[BaseException] = []
+        workers = [asyncio.create_task(self._work(starts, errors)) for _ in range(s.concurrency)]
+        try:
+            for plan in plans(tasks, history, n=s.n, epochs=epochs, needs_reward=self.needs_reward):
+                if self.stop.is_set():
                     break
-                task = asyncio.create_task(self.run_slot(group, slot, attempt, limit))
-                running.add(task)
-                task.add_done_callback(running.discard)
-        if running:
-            await asyncio.gather(*running)
+                if not plan.todo:
+                    p.groups_skipped += 1
+                    continue
+                admitted = await self.admit(plan)
+                if admitted is None:
+                    break
+                group_id, todo = admitted
+                group = _Group(plan, group_id, left=len(todo), usable=s.n - len(todo))
+                for index, (slot, attempt) in enumerate(todo):
+                    # no race with `stop` needed: once it is set, workers end their slots quickly and
+                    # drop whatever is queued, so this put returns
+                    await starts.put(_Start(group, slot, attempt))
+                    if self.stop.is_set():
+                        group.left -= len(todo) - index - 1  # never queued: the group stays partial for the next run
+                        break
+            for _ in workers:
+                await starts.put(None)
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+        if errors:
+            raise errors[0]
+
+    async def _work(self, starts: asyncio.Queue[_Start | None], errors: list[BaseException]) -> None:
+        """One concurrency slot: run queued slots one after another until told to end (None)."""
+        while (start := await starts.get()) is not None:
+            if self.stop.is_set():
+                start.group.left -= 1  # never started: the group stays partial for the next run
+                continue
+            try:
+                await self.run_slot(start.group, start.slot, start.attempt)
+            except Exception as exc:  # noqa: BLE001 - a bug in one slot must not stall the others; raised at the end
+                log.exception("running slot %d of group %s failed", start.slot, start.group.group_id)
+                errors.append(exc)
 
     async def close_orphans(self, history: list[PastRollout], task_ids: set[str]) -> list[PastRollout]:
         found = orphans(history, task_ids)
@@ -231,15 +277,3 @@ class Collection:
         ids = {r.rollout_id for r in found}
         return [replace(r, status="aborted") if r.rollout_id in ids else r for r in history]
 
-
-async def _acquire(limit: asyncio.Semaphore, stop: asyncio.Event) -> bool:
-    """Take a concurrency slot, unless `stop` comes first."""
-    acquire, stopped = asyncio.ensure_future(limit.acquire()), asyncio.ensure_future(stop.wait())
-    await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if acquire.done() and not stop.is_set():
-        return True
-    if acquire.done() and not acquire.cancelled():
-        limit.release()
-    acquire.cancel()
-    return False

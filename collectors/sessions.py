@@ -47,6 +47,32 @@ class SessionSlot:
 
 
 @dataclass
+class TurnTally:
+    """What a rollout's stored turns add up to, kept as they are stored: its runner reads them in the
+    rollout's summary instead of querying the store."""
+
+    output_tokens: int = 0
+    min_version: int | None = None
+    max_version: int | None = None
+    last_finish: dict[str, str | None] = field(default_factory=dict)  # session -> its last turn's, last used last
+
+    def add(self, session: str, finish_reason: str | None, output_tokens: int, policy_version: int | None) -> None:
+        self.output_tokens += output_tokens
+        if policy_version is not None:
+            self.min_version = policy_version if self.min_version is None else min(self.min_version, policy_version)
+            self.max_version = policy_version if self.max_version is None else max(self.max_version, policy_version)
+        self.last_finish.pop(session, None)
+        self.last_finish[session] = finish_reason
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Of the rollout's last turn in session `main`, else of its last turn in any session."""
+        if DEFAULT_SESSION in self.last_finish:
+            return self.last_finish[DEFAULT_SESSION]
+        return next(reversed(self.last_finish.values()), None)
+
+
+@dataclass
 class Rollout:
     run: str
     group_id: str
@@ -58,6 +84,7 @@ class Rollout:
     raw_arguments: dict[str, str] = field(default_factory=dict)  # tool call id -> the JSON text the model sampled
     closed: bool = False
     status: str | None = None
+    tally: TurnTally = field(default_factory=TurnTally)
 
     def session(self, name: str) -> SessionSlot:
         slot = self.sessions.get(name)
@@ -66,12 +93,17 @@ class Rollout:
         return slot
 
     def summary(self) -> dict[str, Any]:
+        """The rollout as GET /rollouts/{id} and its close show it: sessions, segments, forks, and what its
+        stored turns hold (last finish reason, output tokens, policy versions), exactly as the store has them."""
         states = [slot.state for slot in self.sessions.values()]
+        tally = self.tally
         sessions = {s.name: {"segment_id": s.segment_id, "segments": s.segments, "turns": s.turns,
-                             "forks": dict(s.forks)} for s in states}
+                             "forks": dict(s.forks), "finish_reason": tally.last_finish.get(s.name)} for s in states}
         return {"run": self.run, "group_id": self.group_id, "rollout_id": self.rollout_id, "closed": self.closed,
                 "status": self.status, "turns": sum(s.turns for s in states),
                 "segments": sum(s.segments for s in states), "forks": sum(sum(s.forks.values()) for s in states),
+                "finish_reason": tally.finish_reason, "output_tokens": tally.output_tokens,
+                "min_policy_version": tally.min_version, "max_policy_version": tally.max_version,
                 "sessions": sessions}
 
 

@@ -119,3 +119,40 @@ def test_rollout_routes(proxy: Harness) -> None:
     assert rollout_row(proxy, "fixed-id")["error"] == "agent crashed"
     stats = call(proxy.url + "/stats").body
     assert stats["rollouts"]["opened"] >= 1 and stats["turns"] >= 0 and "total" in stats["forks"]
+
+
+# what `trajstore collect` used to ask the store for each finished rollout; the summary must say the same
+FACTS_SQL = """
+    SELECT last(finish_reason ORDER BY coalesce(session_id, 'main') = 'main', time, writer_seq) AS finish_reason,
+           count(*) AS turns, sum(output_tokens)::BIGINT AS output_tokens, min(policy_version) AS min_policy_version,
+           max(policy_version) AS max_policy_version
+    FROM turns WHERE rollout_id = ?
+"""
+
+
+def test_the_summary_counts_the_turns_as_the_store_holds_them(proxy: Harness) -> None:
+    """Finish reason of the last turn (session main first), turns, output tokens and policy versions: a
+    runner reads them from the close instead of querying the store."""
+    keys = ("finish_reason", "turns", "output_tokens", "min_policy_version", "max_policy_version")
+    with_main, sub_only = proxy.open(), proxy.open()
+    main = openai_client(with_main)
+    main.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go"}], max_tokens=1, seed=1)
+    explorer = openai_client(with_main, default_headers={"X-Trajstore-Session": "explorer"})
+    for seed in (2, 3):  # the sub-agent's turns come later, but the main session's last one decides
+        explorer.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Look"}], max_tokens=6,
+                                         seed=seed)
+    critic = anthropic.Anthropic(base_url=proxy.url, api_key=sub_only["api_key"] + ".critic", max_retries=0)
+    critic.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Judge"}])
+    critic.messages.create(model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "Again"}])
+
+    before = call(f"{proxy.url}/rollouts/{with_main['rollout_id']}", key=with_main["api_key"]).body
+    for rollout, turns in ((with_main, 3), (sub_only, 2)):
+        summary = proxy.close(rollout).body
+        stored = proxy.store.query(FACTS_SQL, [rollout["rollout_id"]]).to_pylist()[0]
+        assert {k: summary[k] for k in keys} == stored and stored["turns"] == turns
+        assert stored["output_tokens"] > 0 and stored["min_policy_version"] is not None
+    assert {k: before[k] for k in keys} == proxy.store.query(FACTS_SQL, [with_main["rollout_id"]]).to_pylist()[0]
+    assert before["sessions"]["main"]["finish_reason"] == before["finish_reason"]
+    closed = proxy.close(proxy.open()).body
+    assert {k: closed[k] for k in keys} == {"finish_reason": None, "turns": 0, "output_tokens": 0,
+                                            "min_policy_version": None, "max_policy_version": None}
