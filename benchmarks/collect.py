@@ -26,14 +26,15 @@ Measured over the steady window, from the first upstream request's start to the 
 - ideal calls/s: C / latency, what a collector with no overhead would reach;
 - where each slot's time goes, per rollout: the upstream's two calls; the rest of the two calls as
   the agent saw them (SDK, proxy render, turn append, waiting for the CPU); building the agent's
-  OpenAI client; the time outside the agent (open, task files, reward, facts lookup, close,
+  OpenAI client; the time outside the agent (open, task files, reward, close,
   scheduling, slots left empty); how many of the C slots had an agent at work on average; and this
   process's CPU (all threads) over the window, per second and per call, against the budget: one
   core keeps C slots of an L-second upstream full only below L / C seconds of CPU per call.
 
 `--shared-client` runs each level a second time, side by side, with the agent's OpenAI clients on
-one shared HTTP transport instead of `ctx.openai` (which builds a new client, and with it a TLS
-context, per rollout): the cost of that, and what sharing would give. `--profile C` runs level C
+one httpx transport the benchmark owns instead of `ctx.openai` (which, inside `collect`, already
+builds each rollout's client on the run's one shared connection pool): a check that the collector's
+own pool costs no more than a hand-made one. `--profile C` runs level C
 once more under cProfile (the event loop's thread only) and prints where the collector's CPU goes.
 
     python benchmarks/collect.py                        # ~2 minutes on 2 shared CPU cores

@@ -53,7 +53,7 @@ class DemoSettings:
     warm_start_steps: int = 400
     warm_start_lr: float = 1e-2
     warm_start_batch: int = 16
-    warm_start_direct: float = 0.5  # share of worked episodes that answer without the calculator
+    warm_start_tool_fraction: float = 0.5  # share of worked episodes that call the calculator (the rest answer at once)
     tasks: int = 512
     n: int = 8  # rollouts per task: one GRPO group
     groups_per_step: int = 4
@@ -81,7 +81,7 @@ class DemoSettings:
     @classmethod
     def quick(cls, directory: Path, seed: int = 0) -> DemoSettings:
         """The CI-sized loop (tests/cli/test_demo.py): a shorter warm start and 10 learner steps."""
-        return cls(directory, seed=seed, warm_start_steps=200, tasks=160, steps=10, time_limit_s=360.0)
+        return cls(directory, seed=seed, warm_start_steps=200, tasks=160, steps=10, lr=3e-3, time_limit_s=360.0)
 
 
 @dataclass
@@ -133,7 +133,7 @@ def run_demo(s: DemoSettings, say: Callable[[str], None] = print) -> DemoResult:
     say(f"[2/4] warm start: {s.warm_start_steps} supervised steps on {s.warm_start_examples} worked calculator "
         f"episodes -> {d / 'warm'}")
     warm_start(d / "base", d / "warm", arithmetic.warm_start_conversations(s.warm_start_examples, seed=s.seed,
-                                                                  direct_fraction=s.warm_start_direct),
+                                                                  tool_fraction=s.warm_start_tool_fraction),
                steps=s.warm_start_steps, lr=s.warm_start_lr, batch_size=s.warm_start_batch, seed=s.seed)
     arithmetic.write_tasks(d / "tasks.jsonl", s.tasks, seed=s.seed + 1)
     cmds = commands(s, d / "warm")
