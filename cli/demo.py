@@ -81,7 +81,7 @@ class DemoSettings:
     @classmethod
     def quick(cls, directory: Path, seed: int = 0) -> DemoSettings:
         """The CI-sized loop (tests/cli/test_demo.py): a shorter warm start and 10 learner steps."""
-        return cls(directory, seed=seed, warm_start_steps=200, tasks=160, steps=10, lr=3e-3, time_limit_s=360.0)
+        return cls(directory, seed=seed, warm_start_steps=200, tasks=160, steps=10, lr=3e-3, time_limit_s=600.0)
 
 
 @dataclass
@@ -95,6 +95,7 @@ class DemoResult:
     tokens: int
     seconds: float
     commands: list[str] = field(default_factory=list)
+    example_rollout: str | None = None  # the best-rewarded rollout of the newest version, to replay
 
 
 def _cli(*args: Any) -> list[str]:
@@ -187,15 +188,18 @@ def _progress(store: Any) -> str:
 
 
 def reward_by_version(store: Any) -> list[dict[str, Any]]:
-    """Mean reward (and correct-answer rate) of the rollouts each policy version sampled, with the
-    mean staleness at which the learner trained on them."""
+    """Mean reward, correct-answer rate and calculator-use rate of the rollouts each policy version
+    sampled (complete groups only), with the mean staleness at which the learner trained on them."""
     return store.query("""
         WITH r AS (SELECT o.rollout_id, o.min_version AS version, o.reward, o.tokens
                    FROM rollouts o JOIN groups g USING (group_id) WHERE o.run = $run AND o.trainable AND g.complete),
              c AS (SELECT rollout_id, version AS consumed_by FROM consumed WHERE run = $run),
-             k AS (SELECT rollout_id, last(reward ORDER BY time) AS correct FROM events
-                   WHERE kind = 'reward' AND run = $run AND reward_name = 'correct' GROUP BY rollout_id)
+             k AS (SELECT rollout_id,
+                          last(reward ORDER BY time) FILTER (WHERE reward_name = 'correct') AS correct,
+                          last(reward ORDER BY time) FILTER (WHERE reward_name = 'tool') AS tool
+                   FROM events WHERE kind = 'reward' AND run = $run GROUP BY rollout_id)
         SELECT r.version, count(*) AS rollouts, avg(r.reward) AS reward, avg(k.correct) AS correct,
+               avg(CASE WHEN k.tool > 0 THEN 1.0 ELSE 0.0 END) AS used_calculator,
                sum(r.tokens)::BIGINT AS tokens, avg(c.consumed_by - 1 - r.version) AS staleness
         FROM r LEFT JOIN c USING (rollout_id) LEFT JOIN k USING (rollout_id)
         GROUP BY r.version ORDER BY r.version
@@ -209,9 +213,11 @@ def _summary(s: DemoSettings, store: Any, seconds: float, shown: list[str]) -> D
                (SELECT coalesce(sum(tokens), 0) FROM rollouts WHERE run = $run)::BIGINT AS tokens,
                (SELECT coalesce(max(step), 0) FROM events WHERE kind = 'metric' AND run = $run) AS steps
     """, {"run": RUN}).to_pylist()[0]
+    best = store.query("SELECT rollout_id FROM rollouts WHERE run = $run AND trainable "
+                       "ORDER BY reward DESC, min_version DESC LIMIT 1", {"run": RUN}).to_pylist()
     plot = plot_by_version(rows, s.directory / "reward_by_version.png") if rows else None
     return DemoResult(s.directory, s.directory / "store", plot, rows, int(totals["steps"]), int(totals["rollouts"]),
-                      int(totals["tokens"]), seconds, shown)
+                      int(totals["tokens"]), seconds, shown, best[0]["rollout_id"] if best else None)
 
 
 def plot_by_version(rows: list[dict[str, Any]], path: Path) -> Path:
@@ -224,7 +230,9 @@ def plot_by_version(rows: list[dict[str, Any]], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     ax.plot(versions, [r["reward"] for r in rows], marker="o", label="mean reward")
     if any(r["correct"] is not None for r in rows):
-        ax.plot(versions, [r["correct"] for r in rows], marker="s", label="correct answers")
+        ax.plot(versions, [r["correct"] for r in rows], marker="s", label="correct answers (rate)")
+    ax.plot(versions, [r["used_calculator"] / 10 for r in rows], marker="^", linestyle="--",
+            label="used the calculator (rate / 10)")
     ax.set_xlabel("policy version that sampled the rollouts")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)

@@ -46,11 +46,13 @@ def demo(directory: Path, quick: bool, steps: int | None, minutes: float | None,
 
 def show(result: DemoResult) -> None:
     table = Table(title="reward by policy version (rollouts each version sampled)", header_style="bold")
-    for name in ("version", "rollouts", "mean reward", "correct", "tokens", "staleness when trained"):
+    for name in ("version", "rollouts", "mean reward", "correct", "used calculator", "tokens",
+                 "staleness when trained"):
         table.add_column(name, justify="right")
     for row in result.by_version:
         table.add_row(str(row["version"]), str(row["rollouts"]), f"{row['reward']:.3f}",
-                      "" if row["correct"] is None else f"{row['correct']:.2f}", str(row["tokens"]),
+                      "" if row["correct"] is None else f"{row['correct']:.2f}", f"{row['used_calculator']:.2f}",
+                      str(row["tokens"]),
                       "" if row["staleness"] is None else f"{row['staleness']:.2f}")
     console.print(table)
     console.print(f"{result.steps} learner steps, {result.rollouts} rollouts, {result.tokens} tokens in "
@@ -64,6 +66,5 @@ def show(result: DemoResult) -> None:
                   "GROUP BY ALL ORDER BY 1\"")
     console.print(f"  trajstore query --store {store} \"SELECT step, name, value FROM metrics WHERE name IN "
                   "('loss', 'reward_mean', 'staleness_mean') ORDER BY step\"")
-    console.print(f"  trajstore replay --store {store} $(trajstore query --store {store} --format csv "
-                  "\"SELECT rollout_id FROM rollouts WHERE reward >= 1 LIMIT 1\" | tail -1) "
-                  f"--model {result.directory / 'warm'}")
+    if result.example_rollout:
+        console.print(f"  trajstore replay --store {store} {result.example_rollout} --model {result.directory / 'warm'}")

@@ -19,8 +19,21 @@ Pieces, each plugged into `trajstore collect` / the warm start by import path:
   sends through the capture proxy, for the supervised warm start (`learner.sft`); a
   `tool_fraction` of them use the calculator, the others answer at once.
 
+Why fixed-width numbers and the two-stage warm start (measured with a 0.56M-parameter model,
+hidden 128, 2 layers, 8 heads of 16): everything the model must learn here is copying digits,
+and a random model learns to copy only after a sudden transition whose timing varies a lot
+from seed to seed. With the numbers at fixed offsets (two digits everywhere) and about 45
+tokens of context, the transition comes after 150 to 300 steps of batch 16; behind the 250
+tokens of system prompt and tool list that every real prompt starts with, it came after 300
+to more than 500 steps, or not at all in a 500-step budget. Hence `bare=True` episodes (no
+system prompt, no tool list) for a first warm-start stage until copying works, then the real
+format with a `tool_fraction` of tool use, which takes the copying along in a few dozen steps.
+Head size matters too: with heads of 8 dimensions the transition rarely came at all. (`trajstore
+demo` does not use the two stages yet: its 230k-parameter model, 8 heads of 8, learns to use
+the tool within its 10-minute budget but copies digits only rarely.)
+
 Why the small `tool` component: a tiny model copies digits unreliably, so right after a warm
-start most episodes are wrong whether or not they called the tool, and a reward that only says
+start many episodes are wrong whether or not they called the tool, and a reward that only says
 "wrong" gives such groups no signal at all (every member scores 0). A call that the calculator
 evaluated is the step every correct episode shares, so it separates the better half of a
 failing group; it is worth a tenth of a correct answer so it can never outweigh one.
@@ -57,11 +70,14 @@ class CalculatorError(ValueError):
     """An expression the calculator does not evaluate; the message is the tool's answer."""
 
 
+# The docstring becomes the tool's description in every prompt, so it writes no operator or digit:
+# a tiny model's copy attention confuses those with the question's own (with "+ - * / // %" in it,
+# warm-started models copied the operator from the description in some seeds).
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression.
 
     Args:
-        expression: Integers with + - * / // % and parentheses.
+        expression: The arithmetic to evaluate, in integers.
     """
     try:
         return _format(_evaluate(expression))
@@ -157,13 +173,17 @@ def answer_text(answer: int) -> str:
     return f"The answer is {answer}."
 
 
-def warm_start_conversations(count: int, seed: int = 0, *, tool_fraction: float = 1.0) -> list[dict[str, Any]]:
+def warm_start_conversations(count: int, seed: int = 0, *, tool_fraction: float = 1.0,
+                             bare: bool = False) -> list[dict[str, Any]]:
     """`count` worked episodes `{"messages", "tools"}`, in exactly the messages the tool agent sends.
 
     A `tool_fraction` of them call the calculator and copy its answer; the others state the
     right answer at once, as a teacher that does the sum in its head would. A tiny model cannot
     imitate the second kind (its direct answers are guesses), so a warm start on a mix leaves a
     policy that calls the tool only some of the time: RL then has to find out that it pays.
+
+    `bare=True` leaves out the system prompt and the tool list (`tools` is None), so an episode
+    is about 45 tokens instead of 300: the first stage of the warm start (see the module docstring).
     The questions come from their own random stream, so they are not the tasks of `tasks(n, seed)`.
     """
     from collectors.tools import tool_schema  # imported here: the task and reward functions need nothing else
@@ -171,12 +191,12 @@ def warm_start_conversations(count: int, seed: int = 0, *, tool_fraction: float 
     if not 0.0 <= tool_fraction <= 1.0:
         raise ValueError(f"tool_fraction must be between 0 and 1 (got {tool_fraction})")
     rng = random.Random(f"arithmetic-warm-start-{seed}")
-    schema = [tool_schema(calculator)]
+    schema = None if bare else [tool_schema(calculator)]
     out = []
     for i in range(count):
         task = _task(rng, f"warm-{seed}-{i}")
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
-                                          {"role": "user", "content": task["prompt"]}]
+        messages: list[dict[str, Any]] = [] if bare else [{"role": "system", "content": SYSTEM}]
+        messages.append({"role": "user", "content": task["prompt"]})
         if rng.random() < tool_fraction:
             expression = task["prompt"].removeprefix("What is ").removesuffix("?")
             call_id = f"call_{i}"

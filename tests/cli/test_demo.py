@@ -62,7 +62,8 @@ def test_rank_z_by_hand() -> None:
 
 def test_the_closed_loop_makes_the_model_better(tmp_path: Path) -> None:
     result = run_demo(DemoSettings.quick(tmp_path / "demo"), say=lambda line: None)
-    assert result.steps >= DemoSettings.quick(tmp_path).steps - 1, "the learner stopped early; see learn.log"
+    # the loop's time limit is a safety net far above what 10 steps take; a run it cuts short still has to show z > 3
+    assert result.steps >= 6, f"the learner made {result.steps} steps; see {result.directory / 'learn.log'}"
     rows = open_store(result.store).query(
         "SELECT min_version AS version, reward FROM rollouts WHERE run = 'demo' AND trainable").to_pylist()
     half = (max(r["version"] for r in rows) + 1) // 2

@@ -146,3 +146,13 @@ def test_a_tool_fraction_of_episodes_call_the_calculator(tokenizer: Any) -> None
     assert all(len(c["messages"]) == 3 for c in arithmetic.warm_start_conversations(20, tool_fraction=0.0))
     with pytest.raises(ValueError, match="tool_fraction"):
         arithmetic.warm_start_conversations(1, tool_fraction=1.5)
+
+
+def test_bare_episodes_are_the_same_episodes_without_system_prompt_and_tools(tokenizer: Any) -> None:
+    full = arithmetic.warm_start_conversations(10, seed=4)
+    bare = arithmetic.warm_start_conversations(10, seed=4, bare=True)
+    for f, b in zip(full, bare, strict=True):
+        assert b["tools"] is None and b["messages"] == f["messages"][1:]
+        text = tokenizer.apply_chat_template(b["messages"], tools=b["tools"], tokenize=False)
+        assert text.startswith("<|im_start|>user\nWhat is ") and text.count(CALL) == 1
+        assert len(tokenizer.encode(text)) < 80  # the short context where copying is learned fast
