@@ -39,13 +39,14 @@ class SubagentResult:
 
 
 def tasks(count: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`count` questions about a topic each, the same for the same seed."""
+    """`count` questions about a topic each, the same for the same seed (`prompt` is what a task file
+    for `trajstore collect` needs; the agent reads `question`)."""
     rng = random.Random(seed)
     out = []
     for i in range(count):
         topic = rng.choice(TOPICS)
-        out.append({"id": f"subagent-{seed}-{i}", "topic": topic,
-                    "question": rng.choice(QUESTIONS).format(t=topic)})
+        question = rng.choice(QUESTIONS).format(t=topic)
+        out.append({"id": f"subagent-{seed}-{i}", "topic": topic, "question": question, "prompt": question})
     return out
 
 
