@@ -5,12 +5,12 @@ The upstream is a fake policy server in a process of its own (so its CPU use doe
 collector's GIL): the subset of vLLM's API the embedded client uses (POST /v1/completions with a
 token-id prompt, GET /v1/models, GET /health), answering every completion after a fixed latency
 (`--latency-ms`, default 200) with the same short reply, REPLY + <|im_end|>, in exactly the response
-JSON of the embedded server (`collectors.completions`: `token_ids`, `prompt_token_ids` echoed,
+JSON of the embedded server (`collectors.embedded.protocol`: `token_ids`, `prompt_token_ids` echoed,
 `logprobs.token_logprobs`, `policy_version`, X-Policy-Version). It records each request's start and
 end (CLOCK_MONOTONIC, shared by every process of the machine) and hands them over on
 GET /bench_stats.
 
-The collector is the library call `collectors.runner.collect`, in this process, exactly as
+The collector is the library call `collectors.collect.runner.collect`, in this process, exactly as
 `trajstore collect --server URL --model DIR` runs it: its own capture proxy (appending every turn,
 reward and status to a fresh store on local disk), the scheduler, n = 4 rollouts per task. The
 agent (`agent` below) makes 2 chat calls per rollout through the OpenAI SDK; the reward is a
@@ -65,7 +65,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach
 
 import aiohttp
 
-from collectors.agents import AgentContext, RolloutInfo
+from collectors.agents.context import AgentContext, RolloutInfo
 
 MODEL = "bench"
 REPLY = "Sure. 6 times 7 is 42, so the answer is 42."
@@ -121,9 +121,9 @@ def upstream_app(model_dir: str, latency_s: float) -> Any:
     from aiohttp import web
     from transformers import AutoTokenizer
 
-    from collectors.completions import CompletionJob, completion_response
-    from collectors.engine import Completion
-    from collectors.sampling import SamplingParams
+    from collectors.embedded.protocol import CompletionJob, completion_response
+    from collectors.embedded.engine import Completion
+    from collectors.embedded.sampling import SamplingParams
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     ids = tok.encode(REPLY, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
@@ -276,8 +276,8 @@ def write_tasks(path: Path, level: int, count: int) -> str:
 
 async def run_level(c: int, rollouts: int, *, upstream: str, model_dir: str, tmp: Path, tag: str = "",
                     shared_client: bool = False, profile: cProfile.Profile | None = None) -> Level:
-    from collectors.collect_settings import CollectSettings
-    from collectors.runner import collect
+    from collectors.collect.settings import CollectSettings
+    from collectors.collect.runner import collect
 
     n = 4
     groups = -(-rollouts // n)
@@ -397,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         ap.error("--concurrency needs levels >= 1, --per-slot and --min-rollouts >= 1, --latency-ms > 0")
     latency_s = args.latency_ms / 1000
 
-    from collectors.model import ModelSize, init_model
+    from collectors.model.build import ModelSize, init_model
 
     levels: list[Level] = []
     with tempfile.TemporaryDirectory(prefix="collect-bench-") as name:
@@ -408,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         try:
             print(f"upstream: fake vLLM /v1/completions in its own process, fixed latency {args.latency_ms:g} ms, "
                   f"every reply {REPLY!r} + <|im_end|>")
-            print(f"collector: collectors.runner.collect in this process (its capture proxy appending to a fresh "
+            print(f"collector: collectors.collect.runner.collect in this process (its capture proxy appending to a fresh "
                   f"store under {tmp} per level), n 4, {CALLS_PER_ROLLOUT} chat calls per rollout (OpenAI SDK), "
                   f"constant reward, max({args.per_slot} x C, {args.min_rollouts}) rollouts per level")
             print(f"machine: {os.cpu_count()} CPU cores shared by the collector and the upstream (and whatever else "

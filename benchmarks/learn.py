@@ -79,7 +79,7 @@ import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 import trajstore  # noqa: E402
-from collectors.model import ModelSize, init_model  # noqa: E402
+from collectors.model.build import ModelSize, init_model  # noqa: E402
 from learner.batching import MicroBatch, StepTotals, pack, pad_batches, step_totals  # noqa: E402
 from learner.losses import LossStats, entropy, loss_stats, token_logprobs  # noqa: E402
 from learner.settings import LearnSettings  # noqa: E402
@@ -315,7 +315,7 @@ def build_model(args: argparse.Namespace, size: ModelSize, tmp: Path, settings_o
         model_dir = tmp / "model"
         init_model(model_dir, size, seed=args.seed)
         s = settings_of(model_dir)
-        return load_policy(s, None).to(device).eval(), s, "init_model (collectors.model), float32 weights"
+        return load_policy(s, None).to(device).eval(), s, "init_model (collectors.model.build), float32 weights"
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(vocab_size=size.vocab_size, hidden_size=size.hidden_size,

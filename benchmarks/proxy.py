@@ -2,7 +2,7 @@
 
 The upstream is a fake vLLM-style policy server with a fixed response time: POST
 /v1/completions sleeps, then answers a fixed list of token ids in exactly the response JSON
-the embedded server gives (built with `collectors.completions`: `token_ids`,
+the embedded server gives (built with `collectors.embedded.protocol`: `token_ids`,
 `prompt_token_ids` echoed, `logprobs.token_logprobs`, `policy_version`, the X-Policy-Version
 header). It runs at each `--upstream-ms` in turn: 50 ms (a fast server, where this machine's
 CPU is the limit) and 1000 ms (about what a real policy takes for a reply of this length).
@@ -71,9 +71,9 @@ def upstream_app(model_dir: str, delay_s: float) -> Any:
     from aiohttp import web
     from transformers import AutoTokenizer
 
-    from collectors.completions import CompletionJob, completion_response
-    from collectors.engine import Completion
-    from collectors.sampling import SamplingParams
+    from collectors.embedded.protocol import CompletionJob, completion_response
+    from collectors.embedded.engine import Completion
+    from collectors.embedded.sampling import SamplingParams
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     ids = tok.encode(REPLY, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
@@ -120,8 +120,8 @@ def serve_upstream(model_dir: str, delay_s: float, conn: Connection) -> None:
 
 
 def serve_proxy(model_dir: str, store_dir: str, upstream: str, conn: Connection) -> None:
-    from collectors.clients import EmbeddedClient
-    from collectors.proxy import ProxyConfig, start_proxy
+    from collectors.policy import EmbeddedClient
+    from collectors.proxy.app import ProxyConfig, start_proxy
     from trajstore import open_store
 
     async def main() -> None:
@@ -362,7 +362,7 @@ def main() -> None:
     if args.quick:
         args.turns, args.repeats = 3, 1
 
-    from collectors.model import ModelSize, init_model
+    from collectors.model.build import ModelSize, init_model
 
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp:

@@ -1,4 +1,4 @@
-"""`trajstore collect` and `trajstore reward`: thin click shells over collectors.runner and collectors.rewards."""
+"""`trajstore collect` and `trajstore reward`: thin click shells over collectors.collect.runner and collectors.collect.rewards."""
 
 from __future__ import annotations
 
@@ -78,8 +78,8 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
       trajstore collect --store runs/s --run exp1 --tasks tasks.jsonl --model tiny-model \\
           --agent my_env:agent --reward my_env:reward --n 4 --max-staleness 2
     """
-    from collectors.progress import summary_table
-    from collectors.runner import CollectSettings, run_collect
+    from collectors.collect.progress import summary_table
+    from collectors.collect.runner import CollectSettings, run_collect
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = CollectSettings(
@@ -124,7 +124,7 @@ def reward(store_loc: str, run: str, reward_spec: str, tasks_file: str | None, n
       trajstore reward --store runs/s --run exp1 --reward my_env:reward_v2 --where "reward < 1"
     """
     import trajstore
-    from collectors.rewards import rescore
+    from collectors.collect.rewards import rescore
 
     store = trajstore.open_store(store_loc, create=False)
     summary = rescore(store, run, reward_spec, tasks_file=tasks_file, name=name, where=where)

@@ -1,10 +1,10 @@
-"""`trajstore init-model` and `trajstore serve`: thin click shells over collectors.model and collectors.server."""
+"""`trajstore init-model` and `trajstore serve`: thin click shells over collectors.model and collectors.embedded."""
 
 from __future__ import annotations
 
 import click
 
-from collectors.model import ModelSize
+from collectors.model.build import ModelSize
 
 _DEFAULT = ModelSize()
 
@@ -34,7 +34,7 @@ def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, h
       trajstore init-model tiny-model --layers 2 --hidden-size 64
       trajstore serve --model tiny-model
     """
-    from collectors.model import init_model as build  # torch/transformers load only for this command
+    from collectors.model.build import init_model as build  # torch/transformers load only for this command
 
     size = ModelSize(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
                      intermediate_size=intermediate_size, max_positions=max_positions)
@@ -72,10 +72,10 @@ def serve(model_dir: str, host: str, port: int, max_batch: int, device: str, pol
       trajstore serve --model tiny-model --port 8000
       curl localhost:8000/v1/completions -d '{"prompt": [1, 2, 3], "max_tokens": 8, "return_token_ids": true}'
     """
-    from collectors.server import run
+    from collectors.embedded import run_server
 
     try:
-        run(model_dir, host=host, port=port, model_name=served_model_name, device=device, max_batch=max_batch,
+        run_server(model_dir, host=host, port=port, model_name=served_model_name, device=device, max_batch=max_batch,
             policy_version=policy_version, threads=threads)
     except (OSError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.envs import arithmetic
-from collectors.model import ModelSize, init_model
+from collectors.model.build import ModelSize, init_model
 from learner.sft import warm_start
 from trajstore import open_store
 

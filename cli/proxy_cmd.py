@@ -1,4 +1,4 @@
-"""`trajstore proxy`: a thin click shell over `collectors.proxy.run`."""
+"""`trajstore proxy`: a thin click shell over `collectors.proxy.run_proxy`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from cli.options import store_option
 @click.option("--port", type=click.IntRange(0, 65535), default=8100, show_default=True)
 @click.option("--run", default="default", show_default=True, help="Run name for rollouts opened without one.")
 @click.option("--upstream-kind", type=click.Choice(["embedded", "vllm"]), default="embedded", show_default=True,
-              help="embedded: versions come from the server; vllm: stamped by the client (see collectors.clients).")
+              help="embedded: versions come from the server; vllm: stamped by the client (see collectors.policy.clients).")
 @click.option("--upstream-model",
               help="The served model name to send as `model` (default: none, the server's only model).")
 @click.option("--policy-version", type=click.IntRange(min=0), default=0, show_default=True,
@@ -50,10 +50,9 @@ def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, r
       curl -s -X POST localhost:8100/rollouts/ROLLOUT_ID/close -H 'Authorization: Bearer ts-...' \\
            -d '{"status": "completed", "reward": 1.0}'
     """
-    from collectors.clients import EmbeddedClient, VLLMClient
+    from collectors.policy import EmbeddedClient, VLLMClient
     from collectors.policy import PolicyClient
-    from collectors.proxy import ProxyConfig
-    from collectors.proxy import run as serve_proxy
+    from collectors.proxy import ProxyConfig, run_proxy
     from trajstore.errors import TrajstoreError
 
     def client() -> PolicyClient:
@@ -65,6 +64,6 @@ def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, r
     config = ProxyConfig(model_dir=model_dir, run=run, writer=writer or f"proxy-{port}", model_names=model_names,
                          max_model_len=max_model_len, default_max_tokens=default_max_tokens)
     try:
-        serve_proxy(client, store_loc, config, host=host, port=port)
+        run_proxy(client, store_loc, config, host=host, port=port)
     except (OSError, ValueError, TrajstoreError) as exc:
         raise click.ClickException(str(exc)) from exc

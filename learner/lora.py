@@ -4,7 +4,7 @@ An adapter checkpoint is a directory both policy servers load as is:
 - `adapter_config.json` + `adapter_model.safetensors`, peft's format, which vLLM's runtime LoRA
   (`POST /v1/load_lora_adapter {lora_name, lora_path}`, what `VLLMClient(reload="lora")` calls)
   reads directly; its `base_model_name_or_path` is the absolute path of the base model
-  directory, which is how the embedded server (`collectors.engine.load_model`) finds the
+  directory, which is how the embedded server (`collectors.embedded.engine.load_model`) finds the
   weights to merge the adapter into;
 - the base model's tokenizer files, chat template and generation config, so the directory
   describes what it serves without a look at the base.

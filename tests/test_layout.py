@@ -39,5 +39,5 @@ def test_imports_flow_one_way(package: str) -> None:
 
 def test_the_checker_sees_imports(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("import collectors.server\nfrom learner import loop\nfrom . import sibling\n")
+    probe.write_text("import collectors.embedded.app\nfrom learner import loop\nfrom . import sibling\n")
     assert imported_packages(probe) == {"collectors", "learner"}

@@ -11,7 +11,7 @@ expression into a `calculator` call, then copy the tool's answer into its reply:
 
 Pieces, each plugged into `trajstore collect` / the warm start by import path:
 - `calculator` and `TOOLS`: the tool the built-in tool agent offers (its schema comes from the
-  signature and docstring, `collectors.tools.tool_schema`);
+  signature and docstring, `collectors.agents.tools.tool_schema`);
 - `SYSTEM`: the system prompt (every task carries it, so collection renders the same prompt as
   the warm start); `tasks` / `write_tasks`: deterministic task lists;
 - `reward`: `{"correct": 1 or 0, "tool": TOOL_REWARD or 0}` for a finished episode;
@@ -186,7 +186,7 @@ def warm_start_conversations(count: int, seed: int = 0, *, tool_fraction: float 
     is about 45 tokens instead of 300: the first stage of the warm start (see the module docstring).
     The questions come from their own random stream, so they are not the tasks of `tasks(n, seed)`.
     """
-    from collectors.tools import tool_schema  # imported here: the task and reward functions need nothing else
+    from collectors.agents.tools import tool_schema  # imported here: the task and reward functions need nothing else
 
     if not 0.0 <= tool_fraction <= 1.0:
         raise ValueError(f"tool_fraction must be between 0 and 1 (got {tool_fraction})")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.agents import AgentContext, RolloutInfo
-from collectors.tasks import chat_messages
+from collectors.collect.tasks import chat_messages
 from trajstore import Store
 
 

@@ -17,8 +17,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach for the Hub
 
-from collectors.model import ModelSize, init_model  # noqa: E402
-from collectors.server import RunningServer, serve_in_thread  # noqa: E402
+from collectors.model.build import ModelSize, init_model  # noqa: E402
+from collectors.embedded.app import RunningServer, serve_in_thread  # noqa: E402
 from tests.collectors.proxy_harness import Harness  # noqa: E402
 
 TINY = ModelSize(vocab_size=2048, hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128,
@@ -65,7 +65,7 @@ def server(tiny_model: Path) -> Iterator[RunningServer]:
 def proxy(server: RunningServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     """A capture proxy (one per test module, with its own store) in front of the embedded server,
     recording every upstream sample so stored turns can be checked against them."""
-    from collectors.clients import EmbeddedClient
+    from collectors.policy import EmbeddedClient
     from tests.collectors.proxy_harness import Recording, running_proxy
 
     with running_proxy(Recording(EmbeddedClient(server.url)), tmp_path_factory.mktemp("store"), tiny_model) as h:

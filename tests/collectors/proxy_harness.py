@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from collectors.policy import PolicyClient, Sample, Sampling
-from collectors.proxy import ProxyConfig, RunningProxy, serve_proxy_in_thread
+from collectors.proxy.app import ProxyConfig, RunningProxy, serve_proxy_in_thread
 from tests.collectors import http
 from trajstore import Store, open_store
 

@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import trajstore  # noqa: E402
-from collectors.model import ModelSize, init_model  # noqa: E402
+from collectors.model.build import ModelSize, init_model  # noqa: E402
 from trajstore import Reward, Status, Turn  # noqa: E402
 
 # tests.collectors.conftest.TINY, restated: importing that conftest loads the server and both SDKs

@@ -123,7 +123,7 @@ def test_checkpoint_events_have_deterministic_ids(model_dir: Path, tmp_path: Pat
 
 
 def test_the_embedded_server_serves_a_published_version(model_dir: Path, tmp_path: Path) -> None:
-    from collectors.server import serve_in_thread
+    from collectors.embedded.app import serve_in_thread
     from tests.collectors import http
 
     model, opt = trained(model_dir, lr=1e-2)

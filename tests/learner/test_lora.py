@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from collectors.model import ModelSize, init_model  # noqa: E402
+from collectors.model.build import ModelSize, init_model  # noqa: E402
 from learner.lora import (  # noqa: E402
     DEFAULT_TARGET_MODULES, TOKENIZER_FILES, apply_lora, load_adapter_for_training, save_adapter)
 

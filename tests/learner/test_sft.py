@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from collectors.model import init_model  # noqa: E402
+from collectors.model.build import init_model  # noqa: E402
 from learner import sft  # noqa: E402
 from tests.collectors.conftest import TINY  # noqa: E402
 

@@ -1,0 +1,114 @@
+"""Hot reload: follow the learner's checkpoint events and load each newer version into the policy server.
+
+The learner announces itself (version 0, its initial model) and every published version with
+a `checkpoint` event whose meta holds the checkpoint directory (`path`) and its batch size
+(`groups_per_version`). `Reloader.sync(head)` loads the newest version when it is newer than
+the one served: intermediate versions are skipped, since only the newest matters for
+sampling. A failed load is reported and retried on a later poll with a growing pause; it
+never stops collection (the server keeps serving the weights it has).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from collectors.collect.admission import Queryable
+from collectors.errors import VersionConflict
+from collectors.policy import PolicyClient
+
+log = logging.getLogger(__name__)
+HEAD_SQL = "SELECT version, meta FROM checkpoints WHERE run = ? ORDER BY version DESC LIMIT 1"
+G_SQL = """SELECT meta FROM checkpoints WHERE run = ? AND json_extract(meta, '$.groups_per_version') IS NOT NULL
+           ORDER BY version DESC LIMIT 1"""
+
+
+@dataclass(frozen=True)
+class Head:
+    """The learner as its newest checkpoint event shows it (all None before it announced itself)."""
+
+    version: int | None = None
+    path: str | None = None
+    groups_per_version: int | None = None
+    max_staleness: int | None = None
+
+
+def _meta(text: Any) -> dict[str, Any]:
+    try:
+        meta = json.loads(text) if isinstance(text, str) else text
+    except json.JSONDecodeError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def read_head(snapshot: Queryable, run: str) -> Head:
+    """The newest checkpoint of `run`, as the store (or one snapshot of it) sees it."""
+    rows = snapshot.query(HEAD_SQL, [run]).to_pylist()
+    if not rows:
+        return Head()
+    meta = _meta(rows[0]["meta"])
+    if not isinstance(meta.get("groups_per_version"), int):
+        older = snapshot.query(G_SQL, [run]).to_pylist()
+        meta = {**(_meta(older[0]["meta"]) if older else {}), **meta}
+    g, k = meta.get("groups_per_version"), meta.get("max_staleness")
+    return Head(version=int(rows[0]["version"]), path=meta.get("path") if isinstance(meta.get("path"), str) else None,
+                groups_per_version=g if isinstance(g, int) and g >= 1 else None,
+                max_staleness=k if isinstance(k, int) and k >= 0 else None)
+
+
+async def served_version(client: PolicyClient, fallback: int = 0) -> int:
+    """The version the policy server serves now: the client's own record (vLLM), else the
+    embedded server's /health, else `fallback`."""
+    known = getattr(client, "policy_version", None)
+    if isinstance(known, int) and not isinstance(known, bool):
+        return known
+    try:
+        async with aiohttp.ClientSession() as session, session.get(
+                client.base_url + "/health", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            body = await resp.json(content_type=None)
+        version = body.get("policy_version") if isinstance(body, dict) else None
+        return version if isinstance(version, int) else fallback
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return fallback
+
+
+@dataclass
+class Reloader:
+    """Keeps the policy server on the learner's newest version."""
+
+    client: PolicyClient
+    served: int
+    reloads: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    _retry_at: float = 0.0
+    _backoff_s: float = 1.0
+
+    async def sync(self, head: Head) -> bool:
+        """Load `head` if it is newer than what is served; True when the served version changed."""
+        if head.version is None or head.version <= self.served or head.path is None:
+            return False
+        if time.monotonic() < self._retry_at:
+            return False
+        try:
+            await self.client.load_weights(head.path, head.version)
+        except VersionConflict:
+            # someone else (another collector on the same server) loaded it or a newer one already
+            log.info("the policy server already serves version %d or newer", head.version)
+        except Exception as exc:  # noqa: BLE001 - a failed reload must not stop collection
+            self.failures += 1
+            self.last_error = f"loading version {head.version} from {head.path} failed: {exc}"
+            log.warning("%s; retrying in %.0f s (the server keeps serving version %d)", self.last_error,
+                        self._backoff_s, self.served)
+            self._retry_at = time.monotonic() + self._backoff_s
+            self._backoff_s = min(self._backoff_s * 2, 30.0)
+            return False
+        self.served, self.last_error, self._backoff_s, self._retry_at = head.version, None, 1.0, 0.0
+        self.reloads += 1
+        log.info("policy server now serves version %d (%s)", head.version, head.path)
+        return True

@@ -1,0 +1,206 @@
+"""The embedded policy server (`trajstore serve`): vLLM's completions API subset over aiohttp.
+
+Routes (request and response JSON in `collectors.embedded.protocol`):
+
+    POST /v1/completions    one prompt (text or token ids) -> sampled tokens, logprobs, version
+    GET  /v1/models         the served model, vLLM's model card shape
+    GET  /health            200 while the engine runs
+    GET  /stats             the engine's counters (requests, prefill/decode steps, batch peak)
+    POST /v1/load_weights   {"path": DIR, "version": N}: hot reload; loopback callers only
+
+Every response carries `X-Policy-Version`; a completion's is the version that sampled its
+tokens, elsewhere the version being served. Errors are OpenAI-style bodies with a message
+that names the problem; no request can stop the server.
+
+`serve_in_thread` (tests, notebooks) and `start_server` (inside a running event loop) start
+it in-process on a loopback port of the OS's choosing; `run` is the blocking CLI entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from collectors.embedded.protocol import RequestError, check_prompt, completion_response, error_body, parse_completion_request
+from collectors.embedded.engine import Engine
+from collectors.errors import EngineError, VersionConflict, WeightLoadError
+from collectors.serving import app_in_thread, run_until_interrupted, start_app
+
+log = logging.getLogger(__name__)
+ENGINE = web.AppKey("engine", Engine)
+MODEL_NAME = web.AppKey("model_name", str)
+MAX_BODY = 64 << 20  # a 100k-token prompt is under 1 MB of JSON
+
+
+def _json(data: Any, status: int = 200, version: int | None = None) -> web.Response:
+    headers = {"X-Policy-Version": str(version)} if version is not None else None
+    return web.json_response(data, status=status, headers=headers, dumps=lambda d: json.dumps(d, allow_nan=False))
+
+
+def _error(exc: RequestError, version: int) -> web.Response:
+    return _json(exc.body(), status=exc.status, version=version)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Route, size and unexpected failures become OpenAI-style JSON errors; the server keeps serving."""
+    version = request.app[ENGINE].policy_version
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        return _error(exc, version)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = {404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge"}.get(exc.status, "BadRequestError")
+        message = f"{request.method} {request.path}: {exc.reason}"
+        if exc.status == 404:
+            message += "; routes: POST /v1/completions, GET /v1/models, GET /health, GET /stats, POST /v1/load_weights"
+        return _json(error_body(message, kind, None, exc.status), status=exc.status, version=version)
+    except Exception as exc:  # noqa: BLE001 - a bug in one request must not stop the server
+        log.exception("unexpected error serving %s %s", request.method, request.path)
+        return _json(error_body(f"internal error: {type(exc).__name__}: {exc}", "InternalServerError", None, 500),
+                     status=500, version=version)
+
+
+async def _body(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from exc
+
+
+async def completions(request: web.Request) -> web.Response:
+    engine, model_name = request.app[ENGINE], request.app[MODEL_NAME]
+    job = parse_completion_request(await _body(request))
+    if job.model is not None and job.model != model_name:
+        raise RequestError(f"The model `{job.model}` does not exist; this server serves `{model_name}` "
+                           "(see GET /v1/models)", param="model", status=404, kind="NotFoundError")
+    if isinstance(job.prompt, str):
+        prompt_ids = engine.tokenizer.encode(job.prompt, add_special_tokens=True)
+    else:
+        prompt_ids = job.prompt
+    check_prompt(prompt_ids, job.params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len)
+    try:
+        result = await engine.agenerate(prompt_ids, job.params)
+    except EngineError as exc:
+        raise RequestError(str(exc), status=503, kind="ServiceUnavailableError") from exc
+    tokenizer = engine.tokenizer
+    body = completion_response(job, result, model_name=model_name,
+                               decode_one=lambda t: tokenizer.decode([t], skip_special_tokens=False))
+    return _json(body, version=result.policy_version)
+
+
+async def models(request: web.Request) -> web.Response:
+    engine, name = request.app[ENGINE], request.app[MODEL_NAME]
+    card = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "trajstore", "root": engine.model_dir,
+            "parent": None, "max_model_len": engine.max_model_len, "permission": [],
+            "policy_version": engine.policy_version}
+    return _json({"object": "list", "data": [card]}, version=engine.policy_version)
+
+
+async def health(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    return _json({"status": "ok", "policy_version": engine.policy_version}, version=engine.policy_version)
+
+
+async def stats(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = {**asdict(engine.stats), "running": engine.running, "waiting": engine.waiting,
+            "reload_pending": engine.reload_pending, "policy_version": engine.policy_version,
+            "device": str(engine.device), "max_batch": engine.max_batch}
+    return _json(body, version=engine.policy_version)
+
+
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+async def load_weights(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    if not _is_loopback(request.remote):
+        raise RequestError(f"load_weights is served to loopback callers only (this call came from {request.remote}); "
+                           "call it on the server's machine", status=403, kind="PermissionDeniedError")
+    body = await _body(request)
+    path, version = (body.get("path"), body.get("version")) if isinstance(body, dict) else (None, None)
+    if not isinstance(path, str) or not path:
+        raise RequestError('`path` must be the checkpoint directory, e.g. {"path": "ckpt/v3", "version": 3}',
+                           param="path")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RequestError(f"`version` must be an integer policy version, got {version!r}", param="version")
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, engine.load_weights, path, version)
+    except VersionConflict as exc:
+        raise RequestError(str(exc), param="version", status=409, kind="ConflictError") from exc
+    except WeightLoadError as exc:
+        raise RequestError(str(exc), param="path") from exc
+    except EngineError as exc:
+        raise RequestError(str(exc), status=503, kind="ServiceUnavailableError") from exc
+    return _json({"status": "ok", "policy_version": engine.policy_version, "path": path}, version=engine.policy_version)
+
+
+def create_app(engine: Engine, model_name: str | None = None) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
+    app[ENGINE] = engine
+    app[MODEL_NAME] = model_name or engine.model_dir
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/stats", stats)
+    app.router.add_post("/v1/load_weights", load_weights)
+    return app
+
+
+async def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 0,
+                       model_name: str | None = None) -> tuple[web.AppRunner, str]:
+    """Serve `engine` from the running event loop; port 0 takes a free one. Returns (runner, base URL)."""
+    return await start_app(create_app(engine, model_name), host, port)
+
+
+@dataclass
+class RunningServer:
+    url: str
+    engine: Engine
+
+
+@contextmanager
+def serve_in_thread(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 0, model_name: str | None = None,
+                    **engine_options: Any) -> Iterator[RunningServer]:
+    """Run the server on its own event-loop thread; yields the base URL and the engine.
+
+        with serve_in_thread("tiny-model") as server:
+            requests.post(server.url + "/v1/completions", json={"prompt": "hi"})
+    """
+    engine = Engine(model_dir, **engine_options)
+    try:
+        with app_in_thread(lambda: start_server(engine, host, port, model_name), name="trajstore-serve") as (_, url):
+            yield RunningServer(url=url, engine=engine)
+    finally:
+        engine.close()
+
+
+def run_server(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
+        **engine_options: Any) -> None:
+    """Serve until interrupted (the `trajstore serve` command)."""
+    engine = Engine(model_dir, **engine_options)
+    try:
+        run_until_interrupted(
+            lambda: start_server(engine, host, port, model_name),
+            lambda _, url: f"serving {engine.model_dir} (policy version {engine.policy_version}) on {url} "
+                           f"[device {engine.device}, max batch {engine.max_batch}]",
+        )
+    finally:
+        engine.close()

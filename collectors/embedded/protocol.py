@@ -1,0 +1,202 @@
+"""vLLM's `/v1/completions` wire format: request validation and response JSON. Pure functions.
+
+Field names and shapes follow vLLM's own `CompletionRequest`, `CompletionResponse`,
+`CompletionResponseChoice` and `CompletionLogProbs` (vllm/entrypoints/openai/completion/
+protocol.py), so a collector cannot tell the embedded server from vLLM:
+
+- request: `prompt` (a string or a list of token ids), `max_tokens` (default 16),
+  `temperature` (1.0), `top_p` (1.0), `top_k` (0 or -1 = off), `seed`, `stop` (a string or a
+  list), `stop_token_ids`, `ignore_eos`, `logprobs` (N <= 20), `return_token_ids`,
+  `skip_special_tokens`, `include_stop_str_in_output`, `model`; other fields are ignored, as
+  vLLM ignores unknown ones. `n` > 1, `echo`, `stream`, `best_of`, `use_beam_search` and lists
+  of prompts are refused with a 400 that says what to send instead.
+- response: `choices[].text`, `finish_reason` (stop | length), `stop_reason` (the stop string
+  or stop token id; null for EOS), `logprobs.{tokens, token_logprobs, top_logprobs,
+  text_offset}` (top_logprobs holds the sampled token plus the top N, values clamped at
+  -9999.0 as vLLM does), `token_ids` and `prompt_token_ids` (with `return_token_ids`),
+  `usage`, plus `policy_version`, the checkpoint version that sampled every output token.
+- errors: `{"error": {"message", "type", "param", "code"}}`, vLLM's current error body.
+
+The logprobs are those of the processed distribution each token was drawn from, i.e. what
+vLLM returns under `--logprobs-mode processed_logprobs` (see `collectors.embedded.sampling`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from collectors.embedded.engine import Completion
+from collectors.embedded.sampling import SamplingParams
+
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+INT64 = (-(2**63), 2**63 - 1)
+REFUSED = {
+    "n": (lambda v: v not in (None, 1), "n={v} is not supported: send one request per sample (with different seeds)"),
+    "best_of": (lambda v: v not in (None, 1), "best_of={v} is not supported: send one request per sample"),
+    "echo": (lambda v: bool(v), "echo is not supported: the prompt is in `prompt_token_ids` with return_token_ids"),
+    "stream": (lambda v: bool(v), "stream is not supported by the embedded server: send stream=false"),
+    "use_beam_search": (lambda v: bool(v), "beam search is not supported: sample instead"),
+}
+
+
+class RequestError(Exception):
+    """A request the server refuses; rendered as an OpenAI-style error body."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind = message, param, status, kind
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.kind, self.param, self.status)
+
+
+def error_body(message: str, kind: str, param: str | None, code: int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class CompletionJob:
+    """A validated request: what to tokenize, how to sample, what to return."""
+
+    prompt: str | list[int]
+    params: SamplingParams
+    return_token_ids: bool
+    model: str | None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def parse_completion_request(body: Any) -> CompletionJob:
+    """Validate a decoded JSON body; every problem is reported at once, naming the first field."""
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, not {type(body).__name__}")
+    problems: list[tuple[str, str]] = []
+
+    def bad(param: str, message: str) -> None:
+        problems.append((param, message))
+
+    def get(name: str, check: Any, default: Any, expected: str) -> Any:
+        value = body.get(name)
+        if value is None:
+            return default
+        if not check(value):
+            bad(name, f"`{name}` must be {expected}, got {value!r}")
+            return default
+        return value
+
+    for name, (refused, message) in REFUSED.items():
+        if refused(body.get(name)):
+            bad(name, message.format(v=body.get(name)))
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        if not prompt:
+            bad("prompt", "`prompt` is an empty string; send text or a list of token ids")
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        if min(prompt) < 0:
+            bad("prompt", f"token ids must be >= 0, got {min(prompt)}")
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        bad("prompt", f"a list of {len(prompt)} prompts was sent; the embedded server takes one prompt "
+                      "per request (a string or a list of token ids): send one request per prompt")
+    else:
+        bad("prompt", "`prompt` is required: a non-empty string or a non-empty list of integer token ids")
+    max_tokens = get("max_tokens", lambda v: _is_int(v) and v >= 1, 16, "an integer >= 1")
+    temperature = get("temperature", lambda v: _is_number(v) and v >= 0, 1.0, "a number >= 0")
+    top_p = get("top_p", lambda v: _is_number(v) and 0 < v <= 1, 1.0, "a number in (0, 1]")
+    top_k = get("top_k", lambda v: _is_int(v) and v >= -1, 0, "an integer >= 1, or 0 / -1 for no top-k")
+    seed = get("seed", lambda v: _is_int(v) and INT64[0] <= v <= INT64[1], None, "a 64-bit integer")
+    logprobs = get("logprobs", lambda v: _is_int(v) and 0 <= v <= MAX_LOGPROBS, None,
+                   f"an integer from 0 to {MAX_LOGPROBS}")
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        bad("stop", f"`stop` must be a non-empty string or a list of non-empty strings, got {body.get('stop')!r}")
+        stop = []
+    stop_ids = get("stop_token_ids", lambda v: isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v), [],
+                   "a list of token ids")
+    flags = {name: get(name, lambda v: isinstance(v, bool), default, "true or false")
+             for name, default in (("return_token_ids", False), ("ignore_eos", False),
+                                   ("skip_special_tokens", True), ("include_stop_str_in_output", False))}
+    model = get("model", lambda v: isinstance(v, str), None, "a string")
+    if problems:
+        raise RequestError("; ".join(m for _, m in problems), param=problems[0][0])
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0), seed=seed,
+        stop=tuple(stop), stop_token_ids=tuple(stop_ids), ignore_eos=flags["ignore_eos"], logprobs=logprobs,
+        skip_special_tokens=flags["skip_special_tokens"],
+        include_stop_str_in_output=flags["include_stop_str_in_output"])
+    return CompletionJob(prompt=prompt, params=params, return_token_ids=flags["return_token_ids"], model=model)
+
+
+def check_prompt(prompt_ids: list[int], params: SamplingParams, *, vocab_size: int, max_model_len: int) -> None:
+    """Token ids the model has, and room in its context for the prompt plus max_tokens."""
+    if not prompt_ids:
+        raise RequestError("the prompt encodes to zero tokens", param="prompt")
+    if max(prompt_ids) >= vocab_size:
+        raise RequestError(f"token id {max(prompt_ids)} is out of vocabulary: the model has {vocab_size} tokens "
+                           f"(ids 0..{vocab_size - 1})", param="prompt")
+    if len(prompt_ids) + params.max_tokens > max_model_len:
+        raise RequestError(f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                           f"{len(prompt_ids) + params.max_tokens} tokens ({len(prompt_ids)} in the prompt, "
+                           f"{params.max_tokens} in the completion). Please reduce the length of the prompt or "
+                           "max_tokens.", param="max_tokens")
+    bad_stop = [t for t in params.stop_token_ids if t >= vocab_size]
+    if bad_stop:
+        raise RequestError(f"stop_token_ids {bad_stop} are out of vocabulary (the model has {vocab_size} tokens)",
+                           param="stop_token_ids")
+
+
+def _clamp(logprob: float) -> float:
+    return max(logprob, -9999.0)
+
+
+def completion_logprobs(result: Completion, decode_one: Any) -> dict[str, Any]:
+    """vLLM's CompletionLogProbs for the output tokens; `decode_one(id) -> str` names a token."""
+    tokens = [decode_one(t) for t in result.output_ids]
+    offsets, at = [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    top: list[dict[str, float]] = []
+    for i, (token, logprob) in enumerate(zip(tokens, result.logprobs)):
+        entry = {token: _clamp(logprob)}  # the sampled token first, then the top N
+        for tid, lp in (result.top_logprobs[i] if result.top_logprobs else []):
+            entry.setdefault(decode_one(tid), _clamp(lp))
+        top.append(entry)
+    return {"text_offset": offsets, "token_logprobs": [_clamp(lp) for lp in result.logprobs], "tokens": tokens,
+            "top_logprobs": top}
+
+
+def completion_response(job: CompletionJob, result: Completion, *, model_name: str, decode_one: Any) -> dict[str, Any]:
+    choice = {
+        "index": 0,
+        "text": result.text,
+        "logprobs": completion_logprobs(result, decode_one) if job.params.logprobs is not None else None,
+        "finish_reason": result.finish_reason,
+        "stop_reason": result.stop_reason,
+        "token_ids": result.output_ids if job.return_token_ids else None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": result.prompt_ids if job.return_token_ids else None,
+    }
+    n_prompt, n_out = len(result.prompt_ids), len(result.output_ids)
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [choice],
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
+        "policy_version": result.policy_version,
+    }

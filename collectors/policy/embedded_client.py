@@ -1,0 +1,80 @@
+"""`EmbeddedClient`: the embedded policy server (`trajstore serve`), which reports the version of every sample.
+
+The server answers each completion with the policy version that sampled all of its tokens
+(`policy_version`, header X-Policy-Version); the client passes it through. Reloads go through
+`POST /v1/load_weights`, and the server finishes in-flight requests on the old weights itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from collectors.errors import VersionConflict, WeightLoadError
+from collectors.policy.contract import Sample, Sampling
+from collectors.policy.http import (
+    Http, PolicyServerBadResponse, PolicyServerFailed, PolicyServerRejected, completion_body, list_models,
+    parse_completion, port_of, prompt_list, session_headers,
+)
+
+
+class EmbeddedClient:
+    """The embedded policy server (`trajstore serve`): every response carries the version that sampled it.
+
+        async with EmbeddedClient("http://127.0.0.1:8000") as policy:
+            sample = await policy.complete(prompt_ids, Sampling(max_tokens=64, seed=1))
+    """
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, model: str | None = None,
+                 timeout_s: float = 600.0, reload_timeout_s: float = 600.0, connect_retries: int = 2,
+                 retry_backoff_s: float = 0.25, max_connections: int = 0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.policy_version: int | None = None  # the newest version the server has reported
+        self._model, self._reload_timeout_s = model, reload_timeout_s
+        self._http = Http(self.base_url, hint=f"start it with `trajstore serve --model DIR --port "
+                                                f"{port_of(self.base_url)}`", timeout_s=timeout_s,
+                           connect_retries=connect_retries, retry_backoff_s=retry_backoff_s,
+                           max_connections=max_connections)
+
+    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling, *,
+                       session_id: str | None = None) -> Sample:
+        ids = prompt_list(prompt_ids)
+        reply = await self._http.call("POST", "/v1/completions", body=completion_body(ids, sampling, self._model),
+                                      headers=session_headers(session_id))
+        body = self._http.json(reply, "/v1/completions")
+        version = body.get("policy_version") if isinstance(body, dict) else None
+        if version is None and reply.headers.get("X-Policy-Version", "").isdigit():
+            version = int(reply.headers["X-Policy-Version"])
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise PolicyServerBadResponse(
+                f"the policy server at {self.base_url} reported no policy version (field `policy_version`, header "
+                "X-Policy-Version); is it `trajstore serve`? For vLLM use VLLMClient", url=self.base_url)
+        self.policy_version = max(version, self.policy_version or 0)
+        return parse_completion(body, ids, policy_version=version, url=self.base_url)
+
+    async def models(self) -> list[str]:
+        return await list_models(self._http)
+
+    async def load_weights(self, path: str, version: int) -> None:
+        """POST /v1/load_weights: the server finishes in-flight requests on the old weights itself."""
+        try:
+            reply = await self._http.call("POST", "/v1/load_weights", body={"path": str(path), "version": version},
+                                          timeout_s=self._reload_timeout_s)
+        except PolicyServerRejected as exc:
+            if exc.status == 409:
+                raise VersionConflict(exc.server_message or str(exc)) from exc
+            raise WeightLoadError(f"the policy server at {self.base_url} did not load {path}: "
+                                  f"{exc.server_message}") from exc
+        except PolicyServerFailed as exc:
+            raise WeightLoadError(f"the policy server at {self.base_url} failed loading {path}: "
+                                  f"{exc.server_message}; see the server's log") from exc
+        body = self._http.json(reply, "/v1/load_weights")
+        self.policy_version = body.get("policy_version", version) if isinstance(body, dict) else version
+
+    async def aclose(self) -> None:
+        await self._http.close()
+
+    async def __aenter__(self) -> EmbeddedClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

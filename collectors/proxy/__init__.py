@@ -1,0 +1,16 @@
+"""The capture proxy (`trajstore proxy`): chat APIs in front of a policy server, every call stored exactly.
+
+`app` serves the routes; each wire protocol is one adapter in `wire/`; `capture` runs a call
+through (render with `render`, segment with `segmenter`, sample, parse with `toolcalls`,
+append through `appender`); `sessions` holds rollouts, keys and sessions; `chat` the
+protocol-neutral request and reply.
+"""
+
+from collectors.proxy.app import ProxyConfig, RunningProxy, create_app, run_proxy, serve_proxy_in_thread, start_proxy
+from collectors.proxy.capture import Capture
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, ToolCall
+from collectors.proxy.toolcalls import parse_output
+from collectors.proxy.wire import WIRES, WireProtocol
+
+__all__ = ["WIRES", "Capture", "ChatError", "ChatReply", "ChatRequest", "ProxyConfig", "RunningProxy", "ToolCall",
+           "WireProtocol", "create_app", "parse_output", "run_proxy", "serve_proxy_in_thread", "start_proxy"]

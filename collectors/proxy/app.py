@@ -1,0 +1,351 @@
+"""The capture proxy (`trajstore proxy`): OpenAI and Anthropic chat APIs in front of a policy server.
+
+An unmodified agent points its SDK at the proxy; every model call is rendered with the chat
+template, sampled upstream from token ids, answered in the agent's protocol and stored as a
+token-exact `turn` event (`collectors.proxy.capture`). Routes:
+
+    POST /rollouts                      {run?, group_id?, rollout_id?, group_size?, meta?} -> {rollout_id,
+                                        group_id, run, api_key, base_urls: {openai, anthropic}, session_header}
+    POST /rollouts/{id}/close           {status, reward? | rewards? {name: value}, error?, meta?}; the rollout's key
+    GET  /rollouts/{id}                 its sessions, segments, turns and forks; the rollout's key
+    POST /v1/chat/completions           OpenAI Chat Completions (stream too)      \\ also under /r/{key}/...
+    POST /v1/messages                   Anthropic Messages (stream too)           /
+    GET  /v1/models                     the accepted model names (OpenAI and Anthropic list shapes in one)
+    GET  /stats                         counters: turns, forks by reason, drift, errors, rollouts
+    GET  /health
+
+Point an SDK at one rollout with what `POST /rollouts` returned (see `collectors.proxy.sessions` for
+keys and sub-agent sessions):
+
+    OpenAI(base_url=r["base_urls"]["openai"], api_key=r["api_key"])
+    Anthropic(base_url=r["base_urls"]["anthropic"], api_key=r["api_key"])
+    OPENAI_BASE_URL=... OPENAI_API_KEY=... / ANTHROPIC_BASE_URL=... ANTHROPIC_API_KEY=...  (agent CLIs)
+
+The rollout routes are for the orchestrator: bind the proxy to loopback or a private network.
+Streaming answers are sent after the upstream sample is complete and the turn is durable
+(the upstream is not streamed), so a stream never ends in an error and never leaves a
+partial event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from collectors.proxy.capture import Capture
+from collectors.proxy.chat import ChatError, is_int
+from collectors.policy import PolicyClient
+from collectors.proxy.render import ChatRenderer
+from collectors.serving import app_in_thread, run_until_interrupted, start_app
+from collectors.proxy.sessions import SESSION_HEADER, Rollout, split_key
+from collectors.proxy.wire import WIRES, OpenAIChat, WireProtocol
+from trajstore import Store, open_store
+
+log = logging.getLogger(__name__)
+MAX_BODY = 64 << 20
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """Settings of one proxy; `problems()` lists everything wrong at once."""
+
+    model_dir: str
+    run: str = "default"
+    writer: str = "proxy"
+    model_names: tuple[str, ...] = ()  # accepted `model` values besides the upstream's names; "*": any
+    max_model_len: int | None = None  # default: the checkpoint's max_position_embeddings
+    default_max_tokens: int = 4096
+
+    def check(self) -> None:
+        """Raise ValueError naming every problem at once."""
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid proxy settings: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        out = []
+        if not (Path(self.model_dir) / "config.json").is_file():
+            out.append(f"--model {self.model_dir} is not a Hugging Face checkpoint (no config.json); pass the "
+                       "directory the policy server serves")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            out.append(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.default_max_tokens < 1:
+            out.append(f"default_max_tokens must be at least 1, got {self.default_max_tokens}")
+        return out
+
+
+@dataclass
+class ProxyState:
+    capture: Capture
+    config: ProxyConfig
+    names: list[str]  # accepted model names: the configured ones, then the upstream's
+
+    async def check_model(self, model: str | None) -> None:
+        if "*" in self.config.model_names or model in self.names:
+            return
+        if not self.names[len(self.config.model_names):]:
+            self.names.extend(await _served_names(self.capture.client))
+            if model in self.names:
+                return
+        served = ", ".join(map(repr, self.names))
+        raise ChatError(f"The model `{model}` does not exist here; this proxy serves {served} "
+                        "(GET /v1/models). To accept another name, start it with --model-name NAME (or '*').",
+                        status=404, kind="not_found", param="model")
+
+
+STATE = web.AppKey("proxy_state", ProxyState)
+
+
+async def _served_names(client: PolicyClient) -> list[str]:
+    try:
+        return await asyncio.wait_for(client.models(), 10)
+    except Exception as exc:  # noqa: BLE001 - the proxy starts before its upstream; retried per request
+        log.warning("could not list the policy server's models at %s: %s", client.base_url, exc)
+        return []
+
+
+WIRE = web.RequestKey("wire", WireProtocol)  # the protocol of the route serving a request
+_DEFAULT_WIRE = OpenAIChat()  # errors of routes that belong to no protocol (rollouts, stats)
+
+
+def _error(request: web.Request, err: ChatError) -> web.Response:
+    if STATE in request.app:
+        request.app[STATE].capture.stats.errors[err.status] += 1
+    return web.json_response(request.get(WIRE, _DEFAULT_WIRE).error_body(err), status=err.status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every failure answers in the protocol of the route: OpenAI's error shape, Anthropic's on /v1/messages."""
+    try:
+        return await handler(request)
+    except ChatError as err:
+        return _error(request, err)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = {401: "authentication", 404: "not_found"}.get(exc.status, "invalid_request")
+        return _error(request, ChatError(f"{request.method} {request.path}: {exc.reason}", status=exc.status,
+                                         kind=kind))
+    except Exception as exc:  # noqa: BLE001 - one bad call must not stop the proxy
+        log.exception("unexpected error serving %s %s", request.method, request.path)
+        return _error(request, ChatError(f"internal error: {type(exc).__name__}: {exc}", status=500, kind="internal"))
+
+
+async def _body(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise ChatError(f"the request body is over {MAX_BODY >> 20} MiB", status=413) from exc
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ChatError(f"the request body is not valid JSON: {exc}") from exc
+
+
+def _header_keys(request: web.Request) -> list[str]:
+    keys = []
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        keys.append(auth[7:].strip())
+    if request.headers.get("x-api-key"):
+        keys.append(request.headers["x-api-key"].strip())
+    return keys
+
+
+def chat_route(wire: WireProtocol) -> Callable[[web.Request], Any]:
+    """The handler of `wire`'s route: its errors are answered in its own shape."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        request[WIRE] = wire
+        return await chat(request, wire)
+    return handler
+
+
+async def chat(request: web.Request, wire: WireProtocol) -> web.StreamResponse:
+    state = request.app[STATE]
+    capture = state.capture
+    capture.stats.requests += 1
+    rollout, session = capture.registry.resolve(request.match_info.get("key"), _header_keys(request),
+                                                request.headers.get(SESSION_HEADER))
+    body = await _body(request)
+    req = wire.parse_request(body, rollout.raw_arguments)
+    await state.check_model(req.model)
+    reply = await capture.turn(rollout, session, req, body, wire)
+    if not req.stream:
+        return web.json_response(wire.response(reply))
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    try:
+        await response.prepare(request)
+        await response.write(wire.stream_body(reply, req.options))
+        await response.write_eof()
+    except ConnectionResetError:  # the agent left; the turn is stored, as the model did sample it
+        log.info("the client of rollout %s disconnected before its stream was sent", rollout.rollout_id)
+    return response
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.names[len(state.config.model_names):]:
+        state.names.extend(await _served_names(state.capture.client))
+    now = int(time.time())
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    data = [{"id": n, "object": "model", "created": now, "owned_by": "trajstore", "type": "model", "display_name": n,
+             "created_at": stamp} for n in state.names if n != "*"]
+    return web.json_response({"object": "list", "data": data, "has_more": False,
+                              "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
+
+
+def _optional(body: dict[str, Any], name: str, check: Callable[[Any], bool], expected: str) -> Any:
+    value = body.get(name)
+    if value is not None and not check(value):
+        raise ChatError(f"`{name}` must be {expected}, got {value!r}", param=name)
+    return value
+
+
+async def open_rollout(request: web.Request) -> web.Response:
+    capture = request.app[STATE].capture
+    body = await _body(request) if request.can_read_body else {}
+    if not isinstance(body, dict):
+        raise ChatError("the body must be a JSON object such as {\"group_id\": \"task-7\", \"group_size\": 8}")
+    text = (lambda v: isinstance(v, str) and 0 < len(v) <= 200, "a non-empty string")
+    rollout = await capture.open_rollout(
+        run=_optional(body, "run", *text), group_id=_optional(body, "group_id", *text),
+        rollout_id=_optional(body, "rollout_id", *text),
+        group_size=_optional(body, "group_size", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+        meta=_optional(body, "meta", lambda v: isinstance(v, dict), "a JSON object"))
+    origin = f"{request.scheme}://{request.host}"
+    return web.json_response({
+        "rollout_id": rollout.rollout_id, "group_id": rollout.group_id, "run": rollout.run, "api_key": rollout.key,
+        "base_urls": {"openai": f"{origin}/r/{rollout.key}/v1", "anthropic": f"{origin}/r/{rollout.key}"},
+        "session_header": SESSION_HEADER}, status=201)
+
+
+def _owned_rollout(request: web.Request) -> Rollout:
+    """The rollout in the path, if the caller holds its key."""
+    registry, rollout_id = request.app[STATE].capture.registry, request.match_info["rollout_id"]
+    for key in _header_keys(request):
+        rollout = registry.by_key.get(split_key(key)[0])
+        if rollout is not None and rollout.rollout_id == rollout_id:
+            return rollout
+    raise ChatError(f"send rollout {rollout_id}'s api_key (Authorization: Bearer KEY or x-api-key: KEY) to manage it",
+                    status=401, kind="authentication")
+
+
+async def close_rollout(request: web.Request) -> web.Response:
+    rollout = _owned_rollout(request)
+    if rollout.closed:
+        raise ChatError(f"rollout {rollout.rollout_id} is already closed (status {rollout.status})", status=409,
+                        kind="conflict")
+    body = await _body(request)
+    if not isinstance(body, dict):
+        raise ChatError('the body must be a JSON object such as {"status": "completed", "reward": 1.0}')
+    number = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number")
+    rewards = dict(_optional(body, "rewards", lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and number[0](x) for k, x in v.items()), "an object of reward name -> number") or {})
+    reward = _optional(body, "reward", *number)
+    if reward is not None:
+        rewards["reward"] = reward
+    summary = await request.app[STATE].capture.close_rollout(
+        rollout, status=str(body.get("status")), rewards={k: float(v) for k, v in rewards.items()},
+        error=_optional(body, "error", lambda v: isinstance(v, str), "a string"),
+        meta=_optional(body, "meta", lambda v: isinstance(v, dict), "a JSON object"))
+    return web.json_response(summary)
+
+
+async def get_rollout(request: web.Request) -> web.Response:
+    return web.json_response(_owned_rollout(request).summary())
+
+
+async def stats(request: web.Request) -> web.Response:
+    capture = request.app[STATE].capture
+    return web.json_response(capture.stats.as_json(capture.registry.open_count))
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def create_app(client_factory: Callable[[], PolicyClient], store: Store, config: ProxyConfig) -> web.Application:
+    """The proxy's aiohttp app; the upstream client is made inside the serving event loop."""
+    from transformers import AutoTokenizer
+
+    config.check()
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(config.model_dir))
+    max_len = config.max_model_len or int(json.loads((Path(config.model_dir) / "config.json").read_text())
+                                          ["max_position_embeddings"])
+    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
+
+    async def startup(app: web.Application) -> None:
+        client = client_factory()
+        writer = store.writer(config.writer)
+        capture = Capture(client, renderer, writer, run=config.run, max_model_len=max_len,
+                          default_max_tokens=config.default_max_tokens)
+        names = [*config.model_names, *await _served_names(client)]
+        app[STATE] = ProxyState(capture, config, names)
+
+    async def cleanup(app: web.Application) -> None:
+        capture = app[STATE].capture
+        await capture.client.aclose()
+        await asyncio.to_thread(capture.writer.close)
+
+    app.on_startup.append(startup)
+    app.on_cleanup.append(cleanup)
+    for prefix in ("", "/r/{key}"):
+        for wire in WIRES:
+            app.router.add_post(prefix + wire.path, chat_route(wire))
+        app.router.add_get(prefix + "/v1/models", models)
+    app.router.add_post("/rollouts", open_rollout)
+    app.router.add_post("/rollouts/{rollout_id}/close", close_rollout)
+    app.router.add_get("/rollouts/{rollout_id}", get_rollout)
+    app.router.add_get("/stats", stats)
+    app.router.add_get("/health", health)
+    return app
+
+
+async def start_proxy(client_factory: Callable[[], PolicyClient], store: Store, config: ProxyConfig,
+                      host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
+    """Serve from the running event loop; port 0 takes a free one. Returns (runner, base URL)."""
+    return await start_app(create_app(client_factory, store, config), host, port)
+
+
+@dataclass
+class RunningProxy:
+    url: str
+    app: web.Application
+
+    @property
+    def capture(self) -> Capture:
+        return self.app[STATE].capture
+
+
+@contextmanager
+def serve_proxy_in_thread(client_factory: Callable[[], PolicyClient], store: Store | str | Path,
+                          config: ProxyConfig, *, host: str = "127.0.0.1", port: int = 0) -> Iterator[RunningProxy]:
+    """Run the proxy on its own event-loop thread (tests, notebooks); yields its URL and state."""
+    store = store if isinstance(store, Store) else open_store(store)
+    with app_in_thread(lambda: start_proxy(client_factory, store, config, host, port),
+                       name="trajstore-proxy") as (runner, url):
+        yield RunningProxy(url, runner.app)
+
+
+def run_proxy(client_factory: Callable[[], PolicyClient], store_location: str, config: ProxyConfig, *,
+        host: str = "127.0.0.1", port: int = 8100) -> None:
+    """Serve until interrupted (the `trajstore proxy` command)."""
+    config.check()
+    store = open_store(store_location)
+
+    def banner(runner: web.AppRunner, url: str) -> str:
+        capture = runner.app[STATE].capture
+        return (f"capture proxy on {url} -> policy server {capture.client.base_url}, store {store_location}, "
+                f"run {config.run!r}; open a rollout: curl -X POST {url}/rollouts -d '{{\"group_id\": \"g1\"}}'")
+
+    run_until_interrupted(lambda: start_proxy(client_factory, store, config, host, port), banner)

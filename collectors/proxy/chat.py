@@ -1,0 +1,187 @@
+"""The capture proxy's protocol-neutral chat request and reply, and its error. Pure.
+
+`collectors.proxy.wire.openai_chat` and `collectors.proxy.wire.anthropic_messages` translate their wire formats to a
+`ChatRequest` (messages and tools in the chat template's format) and build their responses
+from a `ChatReply`; the proxy in between only deals with these.
+
+Template message format (what `collectors.model.chat_template` renders):
+    {"role": "system" | "user" | "assistant" | "tool", "content": str | None,
+     "reasoning_content": str (assistant, optional),
+     "tool_calls": [{"type": "function", "function": {"name": str, "arguments": JSON text}}]}
+Template tool format: OpenAI's `{"type": "function", "function": {"name", "description", "parameters"}}`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from jsonschema.exceptions import SchemaError
+from jsonschema.validators import validator_for
+
+from collectors.policy import Sampling
+
+Message = dict[str, Any]
+
+
+class ChatError(Exception):
+    """A request the proxy refuses or cannot serve; each protocol renders it in its own error shape.
+
+    `kind` is one of: invalid_request (400, 413), authentication (401), not_found (404),
+    conflict (409), upstream (502), internal (500).
+    """
+
+    def __init__(self, message: str, *, status: int = 400, kind: str = "invalid_request",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.kind, self.param = message, status, kind, param
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A validated chat call in the template's terms."""
+
+    protocol: str  # openai | anthropic
+    model: str | None
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None
+    parse_tools: bool  # False for tool_choice none (tool-call text stays content)
+    max_tokens: int | None  # None: fill the context up to the proxy's default
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    continue_final: bool = False  # the last message is an assistant prefill to continue
+    options: dict[str, Any] = field(default_factory=dict)  # protocol-specific (include_usage, logprobs)
+
+    def sampling(self, max_tokens: int) -> Sampling:
+        return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                        seed=self.seed, stop=self.stop)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A parsed call as answered: `arguments` is JSON text, `input` the same object decoded."""
+
+    id: str
+    name: str
+    arguments: str
+    input: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One sampled reply, ready to be written in either protocol."""
+
+    id: str
+    model: str
+    created: int
+    content: str
+    reasoning: str | None
+    tool_calls: tuple[ToolCall, ...]
+    finish: str  # stop | length | tool_calls | abort
+    stop_sequence: str | None  # the stop string that ended the text, if one did
+    prompt_tokens: int
+    output_ids: list[int]
+    output_logprobs: list[float]
+    token_texts: list[str]  # the decoded text of each output token (OpenAI logprobs)
+    policy_version: int
+    trajstore: dict[str, Any] = field(default_factory=dict)  # rollout, segment, turn: echoed to the agent
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.output_ids)
+
+
+def assistant_message(reply: ChatReply, prefill: Message | None = None) -> Message:
+    """The reply as a template message, as the agent will send it back (after a prefill, merged into it)."""
+    message: Message = {"role": "assistant", "content": reply.content or None}
+    if prefill is not None:
+        message["content"] = (text_of(prefill.get("content")) + reply.content) or None
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
+    if reply.tool_calls:
+        message["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in reply.tool_calls]
+    return message
+
+
+def text_of(content: Any) -> str:
+    """A template message's content as plain text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class Problems:
+    """Collects every problem of a request, so one 400 names them all (the first names `param`)."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def add(self, param: str, message: str) -> None:
+        self.items.append((param, message))
+
+    def raise_any(self) -> None:
+        if self.items:
+            raise ChatError("; ".join(m for _, m in self.items), param=self.items[0][0])
+
+    def number(self, body: dict[str, Any], name: str, low: float, high: float, default: float) -> float:
+        value = body.get(name)
+        if value is None:
+            return default
+        if not is_number(value) or not low <= value <= high:
+            self.add(name, f"`{name}` must be a number from {low} to {high}, got {value!r}")
+            return default
+        return float(value)
+
+    def integer(self, body: dict[str, Any], name: str, low: int, default: int | None) -> int | None:
+        value = body.get(name)
+        if value is None:
+            return default
+        if not is_int(value) or value < low:
+            self.add(name, f"`{name}` must be an integer >= {low}, got {value!r}")
+            return default
+        return int(value)
+
+
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def template_tool(name: Any, description: Any, schema: Any, problems: Problems, param: str,
+                  schema_field: str) -> dict[str, Any]:
+    """Validate one tool definition and return it in the template's (OpenAI) format."""
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        problems.add(param, f"{param}.name must be 1-64 letters, digits, '_' or '-', got {name!r}")
+    if description is not None and not isinstance(description, str):
+        problems.add(param, f"{param}.description must be a string, got {type(description).__name__}")
+    function: dict[str, Any] = {"name": name}
+    if description is not None:
+        function["description"] = description
+    if schema is not None:
+        if not isinstance(schema, dict):
+            problems.add(param, f"{param}.{schema_field} must be a JSON Schema object, got {type(schema).__name__}")
+        elif schema.get("type", "object") != "object":
+            problems.add(param, f"{param}.{schema_field} must describe an object (\"type\": \"object\"), "
+                                f"got type {schema.get('type')!r}")
+        else:
+            try:
+                validator_for(schema).check_schema(schema)
+            except SchemaError as exc:
+                problems.add(param, f"{param}.{schema_field} is not a valid JSON Schema: {exc.message} "
+                                    f"(at {'/'.join(map(str, exc.path)) or 'the top level'})")
+        function["parameters"] = schema
+    return {"type": "function", "function": function}

@@ -1,0 +1,104 @@
+"""The proxy's side of the chat template: messages to prompt text, sampled ids to a parsed reply.
+
+`ChatRenderer` wraps the model's tokenizer (loaded from the same checkpoint the policy server
+serves) and is the only place the capture proxy renders or tokenizes:
+
+- `prompt_text`: the conversation through the generation prompt (`<|im_start|>assistant\\n`),
+  or, for an assistant prefill, through the prefill text (`continue_final_message`);
+- `reply`: the sampled ids decoded with special tokens kept (the final stop token removed,
+  a stop string and what follows it cut off, as the server does), then parsed by
+  `collectors.proxy.toolcalls`;
+- `reply_text`: how the template renders that reply back when the agent sends it in its next
+  call, through the end-of-turn; `collectors.proxy.segmenter` compares it to the sampled text.
+
+`encode` never adds special tokens: Qwen-style templates write every control token themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jinja2 import TemplateError
+
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, ToolCall, assistant_message
+from collectors.policy import Sample
+from collectors.proxy.toolcalls import parse_output
+
+
+def text_ids(sample: Sample) -> list[int]:
+    """The sampled ids a reply's text comes from: all but the stop token that ended the sample."""
+    ids = list(sample.output_ids)
+    ended_by_token = sample.finish_reason == "stop" and not isinstance(sample.stop_reason, str)
+    return ids[:-1] if ended_by_token and ids else ids
+
+
+class ChatRenderer:
+    """Renders conversations and decodes replies with one tokenizer and its chat template."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat template; the proxy needs one to render conversations "
+                             "(models made by `trajstore init-model` ship with it)")
+        self.tokenizer = tokenizer
+        # A call through transformers' encode / decode costs several times the Rust tokenizer's own work,
+        # and a turn makes several. The backend gives the same ids and text when transformers would not
+        # truncate, pad or split special tokens, which is the case for every tokenizer loaded as is.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        plain = backend is not None and backend.truncation is None and backend.padding is None and not (
+            getattr(tokenizer, "split_special_tokens", False) or backend.encode_special_tokens)
+        self._backend = backend if plain else None
+
+    def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of sampled ids with special tokens kept: exactly what the model wrote."""
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+                generation_prompt: bool, continue_final: bool = False) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt,
+                continue_final_message=continue_final)
+        except (TemplateError, ValueError, TypeError, KeyError) as exc:
+            raise ChatError(f"the chat template cannot render this conversation: {exc}", param="messages") from exc
+
+    def prompt_text(self, req: ChatRequest) -> str:
+        return self._render(req.messages, req.tools, generation_prompt=not req.continue_final,
+                            continue_final=req.continue_final)
+
+    def reply_text(self, req: ChatRequest, prompt_text: str, reply: ChatReply) -> str | None:
+        """The template's rendering of `reply` after `prompt_text`, or None when it does not extend it."""
+        if req.continue_final:
+            messages = [*req.messages[:-1], assistant_message(reply, prefill=req.messages[-1])]
+        else:
+            messages = [*req.messages, assistant_message(reply)]
+        try:
+            full = self._render(messages, req.tools, generation_prompt=False)
+        except ChatError:
+            return None
+        return full[len(prompt_text):] if full.startswith(prompt_text) else None
+
+    def reply(self, sample: Sample, req: ChatRequest, *, prompt_tokens: int, reply_id: str, call_id: Any,
+              model: str, created: int, trajstore: dict[str, Any]) -> ChatReply:
+        """Decode and parse a sample; `call_id()` names each tool call in the caller's protocol."""
+        ids = list(sample.output_ids)
+        stop_string = sample.stop_reason if isinstance(sample.stop_reason, str) else None
+        text = self.decode(text_ids(sample))
+        if stop_string is not None:
+            hits = [i for i in (text.find(s) for s in req.stop) if i >= 0]
+            text = text[:min(hits)] if hits else text
+        parsed = parse_output(text, parse_tools=req.parse_tools and bool(req.tools))
+        calls = tuple(ToolCall(call_id(), c.name, c.arguments, c.input) for c in parsed.tool_calls)
+        finish = "tool_calls" if calls and sample.finish_reason == "stop" else sample.finish_reason
+        texts = [self.decode([t]) for t in ids] if req.options.get("logprobs") else []
+        return ChatReply(id=reply_id, model=model, created=created, content=parsed.content,
+                         reasoning=parsed.reasoning, tool_calls=calls, finish=finish, stop_sequence=stop_string,
+                         prompt_tokens=prompt_tokens, output_ids=ids,
+                         output_logprobs=list(sample.output_logprobs), token_texts=texts,
+                         policy_version=sample.policy_version, trajstore=trajstore)

@@ -1,0 +1,279 @@
+"""Anthropic Messages on the wire: request validation and translation, responses, SSE, errors. Pure.
+
+Shapes follow the `anthropic` SDK's own types (`anthropic.types`: Message, Usage, TextBlock,
+ToolUseBlock, ThinkingBlock, RawMessageStartEvent, RawContentBlockStartEvent,
+RawContentBlockDeltaEvent with TextDelta / InputJSONDelta / ThinkingDelta,
+RawMessageDeltaEvent, RawMessageStopEvent):
+
+- request: `model`, `max_tokens` (required), `system` (a string or text blocks), `messages`
+  whose content is a string or blocks (text; tool_use and thinking in assistant turns;
+  tool_result in user turns, which become the template's tool messages), `tools` (custom
+  tools with an `input_schema` that is a valid JSON Schema of an object), `tool_choice`
+  (auto | any | tool | none; only none changes anything, nothing constrains sampling),
+  `temperature`, `top_p`, `top_k`, `stop_sequences`, `stream`, and `seed` as an extension.
+  A final assistant message is a prefill: the reply continues it. Images, documents and
+  server tools are refused; `metadata`, `thinking` and other fields are not applied.
+- tool_use `input` comes back as an object; `parse_request` re-renders it from the exact
+  JSON text the model sampled (kept per rollout by tool_use id) when it is unchanged, so
+  the session's next call still extends its tokens.
+- response: a `message` with thinking / text / tool_use blocks, `stop_reason` (end_turn,
+  max_tokens, stop_sequence, tool_use), `usage` and a `trajstore` extra.
+- errors: `{"type": "error", "error": {"type", "message"}}`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, is_int, template_tool
+
+PROTOCOL = "anthropic"
+CALL_ID_PREFIX = "toolu_"
+REPLY_ID_PREFIX = "msg_"
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _blocks(content: Any, where: str, problems: Problems) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list) and all(isinstance(b, dict) for b in content):
+        return content
+    problems.add(where, f"{where} must be a string or a list of content blocks")
+    return []
+
+
+def _result_text(content: Any, where: str, problems: Problems) -> str:
+    if content is None:
+        return ""
+    blocks = _blocks(content, where, problems)
+    for i, b in enumerate(blocks):
+        if b.get("type") != "text":
+            problems.add(where, f"{where}[{i}] has type {b.get('type')!r}: only text tool results are supported")
+    return "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+
+
+def _arguments(call_id: Any, value: Any, raw: Mapping[str, str]) -> str:
+    """The JSON text of a tool_use input: the sampled text when unchanged, else a fresh serialization."""
+    text = raw.get(call_id) if isinstance(call_id, str) else None
+    if text is not None:
+        try:
+            if json.loads(text) == value:
+                return text
+        except json.JSONDecodeError:
+            pass
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _assistant(blocks: list[dict[str, Any]], where: str, problems: Problems, raw: Mapping[str, str]) -> Message:
+    texts, thoughts, calls = [], [], []
+    for i, b in enumerate(blocks):
+        kind = b.get("type")
+        if kind == "text":
+            texts.append(b.get("text", ""))
+        elif kind == "thinking":
+            thoughts.append(b.get("thinking", ""))
+        elif kind == "tool_use":
+            if not isinstance(b.get("name"), str) or not isinstance(b.get("input"), dict):
+                problems.add(where, f"{where}[{i}] tool_use needs a string `name` and an object `input`")
+                continue
+            calls.append({"type": "function", "function": {"name": b["name"],
+                                                           "arguments": _arguments(b.get("id"), b["input"], raw)}})
+        elif kind != "redacted_thinking":
+            problems.add(where, f"{where}[{i}] has type {kind!r}, which an assistant turn cannot hold here")
+    msg: Message = {"role": "assistant", "content": "".join(texts) or None}
+    if any(thoughts):
+        msg["reasoning_content"] = "".join(thoughts)
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def _user(blocks: list[dict[str, Any]], where: str, problems: Problems) -> list[Message]:
+    """Tool results become tool messages (first, as the API requires them first); text a user message."""
+    results, texts = [], []
+    for i, b in enumerate(blocks):
+        kind = b.get("type")
+        if kind == "text":
+            texts.append(b.get("text", ""))
+        elif kind == "tool_result":
+            results.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
+                            "content": _result_text(b.get("content"), f"{where}[{i}].content", problems)})
+        else:
+            problems.add(where, f"{where}[{i}] has type {kind!r}: only text and tool_result blocks are supported "
+                                "by this text-only policy")
+    if texts or not results:
+        results.append({"role": "user", "content": "".join(texts)})
+    return results
+
+
+def translate_messages(system: Any, messages: Any, problems: Problems, raw: Mapping[str, str]) -> list[Message]:
+    out: list[Message] = []
+    if system is not None:
+        blocks = _blocks(system, "system", problems)
+        if any(b.get("type") != "text" for b in blocks):
+            problems.add("system", "`system` blocks must be text blocks")
+        out.append({"role": "system", "content": "".join(b.get("text", "") for b in blocks)})
+    if not isinstance(messages, list) or not messages:
+        problems.add("messages", "`messages` must be a non-empty list of {\"role\", \"content\"} messages")
+        return out
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("user", "assistant"):
+            problems.add(where, f"{where}.role must be user or assistant, got {role!r}")
+            continue
+        blocks = _blocks(m.get("content"), f"{where}.content", problems)
+        if role == "assistant":
+            out.append(_assistant(blocks, f"{where}.content", problems, raw))
+        else:
+            out.extend(_user(blocks, f"{where}.content", problems))
+    return out
+
+
+def translate_tools(tools: Any, problems: Problems) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        problems.add("tools", "`tools` must be a list of tools")
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") not in (None, "custom"):
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            problems.add(where, f"{where} has type {kind!r}: only custom tools with an input_schema are supported")
+            continue
+        if tool.get("input_schema") is None:
+            problems.add(where, f"{where}.input_schema is required (a JSON Schema object)")
+        out.append(template_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), problems,
+                                 where, "input_schema"))
+    return out or None
+
+
+def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, problems: Problems) -> bool:
+    if choice is None:
+        return True
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "tool":
+        names = {t["function"]["name"] for t in tools or []}
+        if choice.get("name") not in names:
+            problems.add("tool_choice", f"tool_choice names tool {choice.get('name')!r}, which is not in `tools`")
+    elif kind not in ("auto", "any", "none"):
+        problems.add("tool_choice", f"`tool_choice.type` must be auto, any, tool or none, got {choice!r}")
+    return kind != "none"
+
+
+def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> ChatRequest:
+    """Validate a decoded `/v1/messages` body; every problem is named in one 400."""
+    if not isinstance(body, dict):
+        raise ChatError(f"the request body must be a JSON object, not {type(body).__name__}")
+    p = Problems()
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        p.add("model", "`model` is required: the served model's name (see GET /v1/models)")
+    if body.get("max_tokens") is None:
+        p.add("max_tokens", "`max_tokens` is required: the most tokens to sample, e.g. 1024")
+    max_tokens = p.integer(body, "max_tokens", 0, None)  # 0: Anthropic's prompt-cache warm-up, nothing sampled
+    messages = translate_messages(body.get("system"), body.get("messages"), p, raw_arguments or {})
+    tools = translate_tools(body.get("tools"), p)
+    parse_tools = _tool_choice(body.get("tool_choice"), tools, p)
+    temperature = p.number(body, "temperature", 0.0, 1.0, 1.0)
+    top_p = p.number(body, "top_p", 0.0, 1.0, 1.0)
+    if top_p == 0:
+        p.add("top_p", "`top_p` must be above 0")
+    top_k = p.integer(body, "top_k", 0, 0)
+    seed = body.get("seed")
+    if seed is not None and not is_int(seed):
+        p.add("seed", f"`seed` must be an integer, got {seed!r}")
+    stops = body.get("stop_sequences") or []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        p.add("stop_sequences", f"`stop_sequences` must be a list of non-empty strings, got {stops!r}")
+        stops = []
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        p.add("stream", f"`stream` must be true or false, got {stream!r}")
+    p.raise_any()
+    return ChatRequest(
+        protocol=PROTOCOL, model=model, messages=messages, tools=tools, parse_tools=parse_tools,
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k or -1, seed=seed,
+        stop=tuple(stops), stream=bool(stream), continue_final=messages[-1]["role"] == "assistant")
+
+
+def stop_reason(reply: ChatReply) -> str:
+    return "stop_sequence" if reply.stop_sequence else STOP_REASONS.get(reply.finish, "end_turn")
+
+
+def content_blocks(reply: ChatReply) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if reply.reasoning:
+        blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
+    if reply.content or not reply.tool_calls:
+        blocks.append({"type": "text", "text": reply.content})
+    blocks.extend({"type": "tool_use", "id": c.id, "name": c.name, "input": c.input} for c in reply.tool_calls)
+    return blocks
+
+
+def _usage(reply: ChatReply) -> dict[str, Any]:
+    return {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+def response(reply: ChatReply) -> dict[str, Any]:
+    """The `message` body."""
+    return {"id": reply.id, "type": "message", "role": "assistant", "model": reply.model,
+            "content": content_blocks(reply), "stop_reason": stop_reason(reply), "stop_sequence": reply.stop_sequence,
+            "usage": _usage(reply), "trajstore": reply.trajstore}
+
+
+def _event(name: str, data: dict[str, Any]) -> str:
+    return f"event: {name}\ndata: {json.dumps({'type': name, **data}, ensure_ascii=False)}\n\n"
+
+
+def stream_body(reply: ChatReply, options: Mapping[str, Any] | None = None) -> bytes:
+    """The whole SSE body of a streamed reply (the sample is complete before streaming starts)."""
+    start: dict[str, Any] = {"id": reply.id, "type": "message", "role": "assistant", "model": reply.model,
+                             "content": [], "stop_reason": None, "stop_sequence": None,
+                             "usage": {**_usage(reply), "output_tokens": 0}}
+    events = [_event("message_start", {"message": start})]
+    for index, block in enumerate(content_blocks(reply)):
+        kind = block["type"]
+        if kind == "thinking":
+            empty, delta = {**block, "thinking": ""}, {"type": "thinking_delta", "thinking": block["thinking"]}
+        elif kind == "text":
+            empty, delta = {**block, "text": ""}, {"type": "text_delta", "text": block["text"]}
+        else:
+            arguments = next(c.arguments for c in reply.tool_calls if c.id == block["id"])
+            empty, delta = {**block, "input": {}}, {"type": "input_json_delta", "partial_json": arguments}
+        events.append(_event("content_block_start", {"index": index, "content_block": empty}))
+        events.append(_event("content_block_delta", {"index": index, "delta": delta}))
+        events.append(_event("content_block_stop", {"index": index}))
+    events.append(_event("message_delta", {"delta": {"stop_reason": stop_reason(reply),
+                                                     "stop_sequence": reply.stop_sequence},
+                                           "usage": {"output_tokens": reply.completion_tokens},
+                                           "trajstore": reply.trajstore}))
+    events.append(_event("message_stop", {}))
+    return "".join(events).encode()
+
+
+_ERROR_TYPES = {"invalid_request": "invalid_request_error", "authentication": "authentication_error",
+                "not_found": "not_found_error", "conflict": "invalid_request_error", "upstream": "api_error",
+                "internal": "api_error"}
+
+
+def error_body(err: ChatError) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": _ERROR_TYPES.get(err.kind, "api_error"), "message": err.message}}
+
+
+class AnthropicMessages:
+    """Anthropic Messages behind `collectors.proxy.wire.base.WireProtocol`."""
+
+    name = PROTOCOL
+    path = "/v1/messages"
+    reply_prefix = REPLY_ID_PREFIX
+    call_prefix = CALL_ID_PREFIX
+    parse_request = staticmethod(parse_request)
+    response = staticmethod(response)
+    stream_body = staticmethod(stream_body)
+    error_body = staticmethod(error_body)

@@ -1,0 +1,401 @@
+"""Policy-server clients: one contract run against every server, then each failure a client must name.
+
+The contract (`test_contract_*`) runs against the embedded server (real, serving the tiny
+model), the fake of vLLM's HTTP API, and real `vllm serve` where vLLM is installed (marked
+`vllm`). The `test_vllm_*` tests cover what only `VLLMClient` does (reload protocols,
+version stamping without a server-reported version) and the `test_error_*` tests the named
+errors. No pytest-asyncio: each test runs its scenario with `asyncio.run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from collectors.policy import (
+    EmbeddedClient,
+    PolicyServerBadResponse,
+    PolicyServerFailed,
+    PolicyServerRejected,
+    PolicyServerTimeout,
+    PolicyServerUnreachable,
+    VLLMClient,
+)
+from collectors.errors import VersionConflict, WeightLoadError
+from collectors.policy import PolicyClient, Sampling
+from collectors.embedded.app import RunningServer, serve_in_thread
+from tests.collectors.fake_vllm import FakeVLLM, fake_vllm, free_port
+
+PROMPT = [50, 51, 52, 53]
+VOCAB = 2048  # the tiny model's, and the fake's
+
+
+@dataclass
+class Backend:
+    client: EmbeddedClient | VLLMClient
+    model_name: str
+    weights: tuple[Path, Path]  # two checkpoints to reload between
+    fake: FakeVLLM | None = None
+
+    def with_model(self, model: str) -> EmbeddedClient | VLLMClient:
+        return type(self.client)(self.client.base_url, model=model)
+
+
+Open = Callable[..., AbstractAsyncContextManager[Backend]]
+
+VLLM_REAL = pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed here (it needs a GPU); where it is, this runs the same contract against "
+           "`vllm serve` on the tiny model")])
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tiny_model: Path) -> Iterator[str]:
+    """`vllm serve` on the tiny model, with the dev routes, runtime LoRA and processed logprobs."""
+    port = free_port()
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
+                             "--host", "127.0.0.1", "--port", str(port), "--logprobs-mode", "processed_logprobs",
+                             "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager"], env=env)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 600
+    try:
+        while True:
+            assert proc.poll() is None, f"vllm serve exited with {proc.returncode}; see its output above"
+            assert time.monotonic() < deadline, "vllm serve did not become healthy within 600 s"
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+@pytest.fixture(params=["embedded", "vllm-fake", VLLM_REAL])
+def open_backend(request: pytest.FixtureRequest, tiny_model: Path, tiny_model_v2: Path) -> Open:
+    """`open_backend(fresh=False, version=0)`: a client on a server serving policy version `version`
+    (a fresh server where that matters: the embedded server is module-wide)."""
+    weights = (tiny_model, tiny_model_v2)
+
+    @asynccontextmanager
+    async def embedded(fresh: bool = False, version: int = 0) -> AsyncIterator[Backend]:
+        if not fresh:
+            server: RunningServer = request.getfixturevalue("server")
+            async with EmbeddedClient(server.url) as client:
+                yield Backend(client, server.engine.model_dir, weights)
+            return
+        threads = torch.get_num_threads()
+        try:
+            with serve_in_thread(tiny_model, threads=1, device="cpu", policy_version=version) as running:
+                async with EmbeddedClient(running.url) as client:
+                    yield Backend(client, running.engine.model_dir, weights)
+        finally:
+            torch.set_num_threads(threads)
+
+    @asynccontextmanager
+    async def vllm_fake(fresh: bool = False, version: int = 0) -> AsyncIterator[Backend]:
+        async with fake_vllm(weights=str(tiny_model)) as fake, VLLMClient(fake.url, policy_version=version) as client:
+            yield Backend(client, fake.model, weights, fake)
+
+    @asynccontextmanager
+    async def vllm_real(fresh: bool = False, version: int = 0) -> AsyncIterator[Backend]:
+        async with VLLMClient(request.getfixturevalue("vllm_url"), policy_version=version) as client:
+            yield Backend(client, str(tiny_model), weights)
+
+    return {"embedded": embedded, "vllm-fake": vllm_fake, "vllm": vllm_real}[request.param]
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())  # type: ignore[arg-type]
+
+
+# ---- the contract ----------------------------------------------------------------------------
+def test_contract_a_sample_pairs_every_sampled_id_with_its_logprob(open_backend: Open) -> None:
+    async def scenario() -> None:
+        async with open_backend() as b:
+            assert isinstance(b.client, PolicyClient)
+            s = await b.client.complete(PROMPT, Sampling(max_tokens=12, seed=1), session_id="s-1")
+            assert s.prompt_ids == PROMPT and 1 <= len(s.output_ids) <= 12
+            assert len(s.output_logprobs) == len(s.output_ids)
+            assert all(isinstance(t, int) and 0 <= t < VOCAB for t in s.output_ids)
+            assert all(isinstance(x, float) and x <= 1e-6 for x in s.output_logprobs)
+            assert s.finish_reason in ("stop", "length") and isinstance(s.text, str)
+            raw: Any = s.raw
+            assert s.policy_version == 0 and raw["choices"][0]["token_ids"] == s.output_ids
+            assert b.model_name in await b.client.models()
+    run(scenario)
+
+
+def test_contract_max_tokens_ends_with_length(open_backend: Open) -> None:
+    async def scenario() -> None:
+        async with open_backend() as b:
+            s = await b.client.complete(PROMPT, Sampling(max_tokens=5, seed=3))
+            assert len(s.output_ids) == 5 and s.finish_reason == "length" and s.stop_reason is None
+    run(scenario)
+
+
+def test_contract_a_stop_string_cuts_the_text_and_keeps_the_sampled_tokens(open_backend: Open) -> None:
+    async def scenario() -> None:
+        async with open_backend() as b:
+            body = Sampling(max_tokens=30, seed=5)
+            full = await b.client.complete(PROMPT, body)
+            stop = full.text[len(full.text) // 2:len(full.text) // 2 + 3]
+            stopped = await b.client.complete(PROMPT, Sampling(max_tokens=30, seed=5, stop=(stop, "never-appears")))
+            assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
+            assert stopped.text == full.text[:full.text.index(stop)]
+            assert stopped.output_ids == full.output_ids[:len(stopped.output_ids)]
+            assert len(stopped.output_logprobs) == len(stopped.output_ids)
+    run(scenario)
+
+
+def test_contract_a_seed_reproduces_a_sample_and_another_seed_does_not(open_backend: Open) -> None:
+    async def scenario() -> None:
+        async with open_backend() as b:
+            first, again, other = [await b.client.complete(PROMPT, Sampling(max_tokens=12, seed=seed))
+                                   for seed in (11, 11, 12)]
+            assert first.output_ids == again.output_ids and first.output_ids != other.output_ids
+            assert first.output_logprobs == pytest.approx(again.output_logprobs, abs=1e-5)
+    run(scenario)
+
+
+def test_contract_concurrent_completions_share_one_client(open_backend: Open) -> None:
+    async def scenario() -> None:
+        async with open_backend() as b:
+            samples = await asyncio.gather(*(b.client.complete(PROMPT, Sampling(max_tokens=6, seed=i))
+                                             for i in range(16)))
+            assert all(len(s.output_ids) == len(s.output_logprobs) > 0 for s in samples)
+            assert len({tuple(s.output_ids) for s in samples}) > 1
+    run(scenario)
+
+
+def test_contract_the_version_stamped_is_the_version_that_sampled(open_backend: Open) -> None:
+    async def scenario() -> None:
+        async with open_backend(fresh=True, version=1) as b:
+            v1, v2 = b.weights
+            sampling = Sampling(max_tokens=16, seed=9)
+            first = await b.client.complete(PROMPT, sampling)
+            assert first.policy_version == 1
+            await b.client.load_weights(str(v2), 2)
+            after = await b.client.complete(PROMPT, sampling)
+            assert after.policy_version == 2 and after.output_ids != first.output_ids
+            with pytest.raises(VersionConflict):
+                await b.client.load_weights(str(v1), 2)
+            with pytest.raises(WeightLoadError, match="no-such-checkpoint"):
+                await b.client.load_weights("/no-such-checkpoint", 3)
+            await b.client.load_weights(str(v1), 3)  # back to the first weights, a new version
+            back = await b.client.complete(PROMPT, sampling)
+            assert back.policy_version == 3 and back.output_ids == first.output_ids
+    run(scenario)
+
+
+def test_contract_a_refused_request_quotes_the_server(open_backend: Open) -> None:
+    async def scenario() -> None:
+        async with open_backend() as b:
+            with pytest.raises(PolicyServerRejected) as oov:
+                await b.client.complete([1, VOCAB + 5], Sampling(max_tokens=4))
+            said = oov.value.server_message or ""
+            assert oov.value.status == 400 and "out of vocabulary" in said.lower()
+            assert b.client.base_url in str(oov.value) and said in str(oov.value)
+            with pytest.raises(PolicyServerRejected, match="maximum context length"):
+                await b.client.complete(PROMPT, Sampling(max_tokens=100_000))
+            async with b.with_model("no-such-model") as other:
+                with pytest.raises(PolicyServerRejected, match="does not exist") as unknown:
+                    await other.complete(PROMPT, Sampling(max_tokens=4))
+            assert unknown.value.status == 404
+    run(scenario)
+
+
+# ---- what only the vLLM client does -------------------------------------------------------------
+async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.002)
+
+
+def test_vllm_client_sends_token_ids_and_forwards_the_session() -> None:
+    async def scenario() -> None:
+        async with fake_vllm() as fake, VLLMClient(fake.url) as client:
+            await client.complete(PROMPT, Sampling(max_tokens=3, temperature=0.7, top_k=20, seed=4),
+                                  session_id="rollout-7")
+            await client.complete(PROMPT, Sampling(max_tokens=3))
+            first, second = fake.served
+            assert first.session_id == "rollout-7" and second.session_id is None
+            assert first.body == {"prompt": PROMPT, "max_tokens": 3, "temperature": 0.7, "top_p": 1.0, "top_k": 20,
+                                  "stop": [], "logprobs": 0, "return_token_ids": True, "seed": 4}
+            assert "seed" not in second.body and "model" not in second.body
+    run(scenario)
+
+
+def test_vllm_weight_reload_drains_then_stamps_only_the_version_that_sampled(tiny_model: Path,
+                                                                            tiny_model_v2: Path) -> None:
+    version_of = {str(tiny_model): 1, str(tiny_model_v2): 2}
+
+    async def scenario() -> None:
+        async with fake_vllm(weights=str(tiny_model)) as fake, VLLMClient(fake.url, policy_version=1) as client:
+            fake.token_delay_s = 0.002
+            early = [asyncio.create_task(client.complete(PROMPT, Sampling(max_tokens=40, seed=i))) for i in range(4)]
+            await _until(lambda: len(fake.served) == 4)
+            reload = asyncio.create_task(client.load_weights(str(tiny_model_v2), 2))
+            await asyncio.sleep(0.01)
+            assert not reload.done(), "the reload must wait for the completions in flight"
+            late = [asyncio.create_task(client.complete(PROMPT, Sampling(max_tokens=5, seed=i))) for i in range(4)]
+            early_samples, _, late_samples = await asyncio.gather(asyncio.gather(*early), reload, asyncio.gather(*late))
+            assert [s.policy_version for s in early_samples] == [1] * 4
+            assert [s.policy_version for s in late_samples] == [2] * 4
+            assert all(s.weights_at_start == s.weights_at_end for s in fake.served), "weights changed mid-request"
+            for sample, served in zip([*early_samples, *late_samples], fake.served, strict=True):
+                assert served.token_ids == sample.output_ids
+                assert version_of[served.weights_at_start] == sample.policy_version
+            assert [route for route, _ in fake.control] == ["/pause", "/collective_rpc", "/reset_prefix_cache",
+                                                             "/resume"]
+            assert fake.control[0][1] == "wait"
+            assert fake.control[1][1] == {"method": "reload_weights", "kwargs": {"weights_path": str(tiny_model_v2)},
+                                          "paused": True}
+    run(scenario)
+
+
+def test_vllm_lora_reload_names_the_adapter_per_request_and_never_pauses(tmp_path: Path) -> None:
+    adapter = tmp_path / "adapter-v2"
+    adapter.mkdir()
+
+    async def scenario() -> None:
+        async with fake_vllm(dev_mode=False) as fake, \
+                VLLMClient(fake.url, model=fake.model, reload="lora", policy_version=1) as client:
+            fake.token_delay_s = 0.002
+            slow = asyncio.create_task(client.complete(PROMPT, Sampling(max_tokens=60, seed=1)))
+            await _until(lambda: len(fake.served) == 1)
+            await client.load_weights(str(adapter), 2)
+            assert not slow.done(), "a LoRA reload does not wait for requests in flight"
+            new = await client.complete(PROMPT, Sampling(max_tokens=5, seed=1))
+            old = await slow
+            assert (old.policy_version, new.policy_version) == (1, 2)
+            assert [s.model for s in fake.served] == ["fake-model", "policy-v2"]
+            assert fake.served[1].weights_at_start == str(adapter)
+            assert [route for route, _ in fake.control] == ["/v1/load_lora_adapter"]  # no dev routes needed
+            assert "policy-v2" in await client.models()
+    run(scenario)
+
+
+def test_vllm_reload_routes_missing_say_which_server_flag_enables_them(tmp_path: Path, tiny_model_v2: Path) -> None:
+    async def scenario() -> None:
+        async with fake_vllm(dev_mode=False, runtime_lora=False) as fake:
+            async with VLLMClient(fake.url) as weights:
+                with pytest.raises(WeightLoadError, match="VLLM_SERVER_DEV_MODE=1"):
+                    await weights.load_weights(str(tiny_model_v2), 1)
+                assert weights.policy_version == 0
+                assert (await weights.complete(PROMPT, Sampling(max_tokens=2))).policy_version == 0
+            async with VLLMClient(fake.url, reload="lora") as lora:
+                with pytest.raises(WeightLoadError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
+                    await lora.load_weights(str(tmp_path), 1)
+    run(scenario)
+
+
+def test_vllm_a_failed_reload_keeps_the_server_paused_until_a_good_one(tiny_model_v2: Path) -> None:
+    async def scenario() -> None:
+        async with fake_vllm() as fake, VLLMClient(fake.url) as client:
+            with pytest.raises(WeightLoadError, match="stays paused") as failed:
+                await client.load_weights("/no-such-checkpoint", 1)
+            assert "Invalid repository ID or local directory" in str(failed.value)
+            assert fake.paused and client.policy_version == 0
+            with pytest.raises(WeightLoadError, match="stays paused"):
+                await client.complete(PROMPT, Sampling(max_tokens=2))
+            await client.load_weights(str(tiny_model_v2), 1)
+            assert not fake.paused
+            assert (await client.complete(PROMPT, Sampling(max_tokens=2))).policy_version == 1
+    run(scenario)
+
+
+# ---- named errors -----------------------------------------------------------------------------
+def test_error_a_vllm_without_return_token_ids_names_the_version_needed() -> None:
+    async def scenario() -> None:
+        async with fake_vllm(version=(0, 10, 1)) as fake, VLLMClient(fake.url) as client:
+            with pytest.raises(PolicyServerBadResponse, match=r"vllm>=0\.10\.2"):
+                await client.complete(PROMPT, Sampling(max_tokens=2))
+    run(scenario)
+
+
+@pytest.mark.parametrize(("malformed", "message"), [
+    ("not-json", "not JSON"), ("no-logprobs", "--logprobs-mode processed_logprobs"), ("no-choices", "without choices"),
+])
+def test_error_a_malformed_completion_is_a_bad_response(malformed: str, message: str) -> None:
+    async def scenario() -> None:
+        async with fake_vllm() as fake, VLLMClient(fake.url) as client:
+            fake.malformed = malformed
+            with pytest.raises(PolicyServerBadResponse, match=message):
+                await client.complete(PROMPT, Sampling(max_tokens=2))
+    run(scenario)
+
+
+def test_error_a_server_failure_is_a_5xx_error_quoting_the_server() -> None:
+    async def scenario() -> None:
+        async with fake_vllm() as fake, VLLMClient(fake.url) as client:
+            fake.fail = (500, "CUDA error: out of memory")
+            with pytest.raises(PolicyServerFailed, match="CUDA error: out of memory") as failed:
+                await client.complete(PROMPT, Sampling(max_tokens=2))
+            assert failed.value.status == 500
+    run(scenario)
+
+
+def test_error_a_slow_server_times_out_with_the_limit_named() -> None:
+    async def scenario() -> None:
+        async with fake_vllm() as fake, VLLMClient(fake.url, timeout_s=0.1) as client:
+            fake.delay_s = 0.4
+            with pytest.raises(PolicyServerTimeout, match=r"within 0\.1 s"):
+                await client.complete(PROMPT, Sampling(max_tokens=2))
+    run(scenario)
+
+
+def test_error_the_embedded_client_refuses_a_server_that_reports_no_version() -> None:
+    async def scenario() -> None:
+        async with fake_vllm() as fake, EmbeddedClient(fake.url) as client:
+            with pytest.raises(PolicyServerBadResponse, match="use VLLMClient"):
+                await client.complete(PROMPT, Sampling(max_tokens=2))
+    run(scenario)
+
+
+@pytest.mark.parametrize(("client_type", "hint"), [(EmbeddedClient, "trajstore serve --model DIR"),
+                                                     (VLLMClient, "vLLM is running")])
+def test_error_an_unreachable_server_says_how_to_start_one(client_type: type[Any], hint: str) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+
+    async def scenario() -> None:
+        async with client_type(url, connect_retries=2, retry_backoff_s=0.1) as client:
+            started = time.monotonic()
+            with pytest.raises(PolicyServerUnreachable, match=hint) as unreachable:
+                await client.complete(PROMPT, Sampling(max_tokens=2))
+            assert url in str(unreachable.value)
+            assert time.monotonic() - started < 0.1, "completions are never retried"
+            started = time.monotonic()
+            with pytest.raises(PolicyServerUnreachable):
+                await client.models()
+            assert time.monotonic() - started >= 0.3, "control routes retry connection failures (0.1 + 0.2 s)"
+    run(scenario)
+
+
+def test_error_a_control_route_retry_reaches_a_server_that_comes_up_late() -> None:
+    port = free_port()
+
+    async def scenario() -> None:
+        async with VLLMClient(f"http://127.0.0.1:{port}", connect_retries=4, retry_backoff_s=0.1) as client:
+            models = asyncio.create_task(client.models())
+            await asyncio.sleep(0.15)
+            async with fake_vllm(port=port):
+                assert await models == ["fake-model"]
+    run(scenario)
+

@@ -1,0 +1,93 @@
+"""The proxy's group commit: concurrent calls share one `Writer.append`, a refused call fails alone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectors.proxy.appender import BatchAppender
+from trajstore import InvalidEventError, Status, Writer, open_store
+
+
+class Counted:
+    """A real store writer whose append calls are counted."""
+
+    def __init__(self, writer: Writer) -> None:
+        self.writer, self.calls = writer, []
+
+    def append(self, events: Sequence[Any]) -> object:
+        self.calls.append(len(events))
+        return self.writer.append(events)
+
+
+def status(rollout: str) -> Status:
+    return Status(run="t", group_id="g", rollout_id=rollout, status="started")
+
+
+def stored(tmp_path: Path) -> list[str]:
+    rows = open_store(tmp_path).query("SELECT rollout_id FROM events ORDER BY writer_seq").to_pylist()
+    return [r["rollout_id"] for r in rows]
+
+
+def test_a_lone_call_is_written_at_once(tmp_path: Path) -> None:
+    with open_store(tmp_path).writer("w") as writer:
+        counted = Counted(writer)
+        asyncio.run(BatchAppender(counted.append).append([status("r1"), status("r1b")]))
+        assert counted.calls == [2]
+    assert stored(tmp_path) == ["r1", "r1b"]
+
+
+def test_concurrent_calls_share_appends_and_keep_each_calls_events_together(tmp_path: Path) -> None:
+    with open_store(tmp_path).writer("w") as writer:
+        counted = Counted(writer)
+        appender = BatchAppender(counted.append)
+
+        async def run() -> None:
+            await asyncio.gather(*(appender.append([status(f"r{i}a"), status(f"r{i}b")]) for i in range(40)))
+
+        asyncio.run(run())
+        assert sum(counted.calls) == 80
+        assert len(counted.calls) < 40  # callers that arrive while a batch is written go in the next one
+    order = stored(tmp_path)
+    assert sorted(order) == sorted(f"r{i}{x}" for i in range(40) for x in "ab")
+    for i in range(40):
+        assert order.index(f"r{i}b") == order.index(f"r{i}a") + 1
+
+
+def test_a_refused_call_fails_alone_and_the_rest_of_its_batch_is_stored(tmp_path: Path) -> None:
+    bad = {"kind": "status", "group_id": "g", "rollout_id": "bad"}  # no status: the writer refuses it
+    with open_store(tmp_path).writer("w") as writer:
+        appender = BatchAppender(writer.append)
+
+        async def run() -> list[BaseException | None]:
+            calls = [[status("r0")], [status("r1")], [bad, status("r2-with-bad")], [status("r3")]]
+            return await asyncio.gather(*(appender.append(c) for c in calls), return_exceptions=True)
+
+        results = asyncio.run(run())
+        assert results[0] is None and results[1] is None and results[3] is None
+        assert isinstance(results[2], InvalidEventError)
+    assert sorted(stored(tmp_path)) == ["r0", "r1", "r3"]  # nothing of the refused call, not even its good event
+
+
+def test_a_caller_that_goes_away_does_not_stop_the_others(tmp_path: Path) -> None:
+    with open_store(tmp_path).writer("w") as writer:
+        appender = BatchAppender(writer.append)
+
+        async def run() -> None:
+            first = asyncio.create_task(appender.append([status("r0")]))
+            await asyncio.sleep(0)
+            gone = asyncio.create_task(appender.append([status("r1")]))
+            kept = asyncio.create_task(appender.append([status("r2")]))
+            await asyncio.sleep(0)
+            gone.cancel()
+            await first
+            await kept
+            with pytest.raises(asyncio.CancelledError):
+                await gone
+
+        asyncio.run(run())
+    assert sorted(stored(tmp_path)) == ["r0", "r1", "r2"]  # as with a thread: what was handed over is written

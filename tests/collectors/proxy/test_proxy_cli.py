@@ -1,0 +1,68 @@
+"""`trajstore proxy` as a real process in front of the embedded server, driven by an SDK, stopped with SIGINT."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from cli.proxy_cmd import proxy
+from collectors.embedded.app import RunningServer
+from tests.collectors.proxy_harness import call, openai_client
+from trajstore import open_store
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[0]
+        try:
+            if call(url + "/health").status == 200:
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"the proxy at {url} did not come up within {timeout} s")
+
+
+def test_the_command_serves_stores_and_stops(server: RunningServer, tiny_model: Path, tmp_path: Path) -> None:
+    port, store = free_port(), tmp_path / "store"
+    code = "from cli.proxy_cmd import proxy; proxy()"
+    args = ["--upstream", server.url, "--model", str(tiny_model), "--store", str(store), "--port", str(port),
+            "--run", "cli-run", "--model-name", "tiny"]
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc)
+        rollout = call(url + "/rollouts", {"group_id": "g"}).body
+        c = openai_client(rollout)
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert call(f"{url}/rollouts/{rollout['rollout_id']}/close", {"status": "completed", "reward": 0.5},
+                    key=rollout["api_key"]).status == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, output
+    assert f"capture proxy on http://127.0.0.1:{port}" in output
+    rows = open_store(store).query("SELECT run, turns, reward, status FROM rollouts").to_pylist()
+    assert rows == [{"run": "cli-run", "turns": 1, "reward": 0.5, "status": "completed"}]
+
+
+def test_a_directory_that_is_not_a_checkpoint_is_refused(tmp_path: Path) -> None:
+    result = CliRunner().invoke(proxy, ["--upstream", "http://127.0.0.1:9", "--model", str(tmp_path),
+                                        "--store", str(tmp_path / "store")])
+    assert result.exit_code == 1 and "not a Hugging Face checkpoint" in result.output
