@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import trajstore
-from trajstore.wal import fsync_dir
+from trajstore.durable import fsync_path as fsync_dir
 
 try:
     import torch

@@ -8,7 +8,7 @@ import sys
 import click
 from rich.console import Console
 
-from cli.options import domain_errors, store_option
+from cli.options import store_option
 
 
 @click.command("collect")
@@ -56,7 +56,6 @@ from cli.options import domain_errors, store_option
 @click.option("--max-batch", type=int, default=16, show_default=True, help="In-process server: batch size.")
 @click.option("--threads", type=int, help="In-process server: torch CPU threads.")
 @click.option("--plain", is_flag=True, help="One progress line every few seconds instead of the live table.")
-@domain_errors
 def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None, server: str | None, vllm: bool,
             proxy: str | None, agent: str | None, tools: str | None, agent_cmd: str | None, reward: str | None,
             reward_cmd: str | None, concurrency: int, rollout_timeout: float, retries: int, max_turns: int,
@@ -111,7 +110,6 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
 @click.option("--name", default="reward", show_default=True, help="Reward name for a float return value.")
 @click.option("--where", metavar="SQL",
               help="Which rollouts (a condition on the rollouts view); default: status IN ('completed', 'truncated').")
-@domain_errors
 def reward(store_loc: str, run: str, reward_spec: str, tasks_file: str | None, name: str, where: str | None) -> None:
     """Score finished rollouts again and append the new reward events.
 

@@ -38,10 +38,7 @@ def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, h
 
     size = ModelSize(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
                      intermediate_size=intermediate_size, max_positions=max_positions)
-    try:
-        result = build(directory, size, seed=seed)
-    except (ValueError, FileExistsError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    result = build(directory, size, seed=seed)
     click.echo(f"wrote {result.path}: Qwen2 with {result.parameters:,} parameters, {result.vocab_size} tokens, "
                f"{layers} layers, hidden {hidden_size}, context {max_positions}")
 
@@ -74,8 +71,5 @@ def serve(model_dir: str, host: str, port: int, max_batch: int, device: str, pol
     """
     from collectors.embedded import run_server
 
-    try:
-        run_server(model_dir, host=host, port=port, model_name=served_model_name, device=device, max_batch=max_batch,
-            policy_version=policy_version, threads=threads)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    run_server(model_dir, host=host, port=port, model_name=served_model_name, device=device, max_batch=max_batch,
+               policy_version=policy_version, threads=threads)

@@ -151,7 +151,7 @@ def run_demo(s: DemoSettings, say: Callable[[str], None] = print) -> DemoResult:
         last = ""
         while procs["learn"].poll() is None and time.monotonic() < deadline:
             if procs["collect"].poll() is not None:
-                raise RuntimeError(f"the collector stopped (exit {procs['collect'].returncode}); see "
+                raise ChildProcessError(f"the collector stopped (exit {procs['collect'].returncode}); see "
                                    f"{d / 'collect.log'}")
             time.sleep(2.0)
             line = _progress(store)
@@ -171,7 +171,7 @@ def run_demo(s: DemoSettings, say: Callable[[str], None] = print) -> DemoResult:
                 proc.wait()
             logs[name].close()
     if procs["learn"].returncode not in (0, None, -signal.SIGINT, 130):
-        raise RuntimeError(f"the learner failed (exit {procs['learn'].returncode}); see {d / 'learn.log'}")
+        raise ChildProcessError(f"the learner failed (exit {procs['learn'].returncode}); see {d / 'learn.log'}")
     say("[4/4] summary")
     return _summary(s, store, time.monotonic() - started, [_shown(c) for c in cmds.values()])
 

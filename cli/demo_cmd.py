@@ -37,10 +37,7 @@ def demo(directory: Path, quick: bool, steps: int | None, minutes: float | None,
         settings = dataclasses.replace(settings, steps=steps)
     if minutes is not None:
         settings = dataclasses.replace(settings, time_limit_s=minutes * 60)
-    try:
-        result = run_demo(settings, say=console.print)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    result = run_demo(settings, say=console.print)
     show(result)
 
 

@@ -6,8 +6,9 @@ from typing import get_args
 
 import click
 
-from cli.options import domain_errors, store_option
-from learner.settings import AggregationName, DeviceName, EstimatorName, LearnSettings, LossName
+from cli.options import store_option
+from learner.settings import AggregationName, DeviceName, LearnSettings, LossName
+from trajstore import ESTIMATORS
 
 
 @click.command("learn")
@@ -29,8 +30,8 @@ from learner.settings import AggregationName, DeviceName, EstimatorName, LearnSe
 @click.option("--follow", is_flag=True, help="Keep training as data arrives, until killed.")
 @click.option("--publish-every", type=click.IntRange(min=1), default=1, show_default=True,
               help="Optimizer steps per published version.")
-@click.option("--estimator", type=click.Choice(get_args(EstimatorName)), default="grpo", show_default=True,
-              help="Advantage estimator (computed by the store's SQL).")
+@click.option("--estimator", type=click.Choice(ESTIMATORS), default="grpo", show_default=True,
+              help="Advantage estimator (computed by the store's SQL; batch: the shard's mean reward as baseline).")
 @click.option("--loss", type=click.Choice(get_args(LossName)), default="ppo", show_default=True,
               help="ppo: clipped ratio to the behaviour logprobs; tis: REINFORCE with truncated IS weights.")
 @click.option("--aggregation", type=click.Choice(get_args(AggregationName)), default="token_mean",
@@ -53,7 +54,6 @@ from learner.settings import AggregationName, DeviceName, EstimatorName, LearnSe
 @click.option("--wait-timeout", type=float, default=600.0, show_default=True,
               help="Without --follow: stop after this many seconds without a full step of data.")
 @click.option("--writer", help="Store writer name (default: learner-RUN).")
-@domain_errors
 def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, max_staleness: int, groups_per_step: int,
           micro_batch_tokens: int, lr: float, max_grad_norm: float, steps: int | None, follow: bool,
           publish_every: int, estimator: str, loss: str, aggregation: str, normalizer: int, clip_low: float,
@@ -73,7 +73,6 @@ def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, max_st
       trajstore learn --store runs/s --run exp1 --model tiny-model --checkpoints runs/ckpts \\
           --groups-per-step 4 --max-staleness 1 --steps 20 --lr 1e-5
     """
-    from learner.checkpoints import CheckpointError
     from learner.metrics_log import show
     from learner.train import learn as run_learner
 
@@ -86,10 +85,7 @@ def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, max_st
         lora_rank=lora_rank, lora_alpha=lora_alpha, device=device, poll_interval=poll_interval,  # type: ignore[arg-type]
         wait_timeout=wait_timeout, writer=writer,
     )
-    try:
-        summary = run_learner(settings, show=show)
-    except CheckpointError as exc:
-        raise click.ClickException(str(exc)) from exc
+    summary = run_learner(settings, show=show)
     why = "reached --steps" if summary.stopped == "steps" else f"no new groups for {wait_timeout:g} s"
     published = ", ".join(str(v) for v in summary.published) or "none"
     click.echo(f"stopped at step {summary.step} ({why}); {summary.steps_trained} steps trained, "

@@ -21,11 +21,9 @@ from cli.collect_cmd import collect, reward
 from cli.collectors_cmds import init_model, serve
 from cli.demo_cmd import demo
 from cli.learn_cmd import learn
-from cli.options import domain_errors, store_option
+from cli.options import Commands, store_option
 from cli.proxy_cmd import proxy
 from cli.replay_cmd import replay
-from trajstore import maintenance
-from trajstore.ingest import ingest as ingest_file
 
 console = Console()
 
@@ -81,7 +79,7 @@ def write_table(table: pa.Table, fmt: str, output: str | None) -> None:
             sink.close()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="trajstore")
 def main() -> None:
     """trajstore: an event-sourced trajectory store for RL of LLM agents.
@@ -99,7 +97,6 @@ def main() -> None:
               show_default=True, help="Output format (json = one object per line).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write to FILE instead of stdout.")
 @click.option("--version", "version", type=int, help="Query this table version (time travel).")
-@domain_errors
 def query(store_loc: str, sql: str, fmt: str, output: str | None, version: int | None) -> None:
     """Run SQL over the store's views.
 
@@ -118,7 +115,6 @@ def query(store_loc: str, sql: str, fmt: str, output: str | None, version: int |
 @store_option
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--writer", help="Writer name (default: <host>-<pid>).")
-@domain_errors
 def ingest(store_loc: str, file: str, writer: str | None) -> None:
     """Append a JSON-lines file of events (see schemas/event.v1.schema.json).
 
@@ -130,14 +126,13 @@ def ingest(store_loc: str, file: str, writer: str | None) -> None:
       trajstore ingest --store runs/s events.jsonl
     """
     store = trajstore.open_store(store_loc)
-    result = ingest_file(store, file, writer=writer)
+    result = store.ingest(file, writer=writer)
     console.print(f"{result.lines} events read, {result.appended} appended, "
                   f"{result.duplicates} already stored; table version {result.table_version}")
 
 
 @main.command()
 @store_option
-@domain_errors
 def stats(store_loc: str) -> None:
     """Runs, rollouts, samples, tokens, policy versions and disk use.
 
@@ -159,7 +154,6 @@ def stats(store_loc: str) -> None:
 @store_option
 @click.option("--target-mb", type=click.IntRange(min=1), default=128, show_default=True,
               help="Size of the files compaction writes.")
-@domain_errors
 def compact(store_loc: str, target_mb: int) -> None:
     """Seal segments left by dead writers and merge small sealed files.
 
@@ -176,7 +170,6 @@ def compact(store_loc: str, target_mb: int) -> None:
 
 @main.command()
 @store_option
-@domain_errors
 def verify(store_loc: str) -> None:
     """Check every segment's checksums and the table's files; exit 1 on any problem.
 
@@ -201,7 +194,6 @@ def verify(store_loc: str) -> None:
 @click.option("--groups", type=click.IntRange(min=1), default=12, show_default=True)
 @click.option("--group-size", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@domain_errors
 def walkthrough(store_loc: str, groups: int, group_size: int, seed: int) -> None:
     """Ingest a generated multi-turn, multi-group agent run and query it.
 
@@ -219,10 +211,10 @@ def walkthrough(store_loc: str, groups: int, group_size: int, seed: int) -> None
     jsonl = path / "generated-run.jsonl"
     jsonl.write_text("".join(json.dumps(e) + "\n" for e in events))
     store = trajstore.open_store(path)
-    r = ingest_file(store, jsonl, writer="walkthrough")
+    r = store.ingest(jsonl, writer="walkthrough")
     console.rule("1. ingest")
     console.print(f"$ trajstore ingest --store {path} {jsonl}\n{r.lines} events read, {r.appended} appended")
-    r2 = ingest_file(store, jsonl, writer="walkthrough")
+    r2 = store.ingest(jsonl, writer="walkthrough")
     console.print(f"again: {r2.appended} appended, {r2.duplicates} already stored (event ids derive from content)")
     steps = [
         ("2. rollouts: reward = sum of the latest value per component; fan-out into samples",
@@ -250,7 +242,7 @@ def walkthrough(store_loc: str, groups: int, group_size: int, seed: int) -> None
     console.rule("7. the learner's next shard (python: store.shard(policy_version=2, max_staleness=2))")
     console.print(f"{shard.num_rollouts} rollouts in {len(shard.group_ids)} complete groups, {len(shard)} samples, "
                   f"{shard.num_tokens} tokens, table version {shard.table_version}")
-    s = maintenance.stats(store)
+    s = store.stats()
     console.rule("8. stats")
     console.print(f"{s.summary['events']} events, {s.sealed_files} sealed files ({s.sealed_bytes / 1e3:.1f} kB)")
     console.print(f"\nNext: trajstore query --store {path} \"SELECT * FROM turns LIMIT 3\"; "

@@ -53,7 +53,6 @@ def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, r
     from collectors.policy import EmbeddedClient, VLLMClient
     from collectors.policy import PolicyClient
     from collectors.proxy import ProxyConfig, run_proxy
-    from trajstore.errors import TrajstoreError
 
     def client() -> PolicyClient:
         if upstream_kind == "vllm":
@@ -63,7 +62,4 @@ def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, r
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ProxyConfig(model_dir=model_dir, run=run, writer=writer or f"proxy-{port}", model_names=model_names,
                          max_model_len=max_model_len, default_max_tokens=default_max_tokens)
-    try:
-        run_proxy(client, store_loc, config, host=host, port=port)
-    except (OSError, ValueError, TrajstoreError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    run_proxy(client, store_loc, config, host=host, port=port)

@@ -18,7 +18,6 @@ from rich.text import Text
 from cli.options import store_option
 import trajstore
 from collectors.replay import Decode, Episode, ReplayTurn, Span, load_episode, token_rows
-from trajstore.errors import TrajstoreError
 
 STYLES = {"prompt": "dim", "sampled": "bold green", "sampled_masked": "yellow"}
 LABELS = {"prompt": "prompt / tool observation", "sampled": "sampled (trainable)",
@@ -108,12 +107,9 @@ def replay(store_loc: str, rollout_id: str, model_dir: str | None, tokens: bool,
       trajstore query --store runs/s "SELECT rollout_id, reward FROM rollouts LIMIT 5"
       trajstore replay --store runs/s ROLLOUT_ID --model tiny-model --tokens
     """
-    try:
-        store = trajstore.open_store(store_loc, create=False)
-        decode = tokenizer_decode(model_dir) if model_dir else None
-        episode = load_episode(store, rollout_id, decode=decode)
-    except (TrajstoreError, OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    store = trajstore.open_store(store_loc, create=False)
+    decode = tokenizer_decode(model_dir) if model_dir else None
+    episode = load_episode(store, rollout_id, decode=decode)
     if as_json:
         payload = episode.as_json()
         if tokens:

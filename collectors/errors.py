@@ -1,11 +1,16 @@
-"""The collectors' named exceptions; each message says what happened and what to do."""
+"""The collectors' exception root and the errors several subsystems share.
+
+Every error the collectors raise on purpose is a `CollectorError`; each message says what
+happened and what to do. The CLI turns them into one-line messages at one edge
+(`cli.main`). Subsystem errors live with their subsystem (`PolicyServerError` in
+`collectors.policy`, `ChatError` in `collectors.proxy`, `RequestError` in
+`collectors.embedded`, `TaskFileError` and `RewardError` in `collectors.collect`).
+"""
 
 from __future__ import annotations
 
-from trajstore.errors import TrajstoreError
 
-
-class CollectorError(TrajstoreError):
+class CollectorError(Exception):
     """Base class of every error the collectors raise on purpose."""
 
 

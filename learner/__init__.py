@@ -1,3 +1,3 @@
-"""Everything that consumes shards: batching, losses, the training loop and checkpoint
-publishing (a later issue). It reads the store only through `trajstore` and never imports
-`collectors`."""
+"""Everything that consumes shards: batching, losses, the training loop, checkpoint publishing,
+LoRA and the supervised warm start. It reads the store only through `trajstore` and never
+imports `collectors`; every error it raises on purpose is a `learner.errors.LearnerError`."""

@@ -35,7 +35,9 @@ from typing import Any
 
 import torch
 
+from learner.errors import LearnerError
 from trajstore import Checkpoint
+from trajstore.durable import fsync_path, fsync_tree
 
 INFO_FILE = "trajstore_checkpoint.json"
 STATE_FILE = "learner_state.pt"
@@ -46,7 +48,7 @@ TOKENIZER_FILES: tuple[str, ...] = ("tokenizer.json", "tokenizer_config.json", "
                                     "generation_config.json")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(LearnerError):
     """A checkpoint directory is not what the contract says it should be."""
 
 
@@ -69,20 +71,6 @@ class CheckpointInfo:
 
 def version_dir(root: str | Path, version: int) -> Path:
     return Path(root) / f"v{version:06d}"
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: Path) -> None:
-    for p in sorted(path.rglob("*")):
-        _fsync(p)
-    _fsync(path)
 
 
 def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> None:
@@ -134,9 +122,9 @@ def publish(root: str | Path, version: int, step: int, model: torch.nn.Module, t
         record = {**dict(info), "version": version, "step": step, "adapter": adapter, "base_model": str(base),
                   "consumed": list(info.get("consumed", ()))}
         (tmp / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         os.rename(tmp, final)
-        _fsync(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

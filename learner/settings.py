@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-EstimatorName = Literal["grpo", "dr_grpo", "rloo"]
+from learner.errors import LearnerError
+from trajstore import Estimator
+
 LossName = Literal["ppo", "tis"]
 AggregationName = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 DeviceName = Literal["auto", "cpu", "cuda"]
@@ -20,7 +22,7 @@ DeviceName = Literal["auto", "cpu", "cuda"]
 _WRITER_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
-class SettingsError(ValueError):
+class SettingsError(LearnerError, ValueError):
     """The settings have problems; `problems` lists every one of them."""
 
     def __init__(self, problems: list[str]) -> None:
@@ -45,7 +47,7 @@ class LearnSettings:
     steps: int | None = None  # the total step count to reach (counted across restarts)
     follow: bool = False  # keep waiting for data forever (no step limit needed)
     publish_every: int = 1  # optimizer steps per published version
-    estimator: EstimatorName = "grpo"
+    estimator: Estimator = "grpo"  # any of trajstore.ESTIMATORS: the store computes each by SQL
     loss: LossName = "ppo"
     clip_low: float = 0.2
     clip_high: float = 0.28
@@ -97,7 +99,7 @@ class LearnSettings:
             out.append("say when to stop: give steps (a total step count) or follow=True (run until killed)")
         if self.steps is not None and self.steps < 1:
             out.append(f"steps must be >= 1 (got {self.steps})")
-        for name, typ in (("estimator", EstimatorName), ("loss", LossName), ("aggregation", AggregationName),
+        for name, typ in (("estimator", Estimator), ("loss", LossName), ("aggregation", AggregationName),
                           ("device", DeviceName)):
             if getattr(self, name) not in get_args(typ):
                 out.append(f"{name} {getattr(self, name)!r} is not one of {list(get_args(typ))}")

@@ -20,12 +20,15 @@ from trajstore.errors import (
 from trajstore.events import Checkpoint, Event, Metric, Reward, Status, Turn
 from trajstore.ids import new_id
 from trajstore.schema import EVENT_SCHEMA, SCHEMA_VERSION
-from trajstore.store import Snapshot, Store, open_store
+from trajstore.read import Snapshot
+from trajstore.shard import Shard
+from trajstore.store import Store, open_store
+from trajstore.views import ESTIMATORS, VIEW_NAMES, Estimator
 from trajstore.writer import AppendResult, Writer
 
 __all__ = [
-    "EVENT_SCHEMA", "SCHEMA_VERSION", "AppendResult", "Checkpoint", "CommitConflictError",
-    "CorruptionError", "Event", "InvalidEventError", "Metric", "QueryError", "Reward", "Snapshot",
+    "ESTIMATORS", "EVENT_SCHEMA", "SCHEMA_VERSION", "VIEW_NAMES", "AppendResult", "Checkpoint", "CommitConflictError",
+    "CorruptionError", "Estimator", "Event", "InvalidEventError", "Metric", "QueryError", "Reward", "Shard", "Snapshot",
     "Status", "Store", "StoreNotFoundError", "TrajstoreError", "Turn", "Writer", "WriterBusyError",
     "WriterClosedError", "new_id", "open_store",
 ]

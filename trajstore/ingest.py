@@ -17,7 +17,8 @@ import copy
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 from jsonschema import Draft202012Validator, FormatChecker
@@ -25,10 +26,9 @@ from jsonschema import Draft202012Validator, FormatChecker
 from trajstore.errors import InvalidEventError
 from trajstore.events import to_columns
 from trajstore.ids import content_id
+from trajstore.read import Reader
 from trajstore.schema import JSON_SCHEMA
-
-if TYPE_CHECKING:
-    from trajstore.store import Store
+from trajstore.writer import Writer
 
 _LIST_FIELDS = ("prompt_ids", "output_ids", "output_logprobs", "output_mask")
 
@@ -99,18 +99,20 @@ def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return events
 
 
-def ingest(store: Store, path: str | os.PathLike[str], *, writer: str | None = None) -> IngestResult:
-    """Validate the whole file, then append it durably in one call and seal it."""
+def ingest(reader: Reader, open_writer: Callable[[], Writer], path: str | os.PathLike[str]) -> IngestResult:
+    """Validate the whole file, then append what the store does not hold yet in one call and seal it.
+
+    `open_writer()` is called only when there is something to append."""
     events = read_events(path)
     ids = pa.table({"event_id": pa.array([e["event_id"] for e in events], pa.string())})
-    with store.snapshot() as snap:  # skip what any writer already stored
+    with reader.snapshot() as snap:  # skip what any writer already stored
         snap.register("_ids", ids)
         stored = set(snap.query("SELECT event_id FROM _raw SEMI JOIN _ids USING (event_id)")
                      .column("event_id").to_pylist())
     fresh = [e for e in events if e["event_id"] not in stored]
     appended = duplicates = 0
     if fresh:
-        with store.writer(writer) as w:
+        with open_writer() as w:
             result = w.append(fresh)
         appended, duplicates = result.appended, result.duplicates
-    return IngestResult(len(events), appended, duplicates + len(events) - len(fresh), store.version())
+    return IngestResult(len(events), appended, duplicates + len(events) - len(fresh), reader.table.version())

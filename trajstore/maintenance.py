@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -24,18 +24,16 @@ from deltalake.transaction import RemoveAction
 
 from trajstore import wal
 from trajstore.errors import CorruptionError
-from trajstore.table import FileInfo, file_crcs
+from trajstore.location import Location
+from trajstore.read import Reader
+from trajstore.table import FileInfo, Table, file_crcs
+from trajstore.writer import acquire, seal_segments
 
-if TYPE_CHECKING:
-    from trajstore.store import Store
 
-
-def seal_orphans(store: Store) -> dict[str, int]:
+def seal_orphans(location: Location, table: Table) -> dict[str, int]:
     """Seal the segments of every writer on this machine that no live process holds."""
-    from trajstore.writer import acquire, seal_segments
-
     sealed: dict[str, int] = {}
-    root = store.location.wal_root
+    root = location.wal_root
     if not root.is_dir():
         return sealed
     for wdir in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -49,7 +47,7 @@ def seal_orphans(store: Store) -> dict[str, int]:
         try:
             for read in (wal.read_segment(p) for p in segments):
                 wal.truncate_torn_tail(read)
-            sealed[wdir.name] = seal_segments(store, wdir.name, segments).events
+            sealed[wdir.name] = seal_segments(table, wdir.name, segments).events
         finally:
             lock.release()
     return sealed
@@ -85,16 +83,16 @@ def _bins(files: list[FileInfo], target_bytes: int) -> list[list[FileInfo]]:
     return bins
 
 
-def compact(store: Store, *, target_bytes: int = 128 << 20, seal: bool = True) -> CompactResult:
+def compact(location: Location, table: Table, *, target_bytes: int = 128 << 20, seal: bool = True) -> CompactResult:
     """Seal orphaned segments, then rewrite runs of small files into ~target_bytes files."""
-    orphans = seal_orphans(store) if seal else {}
-    snap = store.table.snapshot()
+    orphans = seal_orphans(location, table) if seal else {}
+    snap = table.snapshot()
     bins = _bins(list(snap.files), target_bytes)
     version = None
     rewritten = 0
     for group in bins:
-        data = store.table.open_dataset(group).to_table()
-        add = store.table.write_file(data, prefix="compact", data_change=False)
+        data = table.open_dataset(group).to_table()
+        add = table.write_file(data, prefix="compact", data_change=False)
         now = int(time.time() * 1000)
         removes = [RemoveAction(f.path, False, now, f.size, {}) for f in group]
         paths = {f.path for f in group}
@@ -103,9 +101,9 @@ def compact(store: Store, *, target_bytes: int = 128 << 20, seal: bool = True) -
             live = set(pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist())
             return paths <= live  # a concurrent compaction took them: skip this bin
 
-        version = store.table.commit(removes + [add], operation="compact", precheck=still_there) or version
+        version = table.commit(removes + [add], operation="compact", precheck=still_there) or version
         rewritten += len(group)
-    after = len(store.table.snapshot().files)
+    after = len(table.snapshot().files)
     return CompactResult(len(snap.files), after, rewritten, version, orphans)
 
 
@@ -122,12 +120,12 @@ class VerifyReport:
         return not self.problems
 
 
-def verify(store: Store) -> VerifyReport:
+def verify(location: Location, table: Table) -> VerifyReport:
     """Check every live segment's checksums and every sealed file's pages; list every problem."""
     problems: list[str] = []
     events = 0
     segments = 0
-    root = store.location.wal_root
+    root = location.wal_root
     if root.is_dir():
         for wdir in sorted(p for p in root.iterdir() if p.is_dir()):
             paths = wal.list_segments(wdir)
@@ -145,10 +143,10 @@ def verify(store: Store) -> VerifyReport:
                 if read.torn and i < len(paths) - 1:
                     problems.append(f"live segment {path}: {read.total_bytes - read.good_bytes} bytes after the "
                                     "last whole batch in a segment that is not the writer's newest (damaged)")
-    snap = store.table.snapshot()
-    fs = store.location.filesystem
+    snap = table.snapshot()
+    fs = location.filesystem
     for f in snap.files:
-        path = store.location.data_path(f.path)
+        path = location.data_path(f.path)
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.NotFound:
             problems.append(f"sealed file {f.path}: listed in table version {snap.version} but missing from storage")
@@ -164,7 +162,7 @@ def verify(store: Store) -> VerifyReport:
                                 "(changed after writing)")
         try:
             rows = 0
-            for batch in store.table.open_dataset([f]).to_batches():
+            for batch in table.open_dataset([f]).to_batches():
                 rows += batch.num_rows
             if rows != f.rows:
                 problems.append(f"sealed file {f.path}: holds {rows} rows, the table log says {f.rows}")
@@ -188,9 +186,10 @@ class Stats:
     runs: list[dict[str, Any]]
 
 
-def stats(store: Store) -> Stats:
+def stats(reader: Reader) -> Stats:
     """Runs, rollouts, samples, tokens, versions and disk use of a store."""
-    with store.snapshot() as snap:
+    location = reader.location
+    with reader.snapshot() as snap:
         runs = snap.query(
             """
             SELECT r.run, count(*) AS rollouts, count(*) FILTER (WHERE trainable) AS trainable,
@@ -207,10 +206,10 @@ def stats(store: Store) -> Stats:
         ).to_pylist()[0]
         files = snap.files
         version = snap.table_version
-    live_paths = [p for w in (store.location.wal_root.iterdir() if store.location.wal_root.is_dir() else [])
+    live_paths = [p for w in (location.wal_root.iterdir() if location.wal_root.is_dir() else [])
                   if w.is_dir() for p in wal.list_segments(w)]
     return Stats(
-        location=store.location.uri,
+        location=location.uri,
         table_version=version,
         sealed_files=len(files),
         sealed_bytes=sum(f.size for f in files),

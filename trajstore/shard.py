@@ -26,21 +26,18 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trajstore.read import Reader, Snapshot
 from trajstore.schema import EVENT_SCHEMA
-from trajstore.table import FileInfo
-from trajstore.views import ESTIMATORS
-
-if TYPE_CHECKING:
-    from trajstore.store import Store
-
-Estimator = Literal["grpo", "dr_grpo", "rloo", "batch"]
+from trajstore.table import FileInfo, Table
+from trajstore.views import ESTIMATORS, Estimator
+# Step 2 needs scalars only; step 3 the token lists too, never the request/response JSON (training needs none of it).
 _SCALARS = [f.name for f in EVENT_SCHEMA if not isinstance(f.type, (pa.ListType, pa.MapType))
             and f.name not in ("request", "response", "sampling", "meta", "error")]
+_SAMPLE_COLUMNS = [*_SCALARS, "prompt_ids", "output_ids", "output_logprobs", "output_mask", "consumed"]
 
 
 @dataclass(frozen=True)
@@ -89,12 +86,13 @@ def files_covering(files: Iterable[FileInfo], column: str, values: list[str]) ->
     return out
 
 
-def _rows(store: Store, files: list[FileInfo], live: pa.Table, column: str, values: list[str],
+def _rows(table: Table, files: list[FileInfo], live: pa.Table, column: str, values: list[str],
           columns: list[str] | None = None) -> pa.Table:
-    """Rows of sealed `files` and live rows whose `column` is in `values`, all schema columns."""
+    """Rows of sealed `files` and live rows whose `column` is in `values`, all schema columns
+    (those not in `columns` are null)."""
     keep = pa.array(values, pa.string())
     expr = pc.field(column).isin(keep)
-    sealed = store.table.open_dataset(files).to_table(filter=expr, columns=columns)
+    sealed = table.open_dataset(files).to_table(filter=expr, columns=columns)
     live_part = live.filter(pc.is_in(live.column(column), value_set=keep))
     if columns is not None:
         live_part = live_part.select(columns)
@@ -105,11 +103,9 @@ def _rows(store: Store, files: list[FileInfo], live: pa.Table, column: str, valu
     return data.select(EVENT_SCHEMA.names)
 
 
-def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
+def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
                estimator: Estimator = "grpo", run: str | None = None,
                exclude: Iterable[str] = (), max_groups: int | None = None) -> Shard:
-    from trajstore.store import Snapshot  # the store module imports this one
-
     problems = []
     if policy_version < 0 or max_staleness < 0:
         problems.append("policy_version and max_staleness must be >= 0")
@@ -122,13 +118,14 @@ def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rol
     if problems:
         raise ValueError("; ".join(problems))
     lo = policy_version - max_staleness
-    table, live = store.pin()
+    pinned = reader.pin()
+    table, live = pinned.table, pinned.live
 
     # 1. fresh candidate groups, minus those with a consumed or excluded rollout
     recent = [f for f in table.files if not f.min or (f.max.get("policy_version") is not None
                                                     and f.max["policy_version"] >= lo)]
     empty = Shard(pa.table({}), (), (), table.version, policy_version, max_staleness, estimator)
-    with Snapshot(store, table, live, files=recent) as snap:  # one connection for the three steps
+    with Snapshot(reader.table, pinned, files=recent) as snap:  # one connection for the three steps
         snap.register("_exclude", pa.table({"rollout_id": pa.array(list(exclude), pa.string())}))
         cand = snap.query(
             """
@@ -151,7 +148,7 @@ def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rol
 
         # 2. whole candidate groups (scalar columns only): completeness, staleness, order, budget
         files = files_covering(table.files, "group_id", candidates)
-        snap.use_rows(_rows(store, files, live, "group_id", candidates, columns=_SCALARS))
+        snap.use_rows(_rows(reader.table, files, live, "group_id", candidates, columns=_SCALARS))
         chosen = snap.query(
             """
             WITH ok AS (
@@ -171,7 +168,7 @@ def make_shard(store: Store, *, policy_version: int, max_staleness: int, max_rol
         # 3. samples of the chosen groups' trainable rollouts, with the rollout's advantage
         chosen_sorted = sorted(chosen)
         chosen_files = files_covering(files, "group_id", chosen_sorted)
-        snap.use_rows(_rows(store, chosen_files, live, "group_id", chosen_sorted))
+        snap.use_rows(_rows(reader.table, chosen_files, live, "group_id", chosen_sorted, columns=_SAMPLE_COLUMNS))
         samples = snap.query(
             f"""
             SELECT s.run, s.group_id, s.rollout_id, s.segment_id, s.tokens, s.loss_mask, s.logprobs,

@@ -34,6 +34,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajstore import ids
+from trajstore.durable import fsync_path
 from trajstore.errors import CommitConflictError, CorruptionError, StoreNotFoundError
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
@@ -163,6 +164,14 @@ class Table:
                 self._dt.update_incremental()
             return self._dt
 
+    def version(self) -> int:
+        """The latest version."""
+        return self._current().version()
+
+    def sealed_seq(self, writer: str) -> int:
+        """The last writer_seq of `writer` committed in the latest version (-1 if none)."""
+        return sealed_seq(self._current(), writer)
+
     def snapshot(self, version: int | None = None, writers: tuple[str, ...] | list[str] = ()) -> TableSnapshot:
         """Pin a version (the latest by default); `writers` are the ones whose sealed seq is wanted."""
         if version is None:
@@ -195,11 +204,7 @@ class Table:
         with self.location.filesystem.open_output_stream(path) as out:
             out.write(body)
         if not self.location.remote:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(path)
         self._verified.add(name)
         return AddAction(name, len(body), {}, int(time.time() * 1000), data_change, json.dumps(file_stats(data)))
 

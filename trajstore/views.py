@@ -26,9 +26,13 @@ Definitions an RL researcher can rely on:
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 GRPO_EPS = 1e-6
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "batch")
+# The advantage estimators: each is a column of the `advantages` view, and a shard's `advantage`.
+Estimator = Literal["grpo", "dr_grpo", "rloo", "batch"]
+ESTIMATORS: tuple[str, ...] = get_args(Estimator)
 
 VIEWS: dict[str, str] = {
     "events": """
@@ -161,6 +165,9 @@ VIEWS: dict[str, str] = {
         FROM events WHERE kind = 'metric' AND consumed IS NOT NULL
     """,
 }
+
+
+VIEW_NAMES = tuple(VIEWS)
 
 
 def create_views(con: object) -> None:

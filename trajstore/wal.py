@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from trajstore.durable import fsync_path
 from trajstore.errors import CorruptionError
 from trajstore.schema import EVENT_SCHEMA
 
@@ -47,14 +48,6 @@ def parse_segment_name(name: str) -> tuple[int, int]:
     return int(epoch), int(first)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def message_crc(batch: pa.RecordBatch) -> int:
     """CRC-32 of the whole serialized batch: header (lengths, null counts, buffer layout) and body."""
     return zlib.crc32(batch.serialize())
@@ -68,7 +61,7 @@ class SegmentWriter:
         self.writer = writer
         self.epoch = epoch
         self._file = open(path, "xb")  # never reuse a segment: a new epoch gets a new file
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
         self._stream = pa.ipc.new_stream(self._file, EVENT_SCHEMA)
         self.bytes_written = 0
 

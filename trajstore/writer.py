@@ -25,20 +25,19 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from trajstore import wal
+from trajstore.durable import fsync_path, write_durably
 from trajstore.errors import TrajstoreError, WriterBusyError, WriterClosedError
 from trajstore.events import Event, to_columns
+from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
-from trajstore.table import sealed_seq
-
-if TYPE_CHECKING:
-    from trajstore.store import Store
+from trajstore.table import Table, sealed_seq
 
 log = logging.getLogger(__name__)
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -98,7 +97,7 @@ def _name_taken(name: str, table_seq: int, own_seq: int, where: Path) -> WriterB
     )
 
 
-def seal_segments(store: Store, name: str, segments: list[Path], *, expected: int | None = None) -> SealResult:
+def seal_segments(table: Table, name: str, segments: list[Path], *, expected: int | None = None) -> SealResult:
     """Seal closed segments of writer `name` into the table.
 
     Only rows past the table's sealed seq for `name` are written; the commit carries the
@@ -107,10 +106,9 @@ def seal_segments(store: Store, name: str, segments: list[Path], *, expected: in
     calling writer knows of; a table that says otherwise means the name is used elsewhere,
     and nothing is deleted.
     """
-    table = store.table
-    start = sealed_seq(table._current(), name)
+    start = table.sealed_seq(name)
     if expected is not None and start != expected:
-        raise _name_taken(name, start, expected, store.location.wal_root / name)
+        raise _name_taken(name, start, expected, segments[0].parent if segments else table.location.wal_root / name)
     if not segments:
         return SealResult(0, start)
     reads = [wal.read_segment(p) for p in segments]
@@ -139,18 +137,18 @@ def seal_segments(store: Store, name: str, segments: list[Path], *, expected: in
         sealed_through = last
     for p in segments:
         p.unlink(missing_ok=True)
-    wal.fsync_dir(segments[0].parent)
+    fsync_path(segments[0].parent)
     return SealResult(committed, sealed_through)
 
 
-def sealed_event_ids(store: Store, name: str, *, after_seq: int = -1) -> list[str]:
+def sealed_event_ids(table: Table, name: str, *, after_seq: int = -1) -> list[str]:
     """Event_ids writer `name` sealed with writer_seq > after_seq, in seq order (files pruned by statistics)."""
-    files = [f for f in store.table.snapshot().files
+    files = [f for f in table.snapshot().files
              if f.min.get("writer", name) <= name <= f.max.get("writer", name)
              and f.max.get("writer_seq", after_seq + 1) > after_seq]
     if not files:
         return []
-    rows = store.table.open_dataset(files).to_table(
+    rows = table.open_dataset(files).to_table(
         columns=["event_id", "writer_seq"], filter=(ds.field("writer") == name) & (ds.field("writer_seq") > after_seq))
     return rows.sort_by("writer_seq").column("event_id").to_pylist()
 
@@ -186,23 +184,24 @@ class RecentIds:
 class Writer:
     """Appends events durably to a store; see the module docstring. Use as a context manager."""
 
-    def __init__(self, store: Store, name: str, *, seal_bytes: int = 64 << 20,
+    def __init__(self, location: Location, table: Table, name: str, *, seal_bytes: int = 64 << 20,
                  seal_interval: float = 60.0, seal_on_close: bool = True, remember_ids: int = 262_144) -> None:
         check_writer_name(name)
         if seal_bytes <= 0 or seal_interval <= 0 or remember_ids <= 0:
             raise ValueError("seal_bytes, seal_interval and remember_ids must be positive")
         self.remember_ids = remember_ids
-        self.store = store
+        self.location = location
+        self.table = table
         self.name = name
         self.seal_bytes = seal_bytes
         self.seal_interval = seal_interval
         self.seal_on_close = seal_on_close
-        self.dir = store.location.wal_root / name
+        self.dir = location.wal_root / name
         try:
             self._lock = acquire(self.dir)
         except BlockingIOError:
             raise WriterBusyError(
-                f"writer {name!r} of {store.location.uri} is held by another live process; "
+                f"writer {name!r} of {location.uri} is held by another live process; "
                 "give each process its own writer name (store.writer(name=...))"
             ) from None
         self._state = threading.Lock()  # seq assignment, pending queue, known ids
@@ -242,15 +241,10 @@ class Writer:
         if epoch_file.exists():
             epoch = max(epoch, int(epoch_file.read_text().strip() or 0))
         self.epoch = epoch + 1
-        tmp = self.dir / "EPOCH.tmp"
-        tmp.write_text(str(self.epoch))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, epoch_file)
-        wal.fsync_dir(self.dir)
-        sealed = self._sealed_seq = self.store.table_sealed_seq(self.name)
+        write_durably(epoch_file, str(self.epoch))
+        sealed = self._sealed_seq = self.table.sealed_seq(self.name)
         if sealed >= 0:  # a re-sent event an earlier epoch sealed (segment gone) is still a duplicate
-            self._known_ids.add_all(sealed_event_ids(self.store, self.name, after_seq=sealed - self._known_ids.cap))
+            self._known_ids.add_all(sealed_event_ids(self.table, self.name, after_seq=sealed - self._known_ids.cap))
         self._known_ids.add_all(wal_ids)
         self._next_seq = max(last_seq, sealed) + 1
         self._durable_seq = self._next_seq - 1
@@ -363,7 +357,7 @@ class Writer:
                     self._rotate()
                 segments, self._closed_segments = self._closed_segments, []
             try:
-                result = seal_segments(self.store, self.name, segments, expected=self._sealed_seq)
+                result = seal_segments(self.table, self.name, segments, expected=self._sealed_seq)
                 self._sealed_seq = result.sealed_seq
                 return result.events
             except BaseException:

@@ -27,10 +27,11 @@ from typing import Any
 from collectors.collect.agent_cmd import run_command
 from collectors.agents.context import RolloutInfo, load_object
 from collectors.collect.tasks import load_tasks, task_id
+from collectors.errors import CollectorError
 from trajstore import Reward, Store
 
 
-class RewardError(ValueError):
+class RewardError(CollectorError, ValueError):
     """A reward returned something that is not a score."""
 
 

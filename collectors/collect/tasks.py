@@ -21,10 +21,12 @@ import json
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from collectors.errors import CollectorError
+
 MAX_REPORTED = 20
 
 
-class TaskFileError(ValueError):
+class TaskFileError(CollectorError, ValueError):
     """The task file cannot be used; the message lists every bad line."""
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collectors.embedded.engine import Completion
+from collectors.errors import CollectorError
 from collectors.embedded.sampling import SamplingParams
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -42,7 +43,7 @@ REFUSED = {
 }
 
 
-class RequestError(Exception):
+class RequestError(CollectorError):
     """A request the server refuses; rendered as an OpenAI-style error body."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,

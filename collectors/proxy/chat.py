@@ -20,12 +20,13 @@ from typing import Any
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
+from collectors.errors import CollectorError
 from collectors.policy import Sampling
 
 Message = dict[str, Any]
 
 
-class ChatError(Exception):
+class ChatError(CollectorError):
     """A request the proxy refuses or cannot serve; each protocol renders it in its own error shape.
 
     `kind` is one of: invalid_request (400, 413), authentication (401), not_found (404),

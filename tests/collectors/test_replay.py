@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from rich.console import Console
 
 import trajstore
-from cli.replay_cmd import render, replay, tokenizer_decode
+from cli.main import main
+from cli.replay_cmd import render, tokenizer_decode
 from collectors.replay import ToolCall, ToolResult, load_episode, spans, tool_calls, tool_results
 from trajstore import Reward, Status, Turn
 
@@ -92,7 +93,7 @@ def episode_store(tmp_path_factory: pytest.TempPathFactory, tok: Any) -> tuple[s
 
 
 def invoke(*args: str) -> Any:
-    result = CliRunner().invoke(replay, list(args), catch_exceptions=False)
+    result = CliRunner().invoke(main, ["replay", *args], catch_exceptions=False)
     return result
 
 
@@ -160,11 +161,11 @@ def test_without_a_model_the_ids_are_shown(episode_store: tuple[str, dict]) -> N
 
 def test_an_unknown_rollout_says_how_to_find_ids(episode_store: tuple[str, dict], tmp_path: Path) -> None:
     loc, _ = episode_store
-    result = CliRunner().invoke(replay, ["--store", loc, "rollout-weather-9"])
+    result = CliRunner().invoke(main, ["replay", "--store", loc, "rollout-weather-9"])
     assert result.exit_code == 1
     assert "no rollout 'rollout-weather-9'" in result.output and "SELECT rollout_id" in result.output
     assert ROLLOUT in result.output  # a similar id is suggested
-    missing = CliRunner().invoke(replay, ["--store", str(tmp_path / "nowhere"), ROLLOUT])
+    missing = CliRunner().invoke(main, ["replay", "--store", str(tmp_path / "nowhere"), ROLLOUT])
     assert missing.exit_code == 1 and "no trajstore store" in missing.output
 
 

@@ -76,3 +76,24 @@ def test_byte_flips_across_a_sealed_file_never_return_other_data(tmp_path: Path)
             got = None  # reported, not returned
         assert got in (None, expected), f"flip at byte {offset} returned other data: {got}"
         assert not fresh.verify().ok, f"verify missed a flip at byte {offset}"
+
+
+@pytest.mark.parametrize("sql", ["SELECT parquet FROM events", "SELECT * FROM nowhere", "SELEC 1",
+                                 "SELECT 'checksum'::INTEGER", "SELECT * FROM read_parquet('/nonexistent.parquet')"])
+def test_a_sql_mistake_is_a_query_error_with_duckdbs_message_not_damage(tmp_path: Path, sql: str) -> None:
+    store, _, _ = sealed_store(tmp_path / "s")
+    with pytest.raises(trajstore.QueryError) as err:
+        store.query(sql)
+    assert not isinstance(err.value, CorruptionError)
+    assert "verify" not in str(err.value) and "The views are" in str(err.value)
+
+
+def test_damage_met_while_querying_is_corruption_named_by_the_checksums(tmp_path: Path) -> None:
+    store, sealed, _ = sealed_store(tmp_path / "s")
+    flip(sealed, sealed.stat().st_size // 3)  # page data: the footer (checked on open) is intact
+    fresh = trajstore.open_store(tmp_path / "s")
+    with pytest.raises(CorruptionError, match="verify"):
+        fresh.query(QUERY)
+    with pytest.raises(trajstore.QueryError) as err:  # a mistake in SQL is still a mistake in SQL
+        fresh.query("SELECT parquet FROM events")
+    assert not isinstance(err.value, CorruptionError)

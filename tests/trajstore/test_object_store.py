@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 
 import trajstore
 from tests.conftest import S3Server
 from trajstore.errors import StoreNotFoundError
-from trajstore.maintenance import compact, verify
 
 WRITERS = ("alpha", "beta")
 APPENDS = 36  # per writer; each append is one whole rollout (2 turns, a reward, a status)
@@ -114,11 +114,11 @@ def test_round_trip(s3_store_uri: str, tmp_path: Path) -> None:
     assert sorted(shard.group_ids) == ["solo-g0", "solo-g1"] and len(shard.rollout_ids) == 8
     assert shard.table_version == sealed_version
 
-    result = compact(store, target_bytes=64 << 20)  # removes + add in one commit
+    result = store.compact(target_bytes=64 << 20)  # removes + add in one commit
     assert (result.files_before, result.files_after) == (5, 1)
     assert store.version() == sealed_version + 1
     assert per_writer(store.snapshot()) == {"solo": 32}
-    assert verify(store).ok
+    assert store.verify().ok
     # Time travel: the version before compaction still reads its five files; an older one less.
     old = store.snapshot(sealed_version)
     assert len(old.files) == 5 and per_writer(old) == {"solo": 32}
@@ -177,7 +177,7 @@ def test_two_writer_processes(s3_store_uri: str, tmp_path: Path) -> None:
     ids = elsewhere.query("SELECT event_id FROM events").column("event_id").to_pylist()
     assert sorted(ids) == sorted(e["event_id"] for name in WRITERS for b in range(APPENDS) for e in rollout(name, b))
     assert store.live().by_writer == {}
-    assert verify(store).ok
+    assert store.verify().ok
 
     # Each writer committed its seals separately, and their commits interleave in one history.
     latest = store.version()
@@ -211,8 +211,8 @@ def test_concurrent_commits_never_lose_one(s3_store_uri: str) -> None:
     assert [p.exitcode for p in procs] == [0, 0, 0]
     store = trajstore.open_store(s3_store_uri, create=False)
     assert store.version() == 45
-    dt = store.table._current()
-    assert {f"c{i}": dt.transaction_version(f"c{i}") for i in range(3)} == {f"c{i}": 14 for i in range(3)}
+    assert {f"c{i}": store.table.sealed_seq(f"c{i}") for i in range(3)} == {f"c{i}": 14 for i in range(3)}
+    dt = DeltaTable(store.location.table_uri, storage_options=store.location.storage_options)
     ops = [h.get("trajstore.operation") for h in dt.history()]
     assert sorted(op for op in ops if op) == sorted(f"c{i}-{k}" for i in range(3) for k in range(15))
 

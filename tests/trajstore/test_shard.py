@@ -96,7 +96,7 @@ def view_advantages(store: trajstore.Store) -> dict[str, dict[str, float]]:
     return {r["rollout_id"]: r for r in store.query("SELECT * FROM advantages").to_pylist()}
 
 
-def summary(shard: trajstore.store.Shard) -> tuple[Any, ...]:
+def summary(shard: trajstore.Shard) -> tuple[Any, ...]:
     return shard.group_ids, shard.rollout_ids
 
 

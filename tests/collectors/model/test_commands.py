@@ -12,22 +12,22 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from cli.collectors_cmds import init_model
+from cli.main import main
 
 
 def test_init_model_command_builds_a_model_and_reports_bad_sizes(tmp_path: Path) -> None:
     out = tmp_path / "m"
-    result = CliRunner().invoke(init_model, [str(out), "--vocab-size", "400", "--hidden-size", "32", "--layers", "1",
+    result = CliRunner().invoke(main, ["init-model", str(out), "--vocab-size", "400", "--hidden-size", "32", "--layers", "1",
                                              "--heads", "2", "--kv-heads", "1", "--intermediate-size", "48",
                                              "--max-positions", "128"])
     assert result.exit_code == 0, result.output
     assert "400 tokens" in result.output and (out / "model.safetensors").exists()
-    bad = CliRunner().invoke(init_model, [str(tmp_path / "x"), "--hidden-size", "30", "--heads", "4"])
+    bad = CliRunner().invoke(main, ["init-model", str(tmp_path / "x"), "--hidden-size", "30", "--heads", "4"])
     assert bad.exit_code != 0 and "divisible" in bad.output
 
 
 def test_serve_command_runs_a_server_process(tiny_model: Path) -> None:
-    code = "import sys; from cli.collectors_cmds import serve; serve(sys.argv[1:])"
+    code = "import sys; from cli.main import main; main(['serve', *sys.argv[1:]])"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "--model", str(tiny_model), "--port", "0", "--threads", "1",
          "--policy-version", "4", "--served-model-name", "tiny"],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from cli.proxy_cmd import proxy
+from cli.main import main
 from collectors.embedded.app import RunningServer
 from tests.collectors.proxy_harness import call, openai_client
 from trajstore import open_store
@@ -40,7 +40,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 def test_the_command_serves_stores_and_stops(server: RunningServer, tiny_model: Path, tmp_path: Path) -> None:
     port, store = free_port(), tmp_path / "store"
-    code = "from cli.proxy_cmd import proxy; proxy()"
+    code = "import sys; from cli.main import main; main(['proxy', *sys.argv[1:]])"
     args = ["--upstream", server.url, "--model", str(tiny_model), "--store", str(store), "--port", str(port),
             "--run", "cli-run", "--model-name", "tiny"]
     proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE,
@@ -63,6 +63,6 @@ def test_the_command_serves_stores_and_stops(server: RunningServer, tiny_model: 
 
 
 def test_a_directory_that_is_not_a_checkpoint_is_refused(tmp_path: Path) -> None:
-    result = CliRunner().invoke(proxy, ["--upstream", "http://127.0.0.1:9", "--model", str(tmp_path),
+    result = CliRunner().invoke(main, ["proxy", "--upstream", "http://127.0.0.1:9", "--model", str(tmp_path),
                                         "--store", str(tmp_path / "store")])
     assert result.exit_code == 1 and "not a Hugging Face checkpoint" in result.output

@@ -1,0 +1,203 @@
+"""The read side of a store: pin a table version, add this machine's live rows, query by SQL.
+
+A read pins one table version and adds this machine's live write-ahead segments (rows the
+table has not sealed yet, cut at each writer's sealed seq), so every query sees, per
+writer, a gap-free prefix of what it appended: acknowledged events are visible at once,
+whether sealed or not. Segments are listed *before* the table version is read, so a
+segment sealed and deleted in between is already in the table.
+
+Errors are told apart by what failed, never by the words of a message: a statement DuckDB
+cannot parse, bind or run is a `QueryError` carrying DuckDB's message; a `CorruptionError`
+is raised only when a checksum or a format check of the pinned files says so.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from trajstore import wal
+from trajstore.errors import CorruptionError, QueryError
+from trajstore.location import Location
+from trajstore.schema import EVENT_SCHEMA
+from trajstore.table import FileInfo, Table, TableSnapshot
+from trajstore.views import VIEW_NAMES, create_views
+
+# DuckDB errors a statement itself causes, found before or without reading a byte of data.
+_STATEMENT_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
+                     duckdb.SyntaxException, duckdb.ConversionException, duckdb.OutOfRangeException,
+                     duckdb.TypeMismatchException, duckdb.NotImplementedException, duckdb.PermissionException,
+                     duckdb.ConstraintException, duckdb.DataError, duckdb.InterruptException)
+
+
+@dataclass
+class LiveRows:
+    """Rows of this machine's write-ahead segments, per writer."""
+
+    by_writer: dict[str, list[pa.RecordBatch]]
+
+    def table(self, snapshot: TableSnapshot) -> pa.Table:
+        """The rows `snapshot` has not sealed: each writer's batches cut after its sealed seq."""
+        batches = []
+        for writer, rows in self.by_writer.items():
+            cut = snapshot.sealed_seq(writer)
+            for batch in rows:
+                if batch.num_rows and batch.column("writer_seq")[batch.num_rows - 1].as_py() <= cut:
+                    continue
+                if batch.column("writer_seq")[0].as_py() <= cut:
+                    seqs = batch.column("writer_seq").to_numpy()
+                    batch = batch.filter(pa.array(seqs > cut))
+                batches.append(batch)
+        return pa.Table.from_batches(batches, schema=EVENT_SCHEMA)
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """One table version and the live rows it has not sealed: what a consistent read sees."""
+
+    table: TableSnapshot
+    live: pa.Table
+
+    @property
+    def version(self) -> int:
+        return self.table.version
+
+
+class Snapshot:
+    """One consistent view of the store over DuckDB: a pinned version plus live rows. Query it many times.
+
+    `files` are the sealed files to read (all of the version's by default); `use_rows` swaps
+    in pre-filtered raw rows (the shard planner).
+    """
+
+    def __init__(self, table: Table, pinned: Pinned, *, files: Iterable[FileInfo] | None = None) -> None:
+        self._table = table
+        self.table_version = pinned.version
+        self.files = tuple(pinned.table.files if files is None else files)
+        self._con = duckdb.connect()
+        self._con.execute("SET TimeZone = 'UTC'")
+        self._con.register("_sealed", table.open_dataset(self.files))
+        self._con.register("_live", pinned.live)
+        self._con.execute("CREATE TEMP VIEW _raw AS SELECT * FROM _sealed UNION ALL BY NAME SELECT * FROM _live")
+        create_views(self._con)
+
+    def query(self, sql: str, params: Any = None) -> pa.Table:
+        """Run SQL over the views; a `pyarrow.Table`."""
+        if not isinstance(sql, str) or not sql.strip():
+            raise QueryError("the query is empty; give a SQL statement such as \"SELECT * FROM rollouts LIMIT 5\"")
+        try:
+            rel = self._con.sql(sql, params=params) if params is not None else self._con.sql(sql)
+            if rel is None:
+                raise QueryError(f"the statement returned no rows to show: {sql.strip()[:200]!r}. The store is "
+                                 "read through SELECT (or WITH ... SELECT) statements over its views")
+            return rel.to_arrow_table()
+        except _STATEMENT_ERRORS as exc:
+            raise QueryError(self._query_failed(exc)) from exc
+        except duckdb.Error as exc:
+            damage = self._damage()
+            if damage is not None:
+                raise CorruptionError(f"{damage}; run `trajstore verify` for a full report") from exc
+            raise QueryError(self._query_failed(exc)) from exc
+
+    @staticmethod
+    def _query_failed(exc: Exception) -> str:
+        return f"query failed: {exc}\nThe views are: {', '.join(VIEW_NAMES)}."
+
+    def _damage(self) -> str | None:
+        """The first damaged sealed file of this snapshot, by its checksums; None when all are whole."""
+        for f in self.files:
+            try:
+                for _ in self._table.open_dataset([f]).to_batches():
+                    pass
+            except CorruptionError as exc:
+                return str(exc)
+            except (OSError, pa.ArrowException) as exc:
+                return f"sealed file {f.path} fails its page checksums or cannot be decoded ({exc})"
+        return None
+
+    def register(self, name: str, data: pa.Table) -> None:
+        self._con.register(name, data)
+
+    def use_rows(self, rows: pa.Table) -> None:
+        """Point the views at `rows` instead (raw rows of the same pinned version, pre-filtered
+        by the shard planner), keeping the connection and its views: setting up a connection
+        costs more than the planner's small queries."""
+        self._con.execute("DROP VIEW IF EXISTS _raw")
+        self._con.register("_raw", rows)
+        self.files = ()
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Reader:
+    """Reads one store: this machine's live segments (cached by size and mtime) and pinned versions."""
+
+    def __init__(self, location: Location, table: Table) -> None:
+        self.location = location
+        self.table = table
+        self._cache_lock = threading.Lock()
+        self._segment_cache: dict[Path, tuple[int, int, wal.SegmentRead]] = {}
+
+    def _read_segment(self, path: Path) -> wal.SegmentRead | None:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        key = (st.st_size, st.st_mtime_ns)
+        with self._cache_lock:
+            hit = self._segment_cache.get(path)
+        if hit and hit[:2] == key:
+            return hit[2]
+        try:
+            read = wal.read_segment(path)
+        except FileNotFoundError:
+            return None  # sealed and deleted since listing: the table has it
+        with self._cache_lock:
+            self._segment_cache[path] = (*key, read)
+        return read
+
+    def live(self) -> LiveRows:
+        """This machine's write-ahead rows (all of them; cut per pinned version)."""
+        by_writer: dict[str, list[pa.RecordBatch]] = {}
+        root = self.location.wal_root
+        seen: set[Path] = set()
+        if root.is_dir():
+            for wdir in sorted(p for p in root.iterdir() if p.is_dir()):
+                for path in wal.list_segments(wdir):
+                    seen.add(path)
+                    read = self._read_segment(path)
+                    if read is not None and read.batches:
+                        by_writer.setdefault(wdir.name, []).extend(b.data for b in read.batches)
+        with self._cache_lock:
+            for stale in set(self._segment_cache) - seen:
+                del self._segment_cache[stale]
+        return LiveRows(by_writer)
+
+    def pin(self, version: int | None = None, *, live: bool = True) -> Pinned:
+        """A table version (latest by default) and, when `live`, the live rows it has not sealed.
+
+        The segments are read before the version is pinned (see the module docstring)."""
+        rows = self.live() if live and version is None else LiveRows({})
+        table = self.table.snapshot(version, writers=list(rows.by_writer))
+        return Pinned(table, rows.table(table))
+
+    def snapshot(self, version: int | None = None, *, live: bool = True) -> Snapshot:
+        """Pin a table version (latest by default) plus, when `live`, the live segments."""
+        return Snapshot(self.table, self.pin(version, live=live))
+
+    def query(self, sql: str, params: Any = None, *, version: int | None = None) -> pa.Table:
+        with self.snapshot(version) as snap:
+            return snap.query(sql, params)
