@@ -123,7 +123,7 @@ def upstream_app(model_dir: str, latency_s: float) -> Any:
 
     from collectors.embedded.protocol import CompletionJob, completion_response
     from collectors.embedded.engine import Completion
-    from collectors.embedded.sampling import SamplingParams
+    from collectors.policy import SamplingParams
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     ids = tok.encode(REPLY, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]

@@ -38,7 +38,7 @@ from cli.options import store_option
 @click.option("--max-tokens", type=int, default=512, show_default=True, help="Sampled tokens per model call.")
 @click.option("--temperature", type=float, default=1.0, show_default=True)
 @click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--top-k", type=int, default=-1, show_default=True, help="-1: off.")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0: off.")
 @click.option("--seed", type=int, help="Seeds every call (each slot and attempt its own, the same on a rerun).")
 @click.option("--epochs", type=int, default=1, show_default=True, help="Passes over the tasks (a group per pass).")
 @click.option("--forever", is_flag=True, help="Cycle over the tasks, epoch after epoch, until interrupted.")

@@ -83,7 +83,7 @@ def render(episode: Episode, console: Console, *, decode: Decode | None = None, 
                 body.append(_span_text(span), style=STYLES[span.kind])
             console.print(body)
             for call in turn.tool_calls:
-                console.print(Text(f"→ tool call {call.name} {json.dumps(call.arguments)}", style="cyan"))
+                console.print(Text(f"→ tool call {call.name} {call.arguments}", style="cyan"))
             if tokens:
                 console.print(_token_table(turn, decode))
 

@@ -8,23 +8,23 @@ sampled trainable tokens, sampled masked tokens), decodes them when given a `dec
 function (a tokenizer's; otherwise ids are all there is), and pulls tool calls and tool
 results out of the stored request/response JSON: OpenAI chat (`tool_calls`, `tool`
 messages), Anthropic messages (`tool_use`, `tool_result` blocks), or, failing those, the
-`<tool_call>` JSON the model wrote. `Episode.as_json()` is the machine form.
+`<tool_call>` JSON the model wrote (`collectors.proxy.toolcalls` reads both). `Episode.as_json()`
+is the machine form.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from collectors.errors import CollectorError
+from collectors.proxy.toolcalls import ToolCall, parse_output, response_calls
 from trajstore import Store
 
 Decode = Callable[[list[int]], str]
 SpanKind = Literal["prompt", "sampled", "sampled_masked"]
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 _FIND_IDS = 'trajstore query --store {loc} "SELECT rollout_id, status, reward FROM rollouts ORDER BY started DESC"'
 
 
@@ -40,13 +40,6 @@ class Span:
     ids: list[int]
     text: str | None  # None without a tokenizer
     logprobs: list[float] | None = None  # sampled spans only
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: Any
-    id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,9 +145,9 @@ def _turn(row: dict[str, Any], decode: Decode | None) -> ReplayTurn:
     mask = list(row["output_mask"]) if row["output_mask"] is not None else [True] * len(output)
     request, response = _json(row["request"]), _json(row["response"])
     output_text = decode(output) if decode else None
-    calls = tool_calls(response)
+    calls = response_calls(response)
     if not calls and output_text:
-        calls = _calls_in_text(output_text)
+        calls = list(parse_output(output_text).tool_calls)
     return ReplayTurn(turn_index=row["turn_index"], policy_version=row["policy_version"],
                       finish_reason=row["finish_reason"], prompt_ids=prompt, output_ids=output,
                       output_logprobs=logprobs, output_mask=mask, spans=spans(prompt, output, logprobs, mask, decode),
@@ -183,41 +176,6 @@ def _json(text: Any) -> Any:
         return json.loads(text)
     except ValueError:
         return text
-
-
-def _args(value: Any) -> Any:
-    """Tool arguments as an object when they are JSON text (OpenAI sends a string)."""
-    parsed = _json(value)
-    return parsed if isinstance(parsed, (dict, list)) else value
-
-
-def tool_calls(response: Any) -> list[ToolCall]:
-    """Tool calls in a stored response: OpenAI chat completion, Anthropic message, or a bare `tool_calls` list."""
-    if not isinstance(response, dict):
-        return []
-    calls: list[ToolCall] = []
-    choices = response.get("choices")  # OpenAI: the first choice's message; otherwise the response itself
-    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
-    message = first.get("message") if first is not None else response
-    calls_in = message.get("tool_calls") if isinstance(message, dict) else None
-    for call in calls_in if isinstance(calls_in, list) else []:
-        fn = call.get("function", call) if isinstance(call, dict) else {}
-        if isinstance(fn, dict) and fn.get("name"):
-            calls.append(ToolCall(fn["name"], _args(fn.get("arguments")), call.get("id")))
-    content = response.get("content")
-    for block in content if isinstance(content, list) else []:  # Anthropic: content blocks of the assistant message
-        if isinstance(block, dict) and block.get("type") == "tool_use":
-            calls.append(ToolCall(block.get("name", "?"), block.get("input"), block.get("id")))
-    return calls
-
-
-def _calls_in_text(text: str) -> list[ToolCall]:
-    calls = []
-    for match in _TOOL_CALL.finditer(text):
-        body = _json(match.group(1))
-        if isinstance(body, dict) and isinstance(body.get("name"), str):
-            calls.append(ToolCall(body["name"], _args(body.get("arguments"))))
-    return calls
 
 
 def _text(content: Any) -> str:

@@ -37,6 +37,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from jsonschema import Draft202012Validator
+
 from collectors.agents.context import load_object
 from collectors.errors import CollectorError
 
@@ -240,43 +242,15 @@ async def _call(tools: Mapping[str, Tool], name: str, arguments_json: str) -> st
 
 
 def validate(parameters: Mapping[str, Any], arguments: Mapping[str, Any]) -> list[str]:
-    """Every problem of `arguments` against a tool's parameters schema (as `tool_schema` writes it)."""
-    properties: Mapping[str, Any] = parameters.get("properties", {})
-    problems = [f"missing required argument {k!r}" for k in parameters.get("required", []) if k not in arguments]
-    for key, value in arguments.items():
-        if key not in properties:
-            known = ", ".join(properties) or "none"
-            problems.append(f"unknown argument {key!r} (the arguments are: {known})")
-        else:
-            problems += _check(properties[key], value, key)
-    return problems
+    """Every problem of `arguments` against a tool's parameters schema (JSON Schema, checked by `jsonschema`).
 
-
-_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "array": lambda v: isinstance(v, list),
-    "object": lambda v: isinstance(v, dict),
-    "null": lambda v: v is None,
-}
-
-
-def _check(schema: Mapping[str, Any], value: Any, where: str) -> list[str]:
-    allowed = schema.get("type")
-    allowed = [allowed] if isinstance(allowed, str) else list(allowed or [])
-    if allowed and not any(_JSON_TYPES[t](value) for t in allowed):
-        return [f"argument {where!r} must be {' or '.join(allowed)}, got {json.dumps(value)[:80]}"]
-    if "enum" in schema and value not in schema["enum"]:
-        return [f"argument {where!r} must be one of {json.dumps(schema['enum'])}, got {json.dumps(value)[:80]}"]
-    problems: list[str] = []
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            problems += _check(schema["items"], item, f"{where}[{i}]")
-    if isinstance(value, dict) and "additionalProperties" in schema:
-        for k, item in value.items():
-            problems += _check(schema["additionalProperties"], item, f"{where}.{k}")
+    Arguments the function does not take are refused too: the model sees their names."""
+    schema = {**parameters, "additionalProperties": False}
+    problems = []
+    for error in sorted(Draft202012Validator(schema).iter_errors(arguments), key=lambda e: list(e.path)):
+        where = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p))
+                        for i, p in enumerate(error.path))
+        problems.append(f"argument {where!r}: {error.message}" if where else error.message)
     return problems
 
 

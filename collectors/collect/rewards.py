@@ -28,6 +28,7 @@ from collectors.collect.agent_cmd import run_command
 from collectors.agents.context import RolloutInfo, load_object
 from collectors.collect.tasks import load_tasks, task_id
 from collectors.errors import CollectorError
+from collectors.proxy.toolcalls import response_text
 from trajstore import Reward, Store
 
 
@@ -96,20 +97,6 @@ _RESCORE_SQL = """
 DEFAULT_WHERE = "status IN ('completed', 'truncated')"
 
 
-def reply_text(response: Any) -> str:
-    """The text of an OpenAI chat completion or an Anthropic message (as stored in a turn's `response`)."""
-    body = json.loads(response) if isinstance(response, str) else response
-    if not isinstance(body, dict):
-        return ""
-    choices = body.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        return str((choices[0].get("message") or {}).get("content") or "")
-    blocks = body.get("content")
-    if isinstance(blocks, list):
-        return "".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
-    return ""
-
-
 @dataclass
 class RescoreSummary:
     scored: int = 0
@@ -150,7 +137,7 @@ def rescore(store: Store, run: str, reward: str, *, tasks_file: str | None = Non
                 why = f"task {started.get('task_id')!r} is neither stored with the rollout nor in --tasks"
                 summary.skipped.append((row["rollout_id"], why))
                 continue
-            result = final["result"] if "result" in final else reply_text(row["response"])
+            result = final["result"] if "result" in final else response_text(row["response"])
             info = RolloutInfo(run=run, group_id=row["group_id"], rollout_id=row["rollout_id"],
                                slot=int(started.get("slot", 0)), attempt=int(started.get("attempt", 0)),
                                workdir=Path(started.get("workdir", ".")),

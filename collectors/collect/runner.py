@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 def _sampling(settings: CollectSettings) -> Any:
     def per_job(job: Job) -> dict[str, Any]:
         out: dict[str, Any] = {"temperature": settings.temperature, "top_p": settings.top_p}
-        if settings.top_k != -1:
+        if settings.top_k:
             out["extra_body"] = {"top_k": settings.top_k}  # vLLM's extension; the OpenAI SDK passes it through
         if settings.seed is not None:  # every slot and attempt its own draw, the same on a rerun
             key = f"{settings.seed}/{job.task_id}/{job.epoch}/{job.slot}/{job.attempt}".encode()

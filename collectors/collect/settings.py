@@ -26,7 +26,7 @@ class CollectSettings:
     max_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: int = 0  # 0: off
     seed: int | None = None
     epochs: int = 1
     forever: bool = False  # cycle over the tasks (epoch after epoch) until stopped
@@ -60,8 +60,8 @@ class CollectSettings:
                 out.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
         if self.rollout_timeout <= 0 or self.poll_interval_s <= 0:
             out.append("--rollout-timeout and the poll interval must be positive")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or (self.top_k != -1 and self.top_k < 1):
-            out.append("sampling needs --temperature >= 0, 0 < --top-p <= 1 and --top-k -1 (off) or >= 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            out.append("sampling needs --temperature >= 0, 0 < --top-p <= 1 and --top-k 0 (off) or >= 1")
         if not self.run:
             out.append("--run must name the run")
         given = [f"--{n.replace('_', '-')}" for n in ("agent", "tools", "agent_cmd") if getattr(self, n)]

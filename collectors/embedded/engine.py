@@ -39,7 +39,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from collectors.embedded import kv_batch
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
-from collectors.embedded.sampling import SamplingParams, find_stop, make_generator, processed_logprobs, sample
+from collectors.policy import SamplingParams
+from collectors.embedded.sampling import find_stop, make_generator, processed_logprobs, sample
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from collectors.embedded.engine import Completion
 from collectors.errors import CollectorError
-from collectors.embedded.sampling import SamplingParams
+from collectors.policy import SamplingParams
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 INT64 = (-(2**63), 2**63 - 1)

@@ -26,32 +26,9 @@ Semantics follow vLLM's sampler so that a collector sees the same numbers from e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-SAMPLING_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """What one request asks of the sampler; validated by the HTTP layer."""
-
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None  # how many top alternatives to report per token (the sampled one always is)
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < SAMPLING_EPS
+from collectors.policy.contract import SAMPLING_EPS
 
 
 def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,

@@ -10,20 +10,38 @@ checkpoint version that produced all of them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """What a collector asks for; recorded with every turn (the `sampling` column)."""
+SAMPLING_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 
-    max_tokens: int = 256
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion: what a collector asks for and what the embedded engine applies.
+
+    Field names, defaults and meanings are vLLM's `SamplingParams`. Off switches: `top_k` 0
+    (the edges read vLLM's older -1 as 0 too) and `top_p` 1. The first six fields are recorded
+    with every turn (`as_json`, the `sampling` column); the rest shape a completion's text and
+    alternatives, never its tokens.
+    """
+
+    max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1: no top-k (vLLM's convention)
+    top_k: int = 0  # 0: off
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # how many top alternatives to report per token (the sampled one always is)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
 
     def as_json(self) -> dict[str, object]:
         return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
@@ -41,7 +59,6 @@ class Sample:
     finish_reason: str  # stop | length | abort
     policy_version: int
     stop_reason: str | int | None = None
-    raw: dict[str, object] = field(default_factory=dict, repr=False)  # the server's response JSON
 
 
 @runtime_checkable
@@ -50,7 +67,7 @@ class PolicyClient(Protocol):
 
     base_url: str
 
-    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling, *,
+    async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
         """Sample a continuation of `prompt_ids`. `session_id` keeps a session on one server
         behind vLLM's router (the X-Session-ID header)."""

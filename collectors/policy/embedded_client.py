@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from collectors.errors import VersionConflict, WeightLoadError
-from collectors.policy.contract import Sample, Sampling
+from collectors.policy.contract import Sample, SamplingParams
 from collectors.policy.http import (
     Http, PolicyServerBadResponse, PolicyServerFailed, PolicyServerRejected, completion_body, list_models,
     parse_completion, port_of, prompt_list, session_headers,
@@ -21,7 +21,7 @@ class EmbeddedClient:
     """The embedded policy server (`trajstore serve`): every response carries the version that sampled it.
 
         async with EmbeddedClient("http://127.0.0.1:8000") as policy:
-            sample = await policy.complete(prompt_ids, Sampling(max_tokens=64, seed=1))
+            sample = await policy.complete(prompt_ids, SamplingParams(max_tokens=64, seed=1))
     """
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, model: str | None = None,
@@ -35,7 +35,7 @@ class EmbeddedClient:
                            connect_retries=connect_retries, retry_backoff_s=retry_backoff_s,
                            max_connections=max_connections)
 
-    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling, *,
+    async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
         ids = prompt_list(prompt_ids)
         reply = await self._http.call("POST", "/v1/completions", body=completion_body(ids, sampling, self._model),

@@ -24,7 +24,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from collectors.errors import CollectorError, VersionConflict, WeightLoadError
-from collectors.policy.contract import Sample, Sampling
+from collectors.policy.contract import Sample, SamplingParams
 
 
 class PolicyServerError(CollectorError):
@@ -148,7 +148,7 @@ class Http:
             self._session = None
 
 
-def completion_body(prompt_ids: list[int], sampling: Sampling, model: str | None) -> dict[str, Any]:
+def completion_body(prompt_ids: list[int], sampling: SamplingParams, model: str | None) -> dict[str, Any]:
     """The /v1/completions request for one token-id prompt."""
     body: dict[str, Any] = {
         "prompt": prompt_ids, "max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
@@ -195,8 +195,7 @@ def parse_completion(body: Any, prompt_ids: list[int], *, policy_version: int, u
     if not isinstance(text, str) or not isinstance(finish, str):
         raise bad(f"returned a choice without `text` or `finish_reason`: {json.dumps(choice)[:200]}")
     return Sample(prompt_ids=prompt_ids, output_ids=ids, output_logprobs=[float(x) for x in logprobs], text=text,
-                  finish_reason=finish, policy_version=policy_version, stop_reason=choice.get("stop_reason"),
-                  raw=body)
+                  finish_reason=finish, policy_version=policy_version, stop_reason=choice.get("stop_reason"))
 
 
 def prompt_list(prompt_ids: Sequence[int]) -> list[int]:

@@ -32,7 +32,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from collectors.errors import VersionConflict, WeightLoadError
-from collectors.policy.contract import Sample, Sampling
+from collectors.policy.contract import Sample, SamplingParams
 from collectors.policy.http import (
     Http, PolicyServerBadResponse, PolicyServerError, PolicyServerFailed, PolicyServerRejected, Reply,
     completion_body, list_models, parse_completion, port_of, prompt_list, session_headers,
@@ -99,7 +99,7 @@ class VLLMClient:
                            timeout_s=timeout_s, connect_retries=connect_retries, retry_backoff_s=retry_backoff_s,
                            max_connections=max_connections)
 
-    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling, *,
+    async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
         if self._broken:
             raise WeightLoadError(self._broken)
@@ -119,7 +119,7 @@ class VLLMClient:
                                           f"{body.get('model')!r} but the request named {model!r}", url=self.base_url)
         return parse_completion(body, ids, policy_version=version, url=self.base_url)
 
-    async def _post_completion(self, ids: list[int], sampling: Sampling, model: str | None,
+    async def _post_completion(self, ids: list[int], sampling: SamplingParams, model: str | None,
                                session_id: str | None) -> Reply:
         return await self._http.call("POST", "/v1/completions", body=completion_body(ids, sampling, model),
                                      headers=session_headers(session_id))

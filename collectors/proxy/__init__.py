@@ -8,9 +8,9 @@ protocol-neutral request and reply.
 
 from collectors.proxy.app import ProxyConfig, RunningProxy, create_app, run_proxy, serve_proxy_in_thread, start_proxy
 from collectors.proxy.capture import Capture
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, ToolCall
-from collectors.proxy.toolcalls import parse_output
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
+from collectors.proxy.toolcalls import ToolCall, parse_output, response_calls, response_text
 from collectors.proxy.wire import WIRES, WireProtocol
 
 __all__ = ["WIRES", "Capture", "ChatError", "ChatReply", "ChatRequest", "ProxyConfig", "RunningProxy", "ToolCall",
-           "WireProtocol", "create_app", "parse_output", "run_proxy", "serve_proxy_in_thread", "start_proxy"]
+           "WireProtocol", "create_app", "parse_output", "response_calls", "response_text", "run_proxy", "serve_proxy_in_thread", "start_proxy"]

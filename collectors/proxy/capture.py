@@ -95,7 +95,7 @@ class Capture:
 
     async def _sample(self, ids: list[int], req: ChatRequest, max_tokens: int, session_id: str) -> Sample:
         try:
-            sample = await self.client.complete(ids, req.sampling(max_tokens), session_id=session_id)
+            sample = await self.client.complete(ids, req.sampling_for(max_tokens), session_id=session_id)
         except Exception as exc:  # noqa: BLE001 - any upstream failure becomes a 502 that names it
             self.stats.upstream_failures += 1
             reason = str(exc) if isinstance(exc, CollectorError) else (
@@ -142,7 +142,7 @@ class Capture:
                     "previous_segment": plan.previous_segment, "reply_rerenders": closing is not None,
                     "output_retokenizes": retokenizes, "forks_in_session": sum(state.forks.values())
                     + (plan.fork is not None)}
-            sampling = {**req.sampling(max_tokens).as_json(), "requested_max_tokens": req.max_tokens}
+            sampling = {**req.sampling_for(max_tokens).as_json(), "requested_max_tokens": req.max_tokens}
             await self._append([Turn(
                 run=rollout.run, group_id=rollout.group_id, rollout_id=rollout.rollout_id, session_id=session,
                 segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,

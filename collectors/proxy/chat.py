@@ -13,6 +13,7 @@ Template tool format: OpenAI's `{"type": "function", "function": {"name", "descr
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,8 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from collectors.errors import CollectorError
-from collectors.policy import Sampling
+from collectors.policy import SamplingParams
+from collectors.proxy.toolcalls import ToolCall
 
 Message = dict[str, Any]
 
@@ -49,28 +51,15 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None
     parse_tools: bool  # False for tool_choice none (tool-call text stays content)
     max_tokens: int | None  # None: fill the context up to the proxy's default
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
+    # temperature, top_p, top_k, seed, stop; its max_tokens is set by the proxy from `max_tokens` and the room left
+    sampling: SamplingParams = SamplingParams()
     stream: bool = False
     continue_final: bool = False  # the last message is an assistant prefill to continue
     options: dict[str, Any] = field(default_factory=dict)  # protocol-specific (include_usage, logprobs)
 
-    def sampling(self, max_tokens: int) -> Sampling:
-        return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                        seed=self.seed, stop=self.stop)
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A parsed call as answered: `arguments` is JSON text, `input` the same object decoded."""
-
-    id: str
-    name: str
-    arguments: str
-    input: dict[str, Any]
+    def sampling_for(self, max_tokens: int) -> SamplingParams:
+        """The sampling parameters of this call, sampling at most `max_tokens`."""
+        return dataclasses.replace(self.sampling, max_tokens=max_tokens)
 
 
 @dataclass(frozen=True)

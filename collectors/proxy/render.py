@@ -16,11 +16,12 @@ serves) and is the only place the capture proxy renders or tokenizes:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from jinja2 import TemplateError
 
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, ToolCall, assistant_message
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, assistant_message
 from collectors.policy import Sample
 from collectors.proxy.toolcalls import parse_output
 
@@ -91,10 +92,10 @@ class ChatRenderer:
         stop_string = sample.stop_reason if isinstance(sample.stop_reason, str) else None
         text = self.decode(text_ids(sample))
         if stop_string is not None:
-            hits = [i for i in (text.find(s) for s in req.stop) if i >= 0]
+            hits = [i for i in (text.find(s) for s in req.sampling.stop) if i >= 0]
             text = text[:min(hits)] if hits else text
         parsed = parse_output(text, parse_tools=req.parse_tools and bool(req.tools))
-        calls = tuple(ToolCall(call_id(), c.name, c.arguments, c.input) for c in parsed.tool_calls)
+        calls = tuple(dataclasses.replace(c, id=call_id()) for c in parsed.tool_calls)
         finish = "tool_calls" if calls and sample.finish_reason == "stop" else sample.finish_reason
         texts = [self.decode([t]) for t in ids] if req.options.get("logprobs") else []
         return ChatReply(id=reply_id, model=model, created=created, content=parsed.content,

@@ -1,4 +1,9 @@
-"""Parse a sampled assistant text (Hermes / Qwen format) into reasoning, content and tool calls. Pure.
+"""Tool calls: the one `ToolCall` type, the one `<tool_call>` parser, and reading calls back from stored responses. Pure.
+
+`parse_output` splits a sampled assistant text (Hermes / Qwen format) into reasoning, content
+and tool calls; `response_calls` and `response_text` read the calls and text of a stored
+`response` (an OpenAI chat completion or an Anthropic message, as the proxy answered it), for
+replay and re-scoring.
 
 The format is the one `collectors.model.chat_template` renders:
 
@@ -36,19 +41,22 @@ _CANONICAL = re.compile(r'\A\n\{"name": "([^"\\]*)", "arguments": (.*)\}\n\Z', r
 
 
 @dataclass(frozen=True)
-class ParsedCall:
-    """One tool call: `arguments` is JSON text (what OpenAI sends), `input` the decoded object (Anthropic)."""
+class ToolCall:
+    """One tool call: `arguments` is JSON text (what OpenAI sends), `input` the decoded object (Anthropic).
+
+    `id` is the id the agent was answered with (None for a call parsed from text)."""
 
     name: str
     arguments: str
     input: dict[str, Any]
+    id: str | None = None
 
 
 @dataclass(frozen=True)
 class ParsedOutput:
     content: str
     reasoning: str | None
-    tool_calls: tuple[ParsedCall, ...]
+    tool_calls: tuple[ToolCall, ...]
 
 
 def split_reasoning(text: str) -> tuple[str | None, str]:
@@ -67,7 +75,7 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
     return reasoning, rest
 
 
-def parse_call(body: str) -> ParsedCall | None:
+def parse_call(body: str) -> ToolCall | None:
     """The body of one `<tool_call>` block, or None when it is not a well-formed call."""
     try:
         obj = json.loads(body)
@@ -88,10 +96,10 @@ def parse_call(body: str) -> ParsedCall | None:
         raw = canonical.group(2)
         try:
             if json.loads(raw) == args:
-                return ParsedCall(obj["name"], raw, args)
+                return ToolCall(obj["name"], raw, args)
         except json.JSONDecodeError:
             pass
-    return ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False), args)
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), args)
 
 
 def parse_output(text: str, *, parse_tools: bool = True) -> ParsedOutput:
@@ -104,3 +112,59 @@ def parse_output(text: str, *, parse_tools: bool = True) -> ParsedOutput:
     content = rest[:blocks[0].start()]
     content = content[:-1] if content.endswith("\n") else content
     return ParsedOutput(content, reasoning, tuple(c for c in calls if c is not None))
+
+
+def _message(response: Any) -> dict[str, Any] | None:
+    """The assistant message of a stored response: OpenAI's first choice's message, else the response itself."""
+    if not isinstance(response, dict):
+        return None
+    choices = response.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        return message if isinstance(message, dict) else None
+    return response
+
+
+def _decoded(arguments: Any) -> tuple[str, dict[str, Any]]:
+    """(JSON text, object) of arguments sent as text (OpenAI) or as an object (Anthropic)."""
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments, {}
+        return arguments, value if isinstance(value, dict) else {}
+    value = arguments if isinstance(arguments, dict) else {}
+    return json.dumps(value, ensure_ascii=False), value
+
+
+def response_calls(response: Any) -> list[ToolCall]:
+    """Tool calls of a stored response: OpenAI `tool_calls` or Anthropic `tool_use` blocks."""
+    message = _message(response)
+    if message is None:
+        return []
+    calls: list[ToolCall] = []
+    listed = message.get("tool_calls")
+    for call in listed if isinstance(listed, list) else []:
+        fn = call.get("function", call) if isinstance(call, dict) else {}
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
+            text, value = _decoded(fn.get("arguments", {}))
+            calls.append(ToolCall(fn["name"], text, value, call.get("id")))
+    content = message.get("content")
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, dict) and block.get("type") == "tool_use" and isinstance(block.get("name"), str):
+            text, value = _decoded(block.get("input", {}))
+            calls.append(ToolCall(block["name"], text, value, block.get("id")))
+    return calls
+
+
+def response_text(response: Any) -> str:
+    """The assistant text of a stored response (OpenAI message content, or Anthropic text blocks)."""
+    body = json.loads(response) if isinstance(response, str) else response
+    message = _message(body)
+    content = message.get("content") if message is not None else None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return ""
+

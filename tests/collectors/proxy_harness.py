@@ -1,8 +1,9 @@
 """Shared parts of the capture-proxy tests: upstream clients, a proxy in front of them, store reads.
 
 - `Recording`: wraps a PolicyClient (the real `EmbeddedClient` in front of the embedded server)
-  and keeps every (ids sent, Sample) pair; `Sample.raw` is the server's own response JSON, i.e.
-  exactly what it sampled, to compare with what the proxy stored.
+  and keeps every (ids sent, Sample) pair: the engine's ids, logprobs and version as the client
+  parsed them from the server's JSON (which checks the echoed prompt ids), to compare with what
+  the proxy stored.
 - `Scripted`: an honest fake upstream that "samples" given texts (tokenized, plus `<|im_end|>`),
   for tool-call replies a random tiny model will not write.
 """
@@ -22,7 +23,7 @@ import anthropic
 import openai
 import pytest
 
-from collectors.policy import PolicyClient, Sample, Sampling
+from collectors.policy import PolicyClient, Sample, SamplingParams
 from collectors.proxy.app import ProxyConfig, RunningProxy, serve_proxy_in_thread
 from tests.collectors import http
 from trajstore import Store, open_store
@@ -41,7 +42,7 @@ class Recording:
     def base_url(self) -> str:
         return self.inner.base_url
 
-    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling, *,
+    async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
         sample = await self.inner.complete(prompt_ids, sampling, session_id=session_id)
         self.calls.append((list(prompt_ids), sample))
@@ -66,7 +67,7 @@ class Scripted:
     base_url: str = "scripted://"
     version: int = 7
 
-    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling, *,
+    async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
         text = self.replies.pop(0) if self.replies else "ok"
         end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -164,11 +165,10 @@ def assert_exact(h: Harness, rollout_id: str, turns: list[dict[str, Any]] | None
     held: dict[str, list[int]] = {}
     for t in turns:
         sent, sample = by_output[tuple(t["output_ids"])]
-        server = sample.raw["choices"][0]
-        assert t["output_ids"] == server["token_ids"]
-        assert t["output_logprobs"] == pytest.approx(server["logprobs"]["token_logprobs"], rel=1e-6, abs=1e-6)
-        assert t["policy_version"] == sample.raw["policy_version"]
+        assert t["output_ids"] == sample.output_ids
+        assert t["output_logprobs"] == pytest.approx(sample.output_logprobs, rel=1e-6, abs=1e-6)
+        assert t["policy_version"] == sample.policy_version
         prefix = held.get(t["segment_id"], []) if t["turn_index"] else []
-        assert prefix + t["prompt_ids"] == sent == server["prompt_token_ids"]
+        assert prefix + t["prompt_ids"] == sent == sample.prompt_ids
         held[t["segment_id"]] = sent + t["output_ids"]
     return turns

@@ -21,7 +21,8 @@ from rich.console import Console
 import trajstore
 from cli.main import main
 from cli.replay_cmd import render, tokenizer_decode
-from collectors.replay import ToolCall, ToolResult, load_episode, spans, tool_calls, tool_results
+from collectors.proxy.toolcalls import ToolCall, parse_output, response_calls
+from collectors.replay import ToolResult, load_episode, spans, tool_results
 from trajstore import Reward, Status, Turn
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,7 +114,8 @@ def test_json_has_the_exact_tokens_the_masks_and_the_decoded_text(episode_store:
     assert [s["kind"] for s in t0["spans"]] == ["prompt", "sampled"]
     assert t0["spans"][0]["text"] == tok.decode(ids["p0"]) and "What is the weather in Paris?" in t0["spans"][0]["text"]
     assert t0["spans"][1]["text"] == CALL and t0["spans"][1]["logprobs"] == logprobs(len(ids["o0"]))
-    assert t0["tool_calls"] == [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call_1"}]
+    assert t0["tool_calls"] == [{"name": "get_weather", "arguments": '{"city": "Paris"}', "input": {"city": "Paris"},
+                                 "id": "call_1"}]
     assert t1["tool_results"] == [{"content": '{"temperature": 21}', "name": "get_weather", "call_id": "call_1"}]
     assert [(s["kind"], s["text"]) for s in t1["spans"]] == [
         ("prompt", OBSERVATION), ("sampled_masked", PREAMBLE), ("sampled", ANSWER)]
@@ -184,16 +186,15 @@ def test_tool_traffic_is_read_from_openai_anthropic_and_sampled_text() -> None:
     anthropic_response = {"role": "assistant", "content": [
         {"type": "text", "text": "Checking."},
         {"type": "tool_use", "id": "tu_1", "name": "search", "input": {"q": "x"}}]}
-    assert tool_calls(anthropic_response) == [ToolCall("search", {"q": "x"}, "tu_1")]
+    assert response_calls(anthropic_response) == [ToolCall("search", '{"q": "x"}', {"q": "x"}, "tu_1")]
     anthropic_request = {"messages": [
         {"role": "user", "content": "hi"}, anthropic_response,
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu_1",
                                       "content": [{"type": "text", "text": "found"}]}]}]}
     assert tool_results(anthropic_request) == [ToolResult("found", None, "tu_1")]
     assert tool_results({"messages": [{"role": "user", "content": "hi"}]}) == []
-    assert tool_calls({"choices": [{"message": {"content": "no tools"}}]}) == []
-    from collectors.replay import _calls_in_text
-    assert _calls_in_text(CALL) == [ToolCall("get_weather", {"city": "Paris"})]
+    assert response_calls({"choices": [{"message": {"content": "no tools"}}]}) == []
+    assert parse_output(CALL).tool_calls == (ToolCall("get_weather", '{"city": "Paris"}', {"city": "Paris"}),)
 
 
 def test_spans_split_the_output_where_the_mask_flips() -> None:

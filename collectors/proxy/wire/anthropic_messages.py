@@ -27,6 +27,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from collectors.policy import SamplingParams
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, is_int, template_tool
 
 PROTOCOL = "anthropic"
@@ -197,8 +198,8 @@ def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> 
     p.raise_any()
     return ChatRequest(
         protocol=PROTOCOL, model=model, messages=messages, tools=tools, parse_tools=parse_tools,
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k or -1, seed=seed,
-        stop=tuple(stops), stream=bool(stream), continue_final=messages[-1]["role"] == "assistant")
+        max_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k or 0,
+                                                       seed=seed, stop=tuple(stops)), stream=bool(stream), continue_final=messages[-1]["role"] == "assistant")
 
 
 def stop_reason(reply: ChatReply) -> str:

@@ -26,6 +26,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from collectors.policy import SamplingParams
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, is_int, template_tool
 
 PROTOCOL = "openai"
@@ -163,7 +164,7 @@ def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> 
     top_p = p.number(body, "top_p", 0.0, 1.0, 1.0)
     if top_p == 0:
         p.add("top_p", "`top_p` must be above 0")
-    top_k = p.integer(body, "top_k", -1, -1)
+    top_k = p.integer(body, "top_k", -1, 0)  # vLLM's extension; -1 and 0 both mean off
     seed = body.get("seed")
     if seed is not None and not is_int(seed):
         p.add("seed", f"`seed` must be an integer, got {seed!r}")
@@ -184,8 +185,8 @@ def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> 
     p.raise_any()
     return ChatRequest(
         protocol=PROTOCOL, model=model, messages=messages, tools=tools, parse_tools=parse_tools,
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k if top_k else -1, seed=seed,
-        stop=tuple(stops), stream=bool(stream),
+        max_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
+                                                       seed=seed, stop=tuple(stops)), stream=bool(stream),
         options={"include_usage": bool(options.get("include_usage")), "logprobs": bool(body.get("logprobs"))})
 
 

@@ -19,7 +19,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from collectors.agents.context import AgentContext, RolloutInfo
-from collectors.policy import Sample, Sampling
+from collectors.policy import Sample, SamplingParams
 from collectors.agents.tool_agent import ToolAgentResult, initial_messages, tool_agent
 from collectors.agents.tools import ToolSchemaError
 from tests.collectors.proxy_harness import MODEL, Harness, Scripted, running_proxy
@@ -33,7 +33,7 @@ class Cuttable:
     cut: bool = False
     base_url: str = "scripted://"
 
-    async def complete(self, prompt_ids: Sequence[int], sampling: Sampling, *,
+    async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
         sample = await self.inner.complete(prompt_ids, sampling, session_id=session_id)
         if not self.cut:
@@ -161,7 +161,7 @@ def test_tool_errors_become_tool_results_the_model_reads(proxy: Harness, tmp_pat
     assert [out for _, _, out in result.tool_calls] == [
         "error: RuntimeError: disk full",
         "error: unknown tool 'nope'; the available tools are: add, fail",
-        "error: invalid arguments for 'add': missing required argument 'b'"]
+        "error: invalid arguments for 'add': 'b' is a required property"]
     assert result.text == "Sorry." and ctx.truncated is None
 
 

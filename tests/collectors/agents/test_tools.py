@@ -169,9 +169,11 @@ def test_arguments_are_validated_and_every_problem_is_listed() -> None:
     out = call([search], "search", json.dumps({"limit": True, "mode": "slow", "tags": ["a", 3], "zzz": 1,
                                                "weights": {"w": "x"}, "scale": 2}))
     assert out.startswith("error: invalid arguments for 'search': ")
-    for problem in ("missing required argument 'query'", "argument 'limit' must be integer, got true",
-                    "argument 'mode' must be one of [\"fast\", \"exact\"]", "argument 'tags[1]' must be string",
-                    "unknown argument 'zzz'", "argument 'weights.w' must be number"):
+    for problem in ("'query' is a required property", "argument 'limit': True is not of type 'integer'",
+                    "argument 'mode': 'slow' is not one of ['fast', 'exact']",
+                    "argument 'tags[1]': 3 is not of type 'string'",
+                    "Additional properties are not allowed ('zzz' was unexpected)",
+                    "argument 'weights.w': 'x' is not of type 'number'"):
         assert problem in out
     assert "argument 'scale'" not in out  # an integer is a valid number
     assert call([search], "search", '{"query": "q", "lang": null, "limit": 1}') == '["q"]'
@@ -188,8 +190,8 @@ def test_long_output_is_cut_with_a_marker() -> None:
 def test_validate_alone() -> None:
     params = tool_schema(no_doc)["function"]["parameters"]
     assert validate(params, {"x": 1, "level": 2}) == []
-    assert validate(params, {"x": 1.5, "level": 3}) == ["argument 'x' must be integer, got 1.5",
-                                                        "argument 'level' must be one of [1, 2, null], got 3"]
+    assert validate(params, {"x": 1.5, "level": 3}) == ["argument 'level': 3 is not one of [1, 2, None]",
+                                                        "argument 'x': 1.5 is not of type 'integer'"]
 
 
 def test_load_tools_by_import_path() -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from collectors.collect.settings import CollectSettings
 from collectors.collect.resume import PastRollout, plan_group
-from collectors.collect.rewards import RewardError, components, reply_text, rescore
+from collectors.collect.rewards import RewardError, components, rescore
+from collectors.proxy.toolcalls import response_text
 from collectors.collect.runner import collect
 from collectors.embedded.app import RunningServer
 from collectors.collect.tasks import TaskFileError, load_tasks, task_id
@@ -165,14 +166,14 @@ def test_settings_report_every_problem_at_once(tmp_path: Path) -> None:
     assert "--agent and --agent-cmd" in str(err.value) and "no policy" in str(err.value)
 
 
-def test_reward_components_and_reply_text() -> None:
+def test_reward_components_and_response_text() -> None:
     assert components(1) == {"reward": 1.0} and components({"a": 0.5, "b": 1}) == {"a": 0.5, "b": 1.0}
     assert components(0.25, "score") == {"score": 0.25}
     for bad in (None, {}, {"a": float("nan")}, {"a": "1"}, True, {"": 1.0}):
         with pytest.raises(RewardError):
             components(bad)
-    assert reply_text(json.dumps({"choices": [{"message": {"content": "hi"}}]})) == "hi"
-    assert reply_text({"content": [{"type": "text", "text": "a"}, {"type": "tool_use"}, {"type": "text",
+    assert response_text(json.dumps({"choices": [{"message": {"content": "hi"}}]})) == "hi"
+    assert response_text({"content": [{"type": "text", "text": "a"}, {"type": "tool_use"}, {"type": "text",
                                                                                           "text": "b"}]}) == "ab"
 
 
@@ -225,7 +226,7 @@ def test_collect_without_a_reward_then_rescore_from_the_stored_turns(server: Run
     second = rescore(store, "exp", f"{A}:last_reply_length", tasks_file=settings.tasks,
                      where="rollout_id IN (SELECT rollout_id FROM rollouts WHERE reward IS NULL)")
     assert second.scored == 2 and not second.skipped
-    replies = {t["rollout_id"]: reply_text(t["response"]) for t in store.query(
+    replies = {t["rollout_id"]: response_text(t["response"]) for t in store.query(
         "SELECT rollout_id, response FROM turns WHERE run = 'exp'").to_pylist()}
     for row in rollout_rows(store, "exp"):
         bonus = 100.0 if row["started_meta"]["task_id"] == "big" else 0.0

@@ -6,7 +6,7 @@ import pytest
 
 from collectors.embedded.protocol import RequestError, check_prompt, completion_response, parse_completion_request
 from collectors.embedded.engine import Completion
-from collectors.embedded.sampling import SamplingParams
+from collectors.policy import SamplingParams
 
 # vLLM's CompletionResponseChoice fields (vllm/entrypoints/openai/completion/protocol.py) we emit
 VLLM_CHOICE_FIELDS = {"index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_logprobs",

@@ -35,7 +35,7 @@ from collectors.policy import (
     VLLMClient,
 )
 from collectors.errors import VersionConflict, WeightLoadError
-from collectors.policy import PolicyClient, Sampling
+from collectors.policy import PolicyClient, SamplingParams
 from collectors.embedded.app import RunningServer, serve_in_thread
 from tests.collectors.fake_vllm import FakeVLLM, fake_vllm, free_port
 
@@ -129,14 +129,13 @@ def test_contract_a_sample_pairs_every_sampled_id_with_its_logprob(open_backend:
     async def scenario() -> None:
         async with open_backend() as b:
             assert isinstance(b.client, PolicyClient)
-            s = await b.client.complete(PROMPT, Sampling(max_tokens=12, seed=1), session_id="s-1")
+            s = await b.client.complete(PROMPT, SamplingParams(max_tokens=12, seed=1), session_id="s-1")
             assert s.prompt_ids == PROMPT and 1 <= len(s.output_ids) <= 12
             assert len(s.output_logprobs) == len(s.output_ids)
             assert all(isinstance(t, int) and 0 <= t < VOCAB for t in s.output_ids)
             assert all(isinstance(x, float) and x <= 1e-6 for x in s.output_logprobs)
             assert s.finish_reason in ("stop", "length") and isinstance(s.text, str)
-            raw: Any = s.raw
-            assert s.policy_version == 0 and raw["choices"][0]["token_ids"] == s.output_ids
+            assert s.policy_version == 0
             assert b.model_name in await b.client.models()
     run(scenario)
 
@@ -144,7 +143,7 @@ def test_contract_a_sample_pairs_every_sampled_id_with_its_logprob(open_backend:
 def test_contract_max_tokens_ends_with_length(open_backend: Open) -> None:
     async def scenario() -> None:
         async with open_backend() as b:
-            s = await b.client.complete(PROMPT, Sampling(max_tokens=5, seed=3))
+            s = await b.client.complete(PROMPT, SamplingParams(max_tokens=5, seed=3))
             assert len(s.output_ids) == 5 and s.finish_reason == "length" and s.stop_reason is None
     run(scenario)
 
@@ -152,10 +151,10 @@ def test_contract_max_tokens_ends_with_length(open_backend: Open) -> None:
 def test_contract_a_stop_string_cuts_the_text_and_keeps_the_sampled_tokens(open_backend: Open) -> None:
     async def scenario() -> None:
         async with open_backend() as b:
-            body = Sampling(max_tokens=30, seed=5)
+            body = SamplingParams(max_tokens=30, seed=5)
             full = await b.client.complete(PROMPT, body)
             stop = full.text[len(full.text) // 2:len(full.text) // 2 + 3]
-            stopped = await b.client.complete(PROMPT, Sampling(max_tokens=30, seed=5, stop=(stop, "never-appears")))
+            stopped = await b.client.complete(PROMPT, SamplingParams(max_tokens=30, seed=5, stop=(stop, "never-appears")))
             assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
             assert stopped.text == full.text[:full.text.index(stop)]
             assert stopped.output_ids == full.output_ids[:len(stopped.output_ids)]
@@ -166,7 +165,7 @@ def test_contract_a_stop_string_cuts_the_text_and_keeps_the_sampled_tokens(open_
 def test_contract_a_seed_reproduces_a_sample_and_another_seed_does_not(open_backend: Open) -> None:
     async def scenario() -> None:
         async with open_backend() as b:
-            first, again, other = [await b.client.complete(PROMPT, Sampling(max_tokens=12, seed=seed))
+            first, again, other = [await b.client.complete(PROMPT, SamplingParams(max_tokens=12, seed=seed))
                                    for seed in (11, 11, 12)]
             assert first.output_ids == again.output_ids and first.output_ids != other.output_ids
             assert first.output_logprobs == pytest.approx(again.output_logprobs, abs=1e-5)
@@ -176,7 +175,7 @@ def test_contract_a_seed_reproduces_a_sample_and_another_seed_does_not(open_back
 def test_contract_concurrent_completions_share_one_client(open_backend: Open) -> None:
     async def scenario() -> None:
         async with open_backend() as b:
-            samples = await asyncio.gather(*(b.client.complete(PROMPT, Sampling(max_tokens=6, seed=i))
+            samples = await asyncio.gather(*(b.client.complete(PROMPT, SamplingParams(max_tokens=6, seed=i))
                                              for i in range(16)))
             assert all(len(s.output_ids) == len(s.output_logprobs) > 0 for s in samples)
             assert len({tuple(s.output_ids) for s in samples}) > 1
@@ -187,7 +186,7 @@ def test_contract_the_version_stamped_is_the_version_that_sampled(open_backend: 
     async def scenario() -> None:
         async with open_backend(fresh=True, version=1) as b:
             v1, v2 = b.weights
-            sampling = Sampling(max_tokens=16, seed=9)
+            sampling = SamplingParams(max_tokens=16, seed=9)
             first = await b.client.complete(PROMPT, sampling)
             assert first.policy_version == 1
             await b.client.load_weights(str(v2), 2)
@@ -207,15 +206,15 @@ def test_contract_a_refused_request_quotes_the_server(open_backend: Open) -> Non
     async def scenario() -> None:
         async with open_backend() as b:
             with pytest.raises(PolicyServerRejected) as oov:
-                await b.client.complete([1, VOCAB + 5], Sampling(max_tokens=4))
+                await b.client.complete([1, VOCAB + 5], SamplingParams(max_tokens=4))
             said = oov.value.server_message or ""
             assert oov.value.status == 400 and "out of vocabulary" in said.lower()
             assert b.client.base_url in str(oov.value) and said in str(oov.value)
             with pytest.raises(PolicyServerRejected, match="maximum context length"):
-                await b.client.complete(PROMPT, Sampling(max_tokens=100_000))
+                await b.client.complete(PROMPT, SamplingParams(max_tokens=100_000))
             async with b.with_model("no-such-model") as other:
                 with pytest.raises(PolicyServerRejected, match="does not exist") as unknown:
-                    await other.complete(PROMPT, Sampling(max_tokens=4))
+                    await other.complete(PROMPT, SamplingParams(max_tokens=4))
             assert unknown.value.status == 404
     run(scenario)
 
@@ -231,9 +230,9 @@ async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 def test_vllm_client_sends_token_ids_and_forwards_the_session() -> None:
     async def scenario() -> None:
         async with fake_vllm() as fake, VLLMClient(fake.url) as client:
-            await client.complete(PROMPT, Sampling(max_tokens=3, temperature=0.7, top_k=20, seed=4),
+            await client.complete(PROMPT, SamplingParams(max_tokens=3, temperature=0.7, top_k=20, seed=4),
                                   session_id="rollout-7")
-            await client.complete(PROMPT, Sampling(max_tokens=3))
+            await client.complete(PROMPT, SamplingParams(max_tokens=3))
             first, second = fake.served
             assert first.session_id == "rollout-7" and second.session_id is None
             assert first.body == {"prompt": PROMPT, "max_tokens": 3, "temperature": 0.7, "top_p": 1.0, "top_k": 20,
@@ -249,12 +248,12 @@ def test_vllm_weight_reload_drains_then_stamps_only_the_version_that_sampled(tin
     async def scenario() -> None:
         async with fake_vllm(weights=str(tiny_model)) as fake, VLLMClient(fake.url, policy_version=1) as client:
             fake.token_delay_s = 0.002
-            early = [asyncio.create_task(client.complete(PROMPT, Sampling(max_tokens=40, seed=i))) for i in range(4)]
+            early = [asyncio.create_task(client.complete(PROMPT, SamplingParams(max_tokens=40, seed=i))) for i in range(4)]
             await _until(lambda: len(fake.served) == 4)
             reload = asyncio.create_task(client.load_weights(str(tiny_model_v2), 2))
             await asyncio.sleep(0.01)
             assert not reload.done(), "the reload must wait for the completions in flight"
-            late = [asyncio.create_task(client.complete(PROMPT, Sampling(max_tokens=5, seed=i))) for i in range(4)]
+            late = [asyncio.create_task(client.complete(PROMPT, SamplingParams(max_tokens=5, seed=i))) for i in range(4)]
             early_samples, _, late_samples = await asyncio.gather(asyncio.gather(*early), reload, asyncio.gather(*late))
             assert [s.policy_version for s in early_samples] == [1] * 4
             assert [s.policy_version for s in late_samples] == [2] * 4
@@ -278,11 +277,11 @@ def test_vllm_lora_reload_names_the_adapter_per_request_and_never_pauses(tmp_pat
         async with fake_vllm(dev_mode=False) as fake, \
                 VLLMClient(fake.url, model=fake.model, reload="lora", policy_version=1) as client:
             fake.token_delay_s = 0.002
-            slow = asyncio.create_task(client.complete(PROMPT, Sampling(max_tokens=60, seed=1)))
+            slow = asyncio.create_task(client.complete(PROMPT, SamplingParams(max_tokens=60, seed=1)))
             await _until(lambda: len(fake.served) == 1)
             await client.load_weights(str(adapter), 2)
             assert not slow.done(), "a LoRA reload does not wait for requests in flight"
-            new = await client.complete(PROMPT, Sampling(max_tokens=5, seed=1))
+            new = await client.complete(PROMPT, SamplingParams(max_tokens=5, seed=1))
             old = await slow
             assert (old.policy_version, new.policy_version) == (1, 2)
             assert [s.model for s in fake.served] == ["fake-model", "policy-v2"]
@@ -299,7 +298,7 @@ def test_vllm_reload_routes_missing_say_which_server_flag_enables_them(tmp_path:
                 with pytest.raises(WeightLoadError, match="VLLM_SERVER_DEV_MODE=1"):
                     await weights.load_weights(str(tiny_model_v2), 1)
                 assert weights.policy_version == 0
-                assert (await weights.complete(PROMPT, Sampling(max_tokens=2))).policy_version == 0
+                assert (await weights.complete(PROMPT, SamplingParams(max_tokens=2))).policy_version == 0
             async with VLLMClient(fake.url, reload="lora") as lora:
                 with pytest.raises(WeightLoadError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
                     await lora.load_weights(str(tmp_path), 1)
@@ -314,10 +313,10 @@ def test_vllm_a_failed_reload_keeps_the_server_paused_until_a_good_one(tiny_mode
             assert "Invalid repository ID or local directory" in str(failed.value)
             assert fake.paused and client.policy_version == 0
             with pytest.raises(WeightLoadError, match="stays paused"):
-                await client.complete(PROMPT, Sampling(max_tokens=2))
+                await client.complete(PROMPT, SamplingParams(max_tokens=2))
             await client.load_weights(str(tiny_model_v2), 1)
             assert not fake.paused
-            assert (await client.complete(PROMPT, Sampling(max_tokens=2))).policy_version == 1
+            assert (await client.complete(PROMPT, SamplingParams(max_tokens=2))).policy_version == 1
     run(scenario)
 
 
@@ -326,7 +325,7 @@ def test_error_a_vllm_without_return_token_ids_names_the_version_needed() -> Non
     async def scenario() -> None:
         async with fake_vllm(version=(0, 10, 1)) as fake, VLLMClient(fake.url) as client:
             with pytest.raises(PolicyServerBadResponse, match=r"vllm>=0\.10\.2"):
-                await client.complete(PROMPT, Sampling(max_tokens=2))
+                await client.complete(PROMPT, SamplingParams(max_tokens=2))
     run(scenario)
 
 
@@ -338,7 +337,7 @@ def test_error_a_malformed_completion_is_a_bad_response(malformed: str, message:
         async with fake_vllm() as fake, VLLMClient(fake.url) as client:
             fake.malformed = malformed
             with pytest.raises(PolicyServerBadResponse, match=message):
-                await client.complete(PROMPT, Sampling(max_tokens=2))
+                await client.complete(PROMPT, SamplingParams(max_tokens=2))
     run(scenario)
 
 
@@ -347,7 +346,7 @@ def test_error_a_server_failure_is_a_5xx_error_quoting_the_server() -> None:
         async with fake_vllm() as fake, VLLMClient(fake.url) as client:
             fake.fail = (500, "CUDA error: out of memory")
             with pytest.raises(PolicyServerFailed, match="CUDA error: out of memory") as failed:
-                await client.complete(PROMPT, Sampling(max_tokens=2))
+                await client.complete(PROMPT, SamplingParams(max_tokens=2))
             assert failed.value.status == 500
     run(scenario)
 
@@ -357,7 +356,7 @@ def test_error_a_slow_server_times_out_with_the_limit_named() -> None:
         async with fake_vllm() as fake, VLLMClient(fake.url, timeout_s=0.1) as client:
             fake.delay_s = 0.4
             with pytest.raises(PolicyServerTimeout, match=r"within 0\.1 s"):
-                await client.complete(PROMPT, Sampling(max_tokens=2))
+                await client.complete(PROMPT, SamplingParams(max_tokens=2))
     run(scenario)
 
 
@@ -365,7 +364,7 @@ def test_error_the_embedded_client_refuses_a_server_that_reports_no_version() ->
     async def scenario() -> None:
         async with fake_vllm() as fake, EmbeddedClient(fake.url) as client:
             with pytest.raises(PolicyServerBadResponse, match="use VLLMClient"):
-                await client.complete(PROMPT, Sampling(max_tokens=2))
+                await client.complete(PROMPT, SamplingParams(max_tokens=2))
     run(scenario)
 
 
@@ -378,7 +377,7 @@ def test_error_an_unreachable_server_says_how_to_start_one(client_type: type[Any
         async with client_type(url, connect_retries=2, retry_backoff_s=0.1) as client:
             started = time.monotonic()
             with pytest.raises(PolicyServerUnreachable, match=hint) as unreachable:
-                await client.complete(PROMPT, Sampling(max_tokens=2))
+                await client.complete(PROMPT, SamplingParams(max_tokens=2))
             assert url in str(unreachable.value)
             assert time.monotonic() - started < 0.1, "completions are never retried"
             started = time.monotonic()

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from collectors.proxy.chat import ChatRequest
-from collectors.policy import Sample
+from collectors.policy import Sample, SamplingParams
 from collectors.proxy.render import ChatRenderer
 from collectors.proxy.toolcalls import parse_output
 
@@ -112,7 +112,7 @@ def test_the_template_re_renders_a_parsed_reply_to_the_sampled_text(renderer: Ch
 def test_a_reply_cut_by_a_stop_string_does_not_re_render(renderer: ChatRenderer) -> None:
     tok = renderer.tokenizer
     req = ChatRequest(protocol="openai", model="m", messages=[{"role": "user", "content": "hi"}], tools=None,
-                      parse_tools=True, max_tokens=64, stop=("STOP",))
+                      parse_tools=True, max_tokens=64, sampling=SamplingParams(stop=("STOP",)))
     ids = tok.encode("hello STOP and more", add_special_tokens=False)
     sample = Sample(prompt_ids=[1], output_ids=ids, output_logprobs=[-1.0] * len(ids), text="hello ",
                     finish_reason="stop", policy_version=0, stop_reason="STOP")
