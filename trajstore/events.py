@@ -1,9 +1,10 @@
 """Typed events, their validation, and their conversion to Arrow columns.
 
 An event is either one of the frozen dataclasses below (`Turn`, `Reward`, `Status`,
-`Checkpoint`, `Metric`) or a plain dict shaped like a JSON line of `trajstore ingest`.
-`to_columns` validates a whole call at once and reports every problem; it never returns a
-partial batch. Checks that are O(1) per event run in Python; checks over token lists
+`Checkpoint`, `Metric`) or a plain dict shaped like a JSON line of `trajstore ingest`. Both
+are validated once, at the store's edge: `to_columns` (what `Writer.append` calls) checks a
+whole call at once and reports every problem; it never returns a partial batch. Building a
+typed event checks nothing, so a token list is read once on its way to the log. Checks that are O(1) per event run in Python; checks over token lists
 (non-negative ids, logprob range, element types) run vectorized on the Arrow columns
 (`trajstore.tokens` converts the lists strictly), so validation stays far cheaper than the
 fsync that follows it.
@@ -65,13 +66,6 @@ class _Event:
     meta: Mapping[str, Any] | None = None
 
     kind: ClassVar[str]
-
-    def __post_init__(self) -> None:
-        rec = self.record()
-        problems = check_record(rec)
-        problems += _check_token_values(rec)
-        if problems:
-            raise InvalidEventError([(0, p) for p in problems], what=self.kind)
 
     def record(self) -> dict[str, Any]:
         """The event as a dict of columns (what `to_batch` consumes)."""
@@ -256,7 +250,8 @@ def check_record(rec: Mapping[str, Any]) -> list[str]:
 
 
 def _check_token_values(rec: Mapping[str, Any]) -> list[str]:
-    """Element checks for one event (used by the dataclasses; `to_columns` does them per column)."""
+    """Element checks for one structurally broken event, so that its report is complete (sound
+    events are checked per column during conversion)."""
     problems = []
     for name in ("prompt_ids", "output_ids"):
         value = rec.get(name)
@@ -318,8 +313,10 @@ def _vector_checks(columns: dict[str, pa.Array]) -> list[tuple[int, str]]:
     problems: list[tuple[int, str]] = []
     lp = columns["output_logprobs"]
     flat = pc.list_flatten(lp)
-    values = flat.to_numpy(zero_copy_only=False)
-    if len(flat) and (np.isnan(values).any() or values.max() > _LOGPROB_SLACK):  # rows only when some fail
+    if not len(flat):
+        return problems
+    top = pc.max(flat).as_py()  # NaN-skipping: NaNs are looked for only when the count says there are some
+    if (top is not None and top > _LOGPROB_SLACK) or pc.sum(pc.is_nan(flat)).as_py():  # rows only when some fail
         bad = pc.or_(pc.is_nan(flat), pc.greater(flat, _LOGPROB_SLACK))
         if pc.any(bad).as_py():
             rows = pc.list_parent_indices(lp).filter(bad)

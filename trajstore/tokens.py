@@ -119,10 +119,10 @@ def _from_python(name: str, values: list[Any], typ: pa.ListType,
     if flat.null_count:
         return None, []
     if element == "int" and len(flat):
-        lengths = pc.list_value_length(arr).fill_null(0).to_numpy()
-        problems = _id_range_problems(name, flat.to_numpy(), lengths)
-        if problems:
-            return None, problems
+        bounds = pc.min_max(flat)  # in Arrow: the valid case never leaves it
+        if bounds["min"].as_py() < 0 or bounds["max"].as_py() > INT32_MAX:
+            lengths = pc.list_value_length(arr).fill_null(0).to_numpy()
+            return None, _id_range_problems(name, flat.to_numpy(), lengths)
     try:
         return arr.cast(typ), []
     except (pa.ArrowException, OverflowError):  # e.g. an int logprob float32 cannot hold exactly

@@ -38,6 +38,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from collectors.embedded import kv_batch
+from collectors.embedded.detokenize import IncrementalText
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
 from collectors.policy import SamplingParams
 from collectors.embedded.sampling import find_stop, make_generator, processed_logprobs, sample
@@ -84,6 +85,7 @@ class _Sequence:
     text: str | None = None
     finish: tuple[str, str | int | None] | None = None
     cancelled: bool = False
+    detok: IncrementalText | None = None  # the output's text as it grows, kept only when stop strings are set
 
     def cancel(self) -> None:
         """Stop generating for a caller that went away; the result, if any, is dropped."""
@@ -390,11 +392,17 @@ class Engine:
             if not p.include_stop_str_in_output:  # as vLLM: the stop token stays in token_ids, not in text
                 seq.text = self.tokenizer.decode(seq.output_ids[:-1], skip_special_tokens=p.skip_special_tokens)
         elif p.stop:
-            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=p.skip_special_tokens)
-            hit = find_stop(text, p.stop)
+            if seq.detok is None:
+                seq.detok = IncrementalText(lambda ids: self.tokenizer.decode(
+                    ids, skip_special_tokens=p.skip_special_tokens))
+            seen = len(seq.detok.text)
+            seq.detok.push(token)
+            # a stop string found now ends in the new text: search from one stop length before it
+            start = max(0, seen - max(map(len, p.stop)) + 1)
+            hit = find_stop(seq.detok.text[start:], p.stop)
             if hit is not None:
-                end = hit[0] + (len(hit[1]) if p.include_stop_str_in_output else 0)
-                seq.text, seq.finish = text[:end], ("stop", hit[1])
+                end = start + hit[0] + (len(hit[1]) if p.include_stop_str_in_output else 0)
+                seq.text, seq.finish = seq.detok.text[:end], ("stop", hit[1])
         if seq.finish is None and len(seq.output_ids) >= p.max_tokens:
             seq.finish = ("length", None)
         if seq.finish is None and seq.cancelled:

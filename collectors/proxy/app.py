@@ -179,9 +179,9 @@ async def chat(request: web.Request, wire: WireProtocol) -> web.StreamResponse:
     body = await _body(request)
     req = wire.parse_request(body, rollout.raw_arguments)
     await state.check_model(req.model)
-    reply = await capture.turn(rollout, session, req, body, wire)
+    reply, answer = await capture.turn(rollout, session, req, body, wire)
     if not req.stream:
-        return web.json_response(wire.response(reply))
+        return web.json_response(answer)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     try:
         await response.prepare(request)

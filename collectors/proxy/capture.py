@@ -31,7 +31,7 @@ from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
 from collectors.errors import CollectorError
 from collectors.policy import PolicyClient, Sample
 from collectors.proxy.render import ChatRenderer, text_ids
-from collectors.proxy.segmenter import closing_ids, plan_turn, record_turn
+from collectors.proxy.segmenter import plan_turn, record_turn
 from collectors.proxy.sessions import Registry, Rollout
 from collectors.proxy.wire import WireProtocol
 from trajstore import Reward, Status, Turn, Writer, new_id
@@ -48,7 +48,6 @@ class ProxyStats:
     turns: int = 0
     streamed: int = 0
     forks: Counter[str] = field(default_factory=Counter)
-    drifted_replies: int = 0  # replies the template cannot re-render as sampled: the next call forks
     retokenize_mismatches: int = 0  # outputs whose text re-tokenizes to other ids (spliced, so no fork)
     upstream_failures: int = 0
     errors: Counter[int] = field(default_factory=Counter)
@@ -57,7 +56,7 @@ class ProxyStats:
 
     def as_json(self, open_rollouts: int) -> dict[str, Any]:
         return {"requests": self.requests, "turns": self.turns, "streamed": self.streamed,
-                "forks": {"total": sum(self.forks.values()), **self.forks}, "drifted_replies": self.drifted_replies,
+                "forks": {"total": sum(self.forks.values()), **self.forks},
                 "retokenize_mismatches": self.retokenize_mismatches, "upstream_failures": self.upstream_failures,
                 "errors": {str(k): v for k, v in sorted(self.errors.items())},
                 "rollouts": {"open": open_rollouts, "opened": self.rollouts_opened, "closed": self.rollouts_closed}}
@@ -101,21 +100,17 @@ class Capture:
             reason = str(exc) if isinstance(exc, CollectorError) else (
                 f"the policy server at {self.client.base_url} failed: {type(exc).__name__}: {exc}")
             raise ChatError(reason, status=502, kind="upstream") from exc
-        problem = None
-        if sample.finish_reason == "abort":
-            problem = "it aborted the request (shutting down?)"
-        elif len(sample.output_logprobs) != len(sample.output_ids):
-            problem = f"it returned {len(sample.output_ids)} token ids but {len(sample.output_logprobs)} logprobs"
-        elif sample.prompt_ids and list(sample.prompt_ids) != ids:
-            problem = "the prompt ids it reports differ from the ids sent"
-        if problem:
+        if sample.finish_reason == "abort":  # ids, logprobs and the echoed prompt are checked by the client
             self.stats.upstream_failures += 1
-            raise ChatError(f"the policy server at {self.client.base_url} returned an unusable sample: {problem}",
+            raise ChatError(f"the policy server at {self.client.base_url} aborted the request (shutting down?)",
                             status=502, kind="upstream")
         return sample
 
-    async def turn(self, rollout: Rollout, session: str, req: ChatRequest, body: Any, wire: WireProtocol) -> ChatReply:
-        """Serve one call of `rollout`'s `session` and store it (see the module docstring)."""
+    async def turn(self, rollout: Rollout, session: str, req: ChatRequest, body: Any,
+                   wire: WireProtocol) -> tuple[ChatReply, dict[str, Any]]:
+        """Serve one call of `rollout`'s `session` and store it (see the module docstring).
+
+        Returns the reply and its response body in `wire`'s protocol (as stored)."""
         slot = rollout.session(session)
         async with slot.lock:
             if rollout.closed:
@@ -126,50 +121,47 @@ class Capture:
             plan = plan_turn(state, prompt_text, renderer.encode, new_id)
             max_tokens = self._max_tokens(req, len(plan.full_ids))
             if req.max_tokens == 0:  # Anthropic's cache warm-up: nothing to sample, so nothing to store
-                return ChatReply(_hex_id(wire.reply_prefix), req.model or "", int(time.time()), "", None, (), "length",
-                                 None, len(plan.full_ids), [], [], [], -1, {"rollout_id": rollout.rollout_id})
+                empty = ChatReply(_hex_id(wire.reply_prefix), req.model or "", int(time.time()), "", None, (),
+                                  "length", None, len(plan.full_ids), [], [], [], -1, {"rollout_id": rollout.rollout_id})
+                return empty, wire.response(empty)
             sample = await self._sample(plan.full_ids, req, max_tokens, f"{rollout.rollout_id}/{session}")
             info = {"rollout_id": rollout.rollout_id, "session_id": session, "segment_id": plan.segment_id,
                     "turn_index": plan.turn_index, "policy_version": sample.policy_version, "fork": plan.fork}
-            reply = renderer.reply(sample, req, prompt_tokens=len(plan.full_ids), model=req.model or "",
+            body_ids = text_ids(sample)  # the output, less the stop token that ended it
+            body_text = renderer.decode(body_ids)  # decoded once: the reply, the drift check and the stats read it
+            sampled_text = body_text + renderer.decode(sample.output_ids[len(body_ids):])
+            reply = renderer.reply(sample, req, body_text, prompt_tokens=len(plan.full_ids), model=req.model or "",
                                    reply_id=_hex_id(wire.reply_prefix), call_id=lambda: _hex_id(wire.call_prefix),
                                    created=int(time.time()), trajstore=info)
-            reply_text = renderer.reply_text(req, prompt_text, reply)
-            closing = closing_ids(renderer.decode(sample.output_ids), reply_text, renderer.encode)
-            body_ids = text_ids(sample)
-            retokenizes = renderer.encode(renderer.decode(body_ids)) == body_ids
+            retokenizes = renderer.encode(body_text) == body_ids
             meta = {"protocol": wire.name, "stream": req.stream, "fork": plan.fork,
-                    "previous_segment": plan.previous_segment, "reply_rerenders": closing is not None,
+                    "previous_segment": plan.previous_segment,
                     "output_retokenizes": retokenizes, "forks_in_session": sum(state.forks.values())
                     + (plan.fork is not None)}
             sampling = {**req.sampling_for(max_tokens).as_json(), "requested_max_tokens": req.max_tokens}
+            response = wire.response(reply)
             await self._append([Turn(
                 run=rollout.run, group_id=rollout.group_id, rollout_id=rollout.rollout_id, session_id=session,
                 segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
                 prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
                 output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
-                request=body, response=wire.response(reply), meta=meta)])
-            record_turn(state, plan, prompt_text, sample.output_ids, reply_text, closing)
+                request=body, response=response, meta=meta)])
+            record_turn(state, plan, prompt_text, sample.output_ids, sampled_text)
             rollout.tally.add(session, reply.finish, len(sample.output_ids), sample.policy_version)
             rollout.raw_arguments.update((c.id, c.arguments) for c in reply.tool_calls)
-        self._count(rollout, session, plan.fork, plan.previous_segment, plan.segment_id, closing is not None,
-                    retokenizes, req.stream)
-        return reply
+        self._count(rollout, session, plan.fork, plan.previous_segment, plan.segment_id, retokenizes, req.stream)
+        return reply, response
 
     def _count(self, rollout: Rollout, session: str, fork: str | None, previous: str | None, segment: str,
-               rerenders: bool, retokenizes: bool, streamed: bool) -> None:
+               retokenizes: bool, streamed: bool) -> None:
         stats = self.stats
         stats.turns += 1
         stats.streamed += streamed
-        stats.drifted_replies += not rerenders
         stats.retokenize_mismatches += not retokenizes
         if fork is not None:
             stats.forks[fork] += 1
             log.info("fork (%s) in rollout %s session %s: segment %s starts whole after %s", fork,
                      rollout.rollout_id, session, segment, previous)
-        if not rerenders:
-            log.info("template drift in rollout %s session %s: the reply does not re-render to its sampled text; "
-                     "the session's next call will fork", rollout.rollout_id, session)
 
     async def open_rollout(self, *, run: str | None, group_id: str | None, rollout_id: str | None,
                            group_size: int | None, meta: dict[str, Any] | None) -> Rollout:

@@ -86,28 +86,6 @@ class ChatReply:
         return len(self.output_ids)
 
 
-def assistant_message(reply: ChatReply, prefill: Message | None = None) -> Message:
-    """The reply as a template message, as the agent will send it back (after a prefill, merged into it)."""
-    message: Message = {"role": "assistant", "content": reply.content or None}
-    if prefill is not None:
-        message["content"] = (text_of(prefill.get("content")) + reply.content) or None
-    if reply.reasoning:
-        message["reasoning_content"] = reply.reasoning
-    if reply.tool_calls:
-        message["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                 for c in reply.tool_calls]
-    return message
-
-
-def text_of(content: Any) -> str:
-    """A template message's content as plain text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-
-
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

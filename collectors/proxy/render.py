@@ -5,11 +5,8 @@ serves) and is the only place the capture proxy renders or tokenizes:
 
 - `prompt_text`: the conversation through the generation prompt (`<|im_start|>assistant\\n`),
   or, for an assistant prefill, through the prefill text (`continue_final_message`);
-- `reply`: the sampled ids decoded with special tokens kept (the final stop token removed,
-  a stop string and what follows it cut off, as the server does), then parsed by
-  `collectors.proxy.toolcalls`;
-- `reply_text`: how the template renders that reply back when the agent sends it in its next
-  call, through the end-of-turn; `collectors.proxy.segmenter` compares it to the sampled text.
+- `reply`: the sampled text (the final stop token removed, a stop string and what follows it
+  cut off, as the server does) parsed by `collectors.proxy.toolcalls`.
 
 `encode` never adds special tokens: Qwen-style templates write every control token themselves.
 """
@@ -21,7 +18,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, assistant_message
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
 from collectors.policy import Sample
 from collectors.proxy.toolcalls import parse_output
 
@@ -73,24 +70,12 @@ class ChatRenderer:
         return self._render(req.messages, req.tools, generation_prompt=not req.continue_final,
                             continue_final=req.continue_final)
 
-    def reply_text(self, req: ChatRequest, prompt_text: str, reply: ChatReply) -> str | None:
-        """The template's rendering of `reply` after `prompt_text`, or None when it does not extend it."""
-        if req.continue_final:
-            messages = [*req.messages[:-1], assistant_message(reply, prefill=req.messages[-1])]
-        else:
-            messages = [*req.messages, assistant_message(reply)]
-        try:
-            full = self._render(messages, req.tools, generation_prompt=False)
-        except ChatError:
-            return None
-        return full[len(prompt_text):] if full.startswith(prompt_text) else None
-
-    def reply(self, sample: Sample, req: ChatRequest, *, prompt_tokens: int, reply_id: str, call_id: Any,
-              model: str, created: int, trajstore: dict[str, Any]) -> ChatReply:
-        """Decode and parse a sample; `call_id()` names each tool call in the caller's protocol."""
+    def reply(self, sample: Sample, req: ChatRequest, text: str, *, prompt_tokens: int, reply_id: str,
+              call_id: Any, model: str, created: int, trajstore: dict[str, Any]) -> ChatReply:
+        """Parse a sample whose `text_ids` decode to `text`; `call_id()` names each tool call in the
+        caller's protocol."""
         ids = list(sample.output_ids)
         stop_string = sample.stop_reason if isinstance(sample.stop_reason, str) else None
-        text = self.decode(text_ids(sample))
         if stop_string is not None:
             hits = [i for i in (text.find(s) for s in req.sampling.stop) if i >= 0]
             text = text[:min(hits)] if hits else text

@@ -11,23 +11,26 @@ sample "he"+"llo" where the tokenizer writes "hello"), so comparing token lists 
 nearly every turn although the model's context did not change at all. The check is therefore
 done on rendered text, and the tokens are spliced:
 
-- after each call the session keeps `text` = the rendered prompt + the reply as the template
-  renders it back, through the assistant's end-of-turn (`...<|im_end|>\\n`), and `ids` = the
-  prompt ids sent + the *sampled* output ids, plus `closing` = the ids of whatever the
-  template adds after the sampled text (`\\n` after a sampled `<|im_end|>`, `<|im_end|>\\n`
-  after a reply cut by max_tokens);
-- the next call continues the segment iff its rendered prompt text starts with `text`; its
-  prompt ids are `closing` + the tokens of the rest of the text, and the policy is sent
-  `ids` + those: the model conditions on its own sampled tokens, never on a re-tokenization;
-- the reply can only be spliced when the sampled text (special tokens kept) is a prefix of
-  its re-rendering. When it is not (a stop string cut the text, `<|endoftext|>` instead of
-  `<|im_end|>`, tool-call JSON spaced differently from the template), the history the agent
-  sends back is not what the model saw: the next call forks with reason `template_drift`;
+- after each call the session keeps `text` = the rendered prompt + the sampled text (decoded
+  with special tokens kept: exactly what the model saw and wrote), and `ids` = the prompt ids
+  sent + the *sampled* output ids;
+- the next call continues the segment iff its rendered prompt text starts with `text`: the
+  template rendered the reply the agent sent back to exactly what the model wrote. Its
+  prompt ids are the tokens of the rest of the text (what the template writes after the
+  sampled text, such as `\\n` after a sampled `<|im_end|>` or `<|im_end|>\\n` after a reply
+  cut by max_tokens, then the new messages), and the policy is sent `ids` + those: the model
+  conditions on its own sampled tokens, never on a re-tokenization;
+- when the prompt starts with the previous prompt but not with the sampled text, the reply
+  came back different from what the model wrote (a stop string cut the text, `<|endoftext|>`
+  instead of `<|im_end|>`, tool-call JSON spaced differently from the template, the agent
+  re-serialized it): the call forks with reason `template_drift`;
 - any other mismatch (compaction, edited or dropped messages, changed tools or system
   prompt) forks with reason `history_rewrite`.
 
-Only text the template emits itself (`closing` and the new messages) is ever tokenized; every
-token the model sampled stays exactly as sampled, and is the only trainable part.
+The check is made once, on the prompt the next call renders anyway, so a reply is never
+rendered a second time just to predict what the agent will send. Only text the template emits
+itself (what follows the sampled text, and the new messages) is ever tokenized; every token the
+model sampled stays exactly as sampled, and is the only trainable part.
 """
 
 from __future__ import annotations
@@ -46,10 +49,9 @@ TEMPLATE_DRIFT = "template_drift"
 class Held:
     """What a segment holds after a call (see the module docstring)."""
 
-    text: str  # rendered conversation through the last reply's end-of-turn
+    prompt_text: str  # the last call's rendered prompt
+    text: str  # that prompt + the text the model sampled (special tokens kept)
     ids: list[int]  # prompt ids + sampled output ids, in order
-    closing: list[int]  # template tokens after the last sampled token, not yet in any turn
-    drift: bool  # the last reply does not re-render to its sampled text
 
 
 @dataclass
@@ -80,32 +82,19 @@ class TurnPlan:
 def plan_turn(state: SessionState, prompt_text: str, encode: Encode, new_segment_id: Callable[[], str]) -> TurnPlan:
     """Decide the next call's segment without changing `state` (the call may still fail)."""
     held = state.held
-    if held is not None and state.segment_id is not None and prompt_text.startswith(held.text):
-        if not held.drift:
-            delta = held.closing + encode(prompt_text[len(held.text):])
+    fork: str | None = None
+    if held is not None and state.segment_id is not None:
+        if prompt_text.startswith(held.text):
+            delta = encode(prompt_text[len(held.text):])
             return TurnPlan(state.segment_id, state.next_turn, delta, held.ids + delta, None, None)
-        fork: str | None = TEMPLATE_DRIFT
-    else:
-        fork = HISTORY_REWRITE if held is not None else None
+        fork = TEMPLATE_DRIFT if prompt_text.startswith(held.prompt_text) else HISTORY_REWRITE
     ids = encode(prompt_text)
-    return TurnPlan(new_segment_id(), 0, ids, ids, fork, state.segment_id)
-
-
-def closing_ids(sampled_text: str, reply_text: str | None, encode: Encode) -> list[int] | None:
-    """Tokens the template writes after the sampled text, or None when the reply re-renders differently."""
-    if reply_text is None or not reply_text.startswith(sampled_text):
-        return None
-    rest = reply_text[len(sampled_text):]
-    return encode(rest) if rest else []
+    return TurnPlan(new_segment_id(), 0, ids, list(ids), fork, state.segment_id)
 
 
 def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_ids: Sequence[int],
-                reply_text: str | None, closing: list[int] | None) -> None:
-    """Advance `state` past a stored call.
-
-    `reply_text` is the template's rendering of the reply as the agent was answered (None: it
-    cannot be rendered); `closing` is `closing_ids(...)` for it (None: the reply drifted).
-    """
+                sampled_text: str) -> None:
+    """Advance `state` past a stored call whose output ids decode to `sampled_text` (special tokens kept)."""
     if plan.turn_index == 0:
         state.segments += 1
         if plan.fork is not None:
@@ -113,5 +102,10 @@ def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_id
     state.segment_id = plan.segment_id
     state.next_turn = plan.turn_index + 1
     state.turns += 1
-    state.held = Held(text=prompt_text + (reply_text or ""), ids=plan.full_ids + list(output_ids),
-                      closing=closing or [], drift=closing is None)
+    if plan.turn_index == 0 or state.held is None:
+        ids = plan.full_ids + list(output_ids)
+    else:  # the session's ids grow in place: a long episode is not copied again on every call
+        ids = state.held.ids
+        ids.extend(plan.prompt_ids)
+        ids.extend(output_ids)
+    state.held = Held(prompt_text=prompt_text, text=prompt_text + sampled_text, ids=ids)

@@ -77,7 +77,7 @@ def count(store: trajstore.Store) -> int:
 def test_unequal_output_lengths_are_rejected(overrides: dict[str, Any], fragment: str) -> None:
     assert_problem(problems_of([turn(**overrides)]), 0, fragment, "must be equal")
     with pytest.raises(InvalidEventError):
-        Turn(**{k: v for k, v in turn(**overrides).items() if k != "kind"})
+        to_columns([Turn(**{k: v for k, v in turn(**overrides).items() if k != "kind"})])
 
 
 @pytest.mark.parametrize("field", ["prompt_ids", "output_ids"])
@@ -86,7 +86,7 @@ def test_negative_token_ids_are_rejected(field: str, container: Any) -> None:
     bad = turn(**{field: container([3, -1])})
     assert_problem(problems_of([bad]), 0, field)
     with pytest.raises(InvalidEventError, match=field):
-        Turn(**{k: v for k, v in bad.items() if k != "kind"})
+        to_columns([Turn(**{k: v for k, v in bad.items() if k != "kind"})])
 
 
 REQUIRED_CASES = [(kind, name) for kind in sorted(REQUIRED) for name in REQUIRED[kind]]
@@ -118,12 +118,12 @@ def test_unknown_vocabulary_is_rejected(event: dict[str, Any], fragment: str) ->
     assert_problem(problems_of([event]), 0, fragment)
 
 
-def test_typed_events_reject_unknown_vocabulary() -> None:
+def test_typed_events_are_checked_at_the_store_edge_like_dicts() -> None:
     with pytest.raises(InvalidEventError, match="status 'done'"):
-        Status(group_id="g", rollout_id="r", status="done")
+        to_columns([Status(group_id="g", rollout_id="r", status="done")])
     with pytest.raises(InvalidEventError, match="finish_reason 'eos'"):
-        Turn(group_id="g", rollout_id="r", segment_id="s", turn_index=0, policy_version=0,
-             prompt_ids=[1], output_ids=[2], output_logprobs=[-1.0], finish_reason="eos")
+        to_columns([Turn(group_id="g", rollout_id="r", segment_id="s", turn_index=0, policy_version=0,
+                         prompt_ids=[1], output_ids=[2], output_logprobs=[-1.0], finish_reason="eos")])
 
 
 @pytest.mark.parametrize("name", ["writer", "writer_epoch", "writer_seq",
@@ -138,7 +138,7 @@ def test_nan_and_positive_logprobs_are_rejected(value: float, container: Any) ->
     bad = turn(output_logprobs=container([-0.5, value]))
     assert_problem(problems_of([bad]), 0, "output_logprobs", "log probabilities")
     with pytest.raises(InvalidEventError, match="log probabilities"):
-        Turn(**{k: v for k, v in bad.items() if k != "kind"})
+        to_columns([Turn(**{k: v for k, v in bad.items() if k != "kind"})])
 
 
 def test_a_logprob_of_zero_and_minus_infinity_are_accepted() -> None:

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from collectors.proxy.chat import ChatRequest
+from collectors.proxy.chat import ChatReply, ChatRequest
 from collectors.policy import Sample, SamplingParams
-from collectors.proxy.render import ChatRenderer
+from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.toolcalls import parse_output
+from collectors.proxy.wire import OpenAIChat
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
 
@@ -85,6 +86,14 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}}}}]
 
 
+def sent_back(renderer: ChatRenderer, req: ChatRequest, reply: ChatReply) -> str:
+    """The next call's prompt when the agent sends the reply back as the OpenAI SDK got it, then asks on."""
+    message = OpenAIChat.response(reply)["choices"][0]["message"]
+    body = {"model": "m", "messages": [*req.messages, message, {"role": "user", "content": "thanks"}],
+            "tools": req.tools}
+    return renderer.prompt_text(OpenAIChat.parse_request(body, {}))
+
+
 @pytest.mark.parametrize("text", [
     "Just text, no calls.",
     "Let me check.\n" + CALL,
@@ -94,18 +103,17 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     "<think>\nplan\n</think>\n\nOn it.\n" + CALL,
     '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Oslo"}}\n</tool_call>',
 ])
-def test_the_template_re_renders_a_parsed_reply_to_the_sampled_text(renderer: ChatRenderer, text: str) -> None:
-    """What makes tool-call turns continue a segment: sampled text == the template's rendering of its parse."""
+def test_the_template_re_renders_a_reply_sent_back_to_the_sampled_text(renderer: ChatRenderer, text: str) -> None:
+    """What makes tool-call turns continue a segment: the next prompt starts with prompt + the sampled text."""
     tok = renderer.tokenizer
     req = ChatRequest(protocol="openai", model="m", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
                       parse_tools=True, max_tokens=64)
     ids = tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
     sample = Sample(prompt_ids=[1], output_ids=ids, output_logprobs=[-1.0] * len(ids), text=text,
                     finish_reason="stop", policy_version=0)
-    reply = renderer.reply(sample, req, prompt_tokens=1, reply_id="r", call_id=lambda: "call_1", model="m",
+    reply = renderer.reply(sample, req, text, prompt_tokens=1, reply_id="r", call_id=lambda: "call_1", model="m",
                            created=0, trajstore={})
-    prompt = renderer.prompt_text(req)
-    assert renderer.reply_text(req, prompt, reply) == text + "<|im_end|>\n"
+    assert sent_back(renderer, req, reply).startswith(renderer.prompt_text(req) + renderer.decode(ids))
     assert reply.finish == ("tool_calls" if "<tool_call>" in text else "stop")
 
 
@@ -116,8 +124,9 @@ def test_a_reply_cut_by_a_stop_string_does_not_re_render(renderer: ChatRenderer)
     ids = tok.encode("hello STOP and more", add_special_tokens=False)
     sample = Sample(prompt_ids=[1], output_ids=ids, output_logprobs=[-1.0] * len(ids), text="hello ",
                     finish_reason="stop", policy_version=0, stop_reason="STOP")
-    reply = renderer.reply(sample, req, prompt_tokens=1, reply_id="r", call_id=lambda: "c", model="m", created=0,
-                           trajstore={})
+    reply = renderer.reply(sample, req, renderer.decode(text_ids(sample)), prompt_tokens=1, reply_id="r",
+                           call_id=lambda: "c", model="m", created=0, trajstore={})
     assert reply.content == "hello " and reply.stop_sequence == "STOP"
-    rendered = renderer.reply_text(req, renderer.prompt_text(req), reply)
-    assert rendered == "hello <|im_end|>\n" and not rendered.startswith(renderer.decode(ids))
+    prompt = renderer.prompt_text(req)
+    after = sent_back(renderer, req, reply)
+    assert after.startswith(prompt + "hello <|im_end|>") and not after.startswith(prompt + renderer.decode(ids))
