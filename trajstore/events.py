@@ -13,6 +13,7 @@ fsync that follows it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -312,11 +313,11 @@ def _vector_checks(columns: dict[str, pa.Array]) -> list[tuple[int, str]]:
     """
     problems: list[tuple[int, str]] = []
     lp = columns["output_logprobs"]
-    flat = pc.list_flatten(lp)
-    if not len(flat):
+    if lp.null_count == len(lp) or not len(lp.values):
         return problems
-    top = pc.max(flat).as_py()  # NaN-skipping: NaNs are looked for only when the count says there are some
-    if (top is not None and top > _LOGPROB_SLACK) or pc.sum(pc.is_nan(flat)).as_py():  # rows only when some fail
+    values = lp.values.to_numpy()  # a view of the float32 buffer, not a copy
+    if np.isnan(values).any() or values.max() > _LOGPROB_SLACK:  # rows only when some fail
+        flat = pc.list_flatten(lp)
         bad = pc.or_(pc.is_nan(flat), pc.greater(flat, _LOGPROB_SLACK))
         if pc.any(bad).as_py():
             rows = pc.list_parent_indices(lp).filter(bad)
@@ -374,18 +375,28 @@ def to_columns(events: Sequence[Event | Mapping[str, Any]], *, now: datetime | N
     return _convert(records, now)  # type: ignore[arg-type]
 
 
+_TYPES = {f.name: f.type for f in EVENT_SCHEMA}
+# The columns `_convert` builds: everything but what the writer and the counts fill in.
+_CONVERTED = tuple(n for n in COLUMNS if n not in WRITER_COLUMNS and n not in COUNT_COLUMNS)
+_INT32 = pa.int32()
+
+
+@functools.lru_cache(maxsize=2048)
+def nulls(n: int, typ: pa.DataType) -> pa.Array:
+    """An all-null column (Arrow arrays are immutable, so the common small ones are shared)."""
+    return pa.nulls(n, typ)
+
+
 def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array]:
     """Structurally sound records to columns; raises InvalidEventError for bad values."""
     problems: list[tuple[int, str]] = []
     n = len(records)
     present = set().union(*records)
     columns: dict[str, pa.Array] = {}
-    for name in COLUMNS:
-        if name in WRITER_COLUMNS or name in COUNT_COLUMNS:
-            continue
-        typ = EVENT_SCHEMA.field(name).type
+    for name in _CONVERTED:
+        typ = _TYPES[name]
         if name not in present and name not in _DEFAULTED:
-            columns[name] = pa.nulls(n, typ)
+            columns[name] = nulls(n, typ)
             continue
         values = [r.get(name) for r in records]
         if name in ELEMENT:
@@ -415,6 +426,9 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
             values = [None if v is None else [(k, float(x)) for k, x in v.items()] for v in values]
         elif name == "consumed":
             values = [None if v is None else list(v) for v in values]
+        if values.count(None) == n:
+            columns[name] = nulls(n, typ)
+            continue
         try:
             columns[name] = pa.array(values, type=typ)
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
@@ -424,24 +438,38 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
         problems += _vector_checks(columns)
     if problems:
         raise InvalidEventError(sorted(problems))
-
-    prompt_len = pc.list_value_length(columns["prompt_ids"])
-    out_len = pc.list_value_length(columns["output_ids"])
-    columns["prompt_tokens"] = prompt_len.cast(pa.int32())
-    columns["output_tokens"] = out_len.cast(pa.int32())
-    columns["trainable_tokens"] = _trainable_counts(columns["output_mask"], out_len)
+    prompt_len = _lengths(columns["prompt_ids"])
+    out_len = _lengths(columns["output_ids"])
+    columns["prompt_tokens"] = _count_column(prompt_len, columns["prompt_ids"])
+    columns["output_tokens"] = _count_column(out_len, columns["output_ids"])
+    columns["trainable_tokens"] = _trainable_counts(columns["output_mask"], out_len, columns["output_ids"])
     return columns
 
 
-def _trainable_counts(mask: pa.Array, out_len: pa.Array) -> pa.Array:
+def _lengths(column: pa.ListArray) -> np.ndarray:
+    """Per row: the list's length (0 for a null row), from the offsets, without a compute call."""
+    if column.null_count == len(column):
+        return np.zeros(len(column), dtype=np.int32)
+    offsets = column.offsets.to_numpy()
+    return (offsets[1:] - offsets[:-1]).astype(np.int32, copy=False)
+
+
+def _count_column(counts: np.ndarray, of: pa.Array) -> pa.Array:
+    """Counts as an int32 column, null where the list they count is null (events without tokens)."""
+    if not of.null_count:
+        return pa.array(counts, _INT32)
+    if of.null_count == len(of):
+        return nulls(len(of), _INT32)
+    return pa.array(counts, _INT32, mask=of.is_null().to_numpy(zero_copy_only=False))
+
+
+def _trainable_counts(mask: pa.Array, out_len: np.ndarray, output_ids: pa.Array) -> pa.Array:
     """Per row: output tokens the mask leaves trainable (all of them when the mask is null)."""
     if mask.null_count == len(mask):
-        return out_len.cast(pa.int32())
-    flat = pc.list_flatten(mask)
-    counts = np.zeros(len(mask), dtype=np.int64)
-    if len(flat):
-        parents = pc.list_parent_indices(mask).to_numpy()
-        counts = np.bincount(parents, weights=flat.to_numpy(zero_copy_only=False), minlength=len(mask)).astype(np.int64)
-    has_mask = pc.is_valid(mask)
-    result = pc.if_else(has_mask, pa.array(counts), out_len.cast(pa.int64()))
-    return result.cast(pa.int32())
+        return _count_column(out_len, output_ids)
+    counts = out_len.astype(np.int64)
+    has_mask = mask.is_valid().to_numpy(zero_copy_only=False)
+    flat = mask.values.to_numpy(zero_copy_only=False)
+    parents = np.repeat(np.arange(len(mask)), _lengths(mask))
+    marked = np.bincount(parents, weights=flat, minlength=len(mask)).astype(np.int64)
+    return _count_column(np.where(has_mask, marked, counts), output_ids)

@@ -115,14 +115,14 @@ def _from_python(name: str, values: list[Any], typ: pa.ListType,
         return pa.nulls(len(arr), typ), []
     if not pa.types.is_list(arr.type) or not _arrow_type_ok(arr.type.value_type, element):
         return None, []
-    flat = pc.list_flatten(arr)
+    flat = arr.values  # the child array: a fresh array has no offset, and null rows hold no values
     if flat.null_count:
         return None, []
     if element == "int" and len(flat):
-        bounds = pc.min_max(flat)  # in Arrow: the valid case never leaves it
-        if bounds["min"].as_py() < 0 or bounds["max"].as_py() > INT32_MAX:
+        ids = flat.to_numpy()  # a view of the int64 buffer, not a copy
+        if ids.min() < 0 or ids.max() > INT32_MAX:
             lengths = pc.list_value_length(arr).fill_null(0).to_numpy()
-            return None, _id_range_problems(name, flat.to_numpy(), lengths)
+            return None, _id_range_problems(name, ids, lengths)
     try:
         return arr.cast(typ), []
     except (pa.ArrowException, OverflowError):  # e.g. an int logprob float32 cannot hold exactly

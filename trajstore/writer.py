@@ -286,19 +286,16 @@ class Writer:
 
     def _batch(self, columns: dict[str, pa.Array], keep: np.ndarray, first: int, n: int) -> pa.RecordBatch:
         total = len(keep)
-        arrays = []
-        for f in EVENT_SCHEMA:
-            if f.name == "writer":
-                arrays.append(pa.array([self.name] * total, pa.string()))
-            elif f.name == "writer_epoch":
-                arrays.append(pa.array(np.full(total, self.epoch, dtype=np.int64)))
-            elif f.name == "writer_seq":
-                seqs = np.zeros(total, dtype=np.int64)
-                seqs[keep] = np.arange(first, first + n, dtype=np.int64)
-                arrays.append(pa.array(seqs))
-            else:
-                arrays.append(columns[f.name])
-        batch = pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)
+        if n == total:
+            seqs = pa.array(range(first, first + n), pa.int64())
+        else:  # duplicates keep a placeholder seq until they are filtered out below
+            numbered = np.zeros(total, dtype=np.int64)
+            numbered[keep] = np.arange(first, first + n, dtype=np.int64)
+            seqs = pa.array(numbered)
+        filled = {"writer": pa.array([self.name] * total, pa.string()),
+                  "writer_epoch": pa.array([self.epoch] * total, pa.int64()), "writer_seq": seqs}
+        batch = pa.RecordBatch.from_arrays([filled[name] if name in filled else columns[name] for name in EVENT_SCHEMA.names],
+                                           schema=EVENT_SCHEMA)
         return batch if n == total else batch.filter(pa.array(keep))
 
     def _flush(self, seq: int) -> None:

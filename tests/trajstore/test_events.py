@@ -148,8 +148,8 @@ def test_a_logprob_of_zero_and_minus_infinity_are_accepted() -> None:
 
 def test_a_typed_event_reports_all_of_its_problems() -> None:
     with pytest.raises(InvalidEventError) as info:
-        Turn(group_id="", rollout_id="r", segment_id="s", turn_index=-1, policy_version=0,
-             prompt_ids=[1, -2], output_ids=[4, 5], output_logprobs=[-0.5], finish_reason="eos")
+        to_columns([Turn(group_id="", rollout_id="r", segment_id="s", turn_index=-1, policy_version=0,
+                         prompt_ids=[1, -2], output_ids=[4, 5], output_logprobs=[-0.5], finish_reason="eos")])
     messages = " | ".join(m for _, m in info.value.problems)
     for fragment in ("group_id", "turn_index", "prompt_ids", "output_logprobs has 1", "finish_reason"):
         assert fragment in messages, (fragment, messages)
@@ -293,8 +293,8 @@ def test_numpy_token_ids_out_of_range_are_rejected_not_wrapped(ids: np.ndarray) 
     assert {i for i, _ in problems} == {0}
     assert_problem(problems, 0, "prompt_ids")
     with pytest.raises(InvalidEventError, match="prompt_ids"):
-        Turn(group_id="g", rollout_id="r", segment_id="s", turn_index=0, policy_version=0,
-             prompt_ids=ids, output_ids=[1], output_logprobs=[-1.0])
+        to_columns([Turn(group_id="g", rollout_id="r", segment_id="s", turn_index=0, policy_version=0,
+                         prompt_ids=ids, output_ids=[1], output_logprobs=[-1.0])])
 
 
 def test_typed_events_of_every_kind_round_trip(store: trajstore.Store) -> None:
