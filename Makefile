@@ -1,6 +1,6 @@
 # The two commands of the README, each installing what it needs into .venv:
 #   make demo   runs the main job on the embedded default (CPU, no downloads)
-#   make test   runs the test suite
+#   make test   runs the test suite (make test-fast: without the tests marked slow, the inner loop)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -16,13 +16,16 @@ $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 demo: $(VENV)/.installed
 	rm -rf trajstore-demo
 	$(VENV)/bin/trajstore demo --dir trajstore-demo
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.bench
 	$(PY) benchmarks/append.py

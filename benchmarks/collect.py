@@ -121,8 +121,8 @@ def upstream_app(model_dir: str, latency_s: float) -> Any:
     from aiohttp import web
     from transformers import AutoTokenizer
 
-    from collectors.embedded.protocol import CompletionJob, completion_response
     from collectors.embedded.engine import Completion
+    from collectors.embedded.protocol import CompletionJob, completion_response
     from collectors.policy import SamplingParams
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -276,8 +276,8 @@ def write_tasks(path: Path, level: int, count: int) -> str:
 
 async def run_level(c: int, rollouts: int, *, upstream: str, model_dir: str, tmp: Path, tag: str = "",
                     shared_client: bool = False, profile: cProfile.Profile | None = None) -> Level:
-    from collectors.collect.settings import CollectSettings
     from collectors.collect.runner import collect
+    from collectors.collect.settings import CollectSettings
 
     n = 4
     groups = -(-rollouts // n)

@@ -71,8 +71,8 @@ def upstream_app(model_dir: str, delay_s: float) -> Any:
     from aiohttp import web
     from transformers import AutoTokenizer
 
-    from collectors.embedded.protocol import CompletionJob, completion_response
     from collectors.embedded.engine import Completion
+    from collectors.embedded.protocol import CompletionJob, completion_response
     from collectors.policy import SamplingParams
 
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -41,8 +41,8 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from collectors.model.build import ModelSize, init_model  # noqa: E402
 from collectors.embedded.app import serve_in_thread  # noqa: E402
+from collectors.model.build import ModelSize, init_model  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 TOPICS = ["the weather", "a sorting algorithm", "the history of Rome", "unit tests", "a recipe for bread",

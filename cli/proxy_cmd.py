@@ -50,8 +50,7 @@ def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, r
       curl -s -X POST localhost:8100/rollouts/ROLLOUT_ID/close -H 'Authorization: Bearer ts-...' \\
            -d '{"status": "completed", "reward": 1.0}'
     """
-    from collectors.policy import EmbeddedClient, VLLMClient
-    from collectors.policy import PolicyClient
+    from collectors.policy import EmbeddedClient, PolicyClient, VLLMClient
     from collectors.proxy import ProxyConfig, run_proxy
 
     def client() -> PolicyClient:

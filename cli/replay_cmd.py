@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cli.options import store_option
 import trajstore
+from cli.options import store_option
 from collectors.replay import Decode, Episode, ReplayTurn, Span, load_episode, token_rows
 
 STYLES = {"prompt": "dim", "sampled": "bold green", "sampled_masked": "yellow"}

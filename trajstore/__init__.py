@@ -19,8 +19,8 @@ from trajstore.errors import (
 )
 from trajstore.events import Checkpoint, Event, Metric, Reward, Status, Turn
 from trajstore.ids import new_id
-from trajstore.schema import EVENT_SCHEMA, SCHEMA_VERSION
 from trajstore.read import Snapshot
+from trajstore.schema import EVENT_SCHEMA, SCHEMA_VERSION
 from trajstore.shard import Shard
 from trajstore.store import Store, open_store
 from trajstore.views import ESTIMATORS, VIEW_NAMES, Estimator

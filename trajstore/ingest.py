@@ -16,8 +16,8 @@ from __future__ import annotations
 import copy
 import json
 import os
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa

@@ -50,7 +50,6 @@ EVENT_SCHEMA: pa.Schema = pa.schema(
     metadata={"trajstore.schema": f"events.v{SCHEMA_VERSION}"},
 )
 COLUMNS: tuple[str, ...] = tuple(EVENT_SCHEMA.names)
-DESCRIPTIONS: dict[str, str] = {c["name"]: c["description"] for c in SPEC["columns"]}
 
 KINDS: frozenset[str] = frozenset(SPEC["kinds"])
 STATUSES: frozenset[str] = frozenset(SPEC["statuses"])

@@ -34,6 +34,7 @@ from trajstore.read import Reader, Snapshot
 from trajstore.schema import EVENT_SCHEMA
 from trajstore.table import FileInfo, Table
 from trajstore.views import ESTIMATORS, Estimator
+
 # Step 2 needs scalars only; step 3 the token lists too, never the request/response JSON (training needs none of it).
 _SCALARS = [f.name for f in EVENT_SCHEMA if not isinstance(f.type, (pa.ListType, pa.MapType))
             and f.name not in ("request", "response", "sampling", "meta", "error")]

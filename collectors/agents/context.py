@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -179,5 +179,3 @@ def load_object(spec: str, *, what: str = "object") -> Any:
         raise ValueError(f"{what} {spec!r}: module {module_name} has no {attr!r} (it has: {names})") from None
     return obj
 
-
-RewardFn = Callable[..., "float | dict[str, float] | Awaitable[float | dict[str, float]]"]

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.collect.agent_cmd import run_command
 from collectors.agents.context import RolloutInfo, load_object
+from collectors.collect.agent_cmd import run_command
 from collectors.collect.tasks import load_tasks, task_id
 from collectors.errors import CollectorError
 from collectors.proxy.toolcalls import response_text

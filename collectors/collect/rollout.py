@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from collectors.collect.agent_cmd import CommandResult, run_command
 from collectors.agents.context import AgentContext, RolloutInfo
-from collectors.errors import CollectorError
+from collectors.collect.agent_cmd import CommandResult, run_command
 from collectors.collect.rewards import call_reward, command_reward
 from collectors.collect.tasks import chat_messages, write_files
+from collectors.errors import CollectorError
 from trajstore import new_id
 
 if TYPE_CHECKING:
@@ -67,7 +67,6 @@ class ProxyLink:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
-        self._warned = False
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -108,14 +107,10 @@ class ProxyLink:
                                             key=opened.api_key))
 
     def _facts(self, summary: Any) -> Facts:
-        if isinstance(summary, dict) and "output_tokens" in summary:
-            return facts_of(summary)
-        if not self._warned:
-            self._warned = True
-            log.warning("the capture proxy at %s does not count its rollouts' turns (an older trajstore?): rollouts "
-                        "whose last call stopped at max_tokens are recorded as completed, not truncated; run the "
-                        "proxy of this version", self.url)
-        return Facts()
+        if not isinstance(summary, dict):
+            raise ProxyError(f"the capture proxy at {self.url} answered a rollout summary that is not a JSON object: "
+                             f"{str(summary)[:200]}")
+        return facts_of(summary)
 
     async def stats(self) -> dict[str, Any]:
         return await self._call("GET", "/stats")

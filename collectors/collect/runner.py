@@ -40,14 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from collectors.agents.context import load_object, shared_http_client
-from collectors.collect.settings import CollectSettings
-from collectors.policy import PolicyClient
 from collectors.collect.progress import CollectSummary, Progress, show
 from collectors.collect.reload import Reloader, served_version
 from collectors.collect.rewards import load_reward
 from collectors.collect.rollout import Job, ProxyLink, RolloutEnv
 from collectors.collect.scheduler import Collection
+from collectors.collect.settings import CollectSettings
 from collectors.collect.tasks import TaskFileError, load_tasks
+from collectors.policy import PolicyClient
 from trajstore import Store, open_store
 
 __all__ = ["CollectSettings", "CollectSummary", "collect", "run_collect"]
@@ -95,8 +95,8 @@ async def _start_policy(settings: CollectSettings, stack: AsyncExitStack) -> Pol
     if settings.server is not None:
         return VLLMClient(settings.server, policy_version=settings.policy_version) if settings.vllm \
             else EmbeddedClient(settings.server)
-    from collectors.embedded.engine import Engine
     from collectors.embedded.app import start_server
+    from collectors.embedded.engine import Engine
 
     engine = await asyncio.to_thread(Engine, settings.model, device=settings.device, max_batch=settings.max_batch,
                                      policy_version=settings.policy_version, threads=settings.threads)

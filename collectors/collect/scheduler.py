@@ -34,11 +34,11 @@ from collectors.collect.admission import (
     read_group_rows,
     staleness_if_admitted,
 )
-from collectors.collect.settings import CollectSettings
 from collectors.collect.progress import Progress
 from collectors.collect.reload import Head, Reloader, read_head
 from collectors.collect.resume import GroupPlan, PastRollout, orphans, plans, read_history
 from collectors.collect.rollout import Job, Outcome, RolloutEnv, play
+from collectors.collect.settings import CollectSettings
 from collectors.collect.tasks import task_id
 from trajstore import Status, Store, new_id
 from trajstore.schema import TRAINABLE_STATUSES

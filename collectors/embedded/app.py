@@ -31,8 +31,14 @@ from typing import Any
 
 from aiohttp import web
 
-from collectors.embedded.protocol import RequestError, check_prompt, completion_response, error_body, parse_completion_request
 from collectors.embedded.engine import Engine
+from collectors.embedded.protocol import (
+    RequestError,
+    check_prompt,
+    completion_response,
+    error_body,
+    parse_completion_request,
+)
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
 from collectors.serving import app_in_thread, run_until_interrupted, start_app
 

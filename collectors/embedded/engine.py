@@ -39,9 +39,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from collectors.embedded import kv_batch
 from collectors.embedded.detokenize import IncrementalText
+from collectors.embedded.sampling import find_stop, make_generator, processed_logprobs, sample
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
 from collectors.policy import SamplingParams
-from collectors.embedded.sampling import find_stop, make_generator, processed_logprobs, sample
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def _merged_adapter(adapter_dir: Path) -> PreTrainedModel:
 
 
 class Engine:
-    """Owns the model and the batch; `submit`, `generate`, `agenerate` and `load_weights` are thread-safe."""
+    """Owns the model and the batch; `submit`, `agenerate` and `load_weights` are thread-safe."""
 
     def __init__(self, model_dir: str | Path, *, device: str = "auto", max_batch: int = 16,
                  policy_version: int = 0, threads: int | None = None) -> None:
@@ -210,17 +210,6 @@ class Engine:
             self._waiting.append(seq)
             self._cond.notify()
         return seq
-
-    def generate(self, prompt_ids: list[int], params: SamplingParams, timeout: float | None = None) -> Completion:
-        done = threading.Event()
-        box: list[Completion | BaseException] = []
-        seq = self.submit(prompt_ids, params, lambda r: (box.append(r), done.set()))
-        if not done.wait(timeout):
-            seq.cancel()
-            raise TimeoutError(f"generation did not finish within {timeout} s")
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        return box[0]
 
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         loop = asyncio.get_running_loop()

@@ -12,8 +12,16 @@ from collections.abc import Sequence
 from collectors.errors import VersionConflict, WeightLoadError
 from collectors.policy.contract import Sample, SamplingParams
 from collectors.policy.http import (
-    Http, PolicyServerBadResponse, PolicyServerFailed, PolicyServerRejected, completion_body, list_models,
-    parse_completion, port_of, prompt_list, session_headers,
+    Http,
+    PolicyServerBadResponse,
+    PolicyServerFailed,
+    PolicyServerRejected,
+    completion_body,
+    list_models,
+    parse_completion,
+    port_of,
+    prompt_list,
+    session_headers,
 )
 
 

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 from multidict import CIMultiDict
 
-from collectors.errors import CollectorError, VersionConflict, WeightLoadError
+from collectors.errors import CollectorError
 from collectors.policy.contract import Sample, SamplingParams
 
 

@@ -34,8 +34,18 @@ from typing import Any, Literal
 from collectors.errors import VersionConflict, WeightLoadError
 from collectors.policy.contract import Sample, SamplingParams
 from collectors.policy.http import (
-    Http, PolicyServerBadResponse, PolicyServerError, PolicyServerFailed, PolicyServerRejected, Reply,
-    completion_body, list_models, parse_completion, port_of, prompt_list, session_headers,
+    Http,
+    PolicyServerBadResponse,
+    PolicyServerError,
+    PolicyServerFailed,
+    PolicyServerRejected,
+    Reply,
+    completion_body,
+    list_models,
+    parse_completion,
+    port_of,
+    prompt_list,
+    session_headers,
 )
 
 

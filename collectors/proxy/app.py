@@ -41,13 +41,13 @@ from typing import Any
 
 from aiohttp import web
 
+from collectors.policy import PolicyClient
 from collectors.proxy.capture import Capture
 from collectors.proxy.chat import ChatError, is_int
-from collectors.policy import PolicyClient
 from collectors.proxy.render import ChatRenderer
-from collectors.serving import app_in_thread, run_until_interrupted, start_app
 from collectors.proxy.sessions import SESSION_HEADER, Rollout, split_key
 from collectors.proxy.wire import WIRES, OpenAIChat, WireProtocol
+from collectors.serving import app_in_thread, run_until_interrupted, start_app
 from trajstore import Store, open_store
 
 log = logging.getLogger(__name__)

@@ -22,14 +22,13 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.proxy.appender import BatchAppender
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
 from collectors.errors import CollectorError
 from collectors.policy import PolicyClient, Sample
+from collectors.proxy.appender import BatchAppender
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
 from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.segmenter import plan_turn, record_turn
 from collectors.proxy.sessions import Registry, Rollout

@@ -18,8 +18,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
 from collectors.policy import Sample
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
 from collectors.proxy.toolcalls import parse_output
 
 

@@ -20,10 +20,10 @@ from click.testing import CliRunner
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from cli.main import main  # noqa: E402
-from collectors.policy import EmbeddedClient  # noqa: E402
-from collectors.model.build import init_model  # noqa: E402
-from collectors.proxy.app import ProxyConfig, serve_proxy_in_thread  # noqa: E402
 from collectors.embedded.app import RunningServer, serve_in_thread  # noqa: E402
+from collectors.model.build import init_model  # noqa: E402
+from collectors.policy import EmbeddedClient  # noqa: E402
+from collectors.proxy.app import ProxyConfig, serve_proxy_in_thread  # noqa: E402
 from tests.collectors.agents_for_tests import rollout_rows, usable_by_task, write_tasks  # noqa: E402
 from tests.collectors.conftest import TINY  # noqa: E402
 from trajstore import open_store  # noqa: E402

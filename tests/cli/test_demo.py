@@ -60,6 +60,7 @@ def test_rank_z_by_hand() -> None:
     assert rank_z([0.0] * 30, [0.1] * 30) > 7
 
 
+@pytest.mark.slow
 def test_the_closed_loop_makes_the_model_better(tmp_path: Path) -> None:
     result = run_demo(DemoSettings.quick(tmp_path / "demo"), say=lambda line: None)
     # the loop's time limit is a safety net far above what 10 steps take; a run it cuts short still has to show z > 3

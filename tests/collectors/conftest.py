@@ -17,8 +17,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach for the Hub
 
-from collectors.model.build import ModelSize, init_model  # noqa: E402
 from collectors.embedded.app import RunningServer, serve_in_thread  # noqa: E402
+from collectors.model.build import ModelSize, init_model  # noqa: E402
 from tests.collectors.proxy_harness import Harness  # noqa: E402
 
 TINY = ModelSize(vocab_size=2048, hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128,

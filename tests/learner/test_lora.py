@@ -14,8 +14,7 @@ from transformers import AutoModelForCausalLM
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from collectors.model.build import ModelSize, init_model  # noqa: E402
-from learner.lora import (  # noqa: E402
-    DEFAULT_TARGET_MODULES, TOKENIZER_FILES, apply_lora, load_adapter_for_training, save_adapter)
+from learner.lora import DEFAULT_TARGET_MODULES, TOKENIZER_FILES, apply_lora, load_adapter_for_training, save_adapter  # noqa: E402
 
 SIZE = ModelSize(vocab_size=2048, hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128,
                  max_positions=2048)

@@ -19,9 +19,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from collectors.agents.context import AgentContext, RolloutInfo
-from collectors.policy import Sample, SamplingParams
 from collectors.agents.tool_agent import ToolAgentResult, initial_messages, tool_agent
 from collectors.agents.tools import ToolSchemaError
+from collectors.policy import Sample, SamplingParams
 from tests.collectors.proxy_harness import MODEL, Harness, Scripted, running_proxy
 
 

@@ -11,8 +11,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from collectors.collect.settings import CollectSettings
 from collectors.collect.runner import collect
+from collectors.collect.settings import CollectSettings
 from collectors.embedded.app import RunningServer
 from tests.collectors.agents_for_tests import rollout_rows, usable_by_task, write_tasks
 from trajstore import open_store

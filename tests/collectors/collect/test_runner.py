@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from collectors.collect.settings import CollectSettings
 from collectors.collect.resume import PastRollout, plan_group
 from collectors.collect.rewards import RewardError, components, rescore
-from collectors.proxy.toolcalls import response_text
 from collectors.collect.runner import collect
-from collectors.embedded.app import RunningServer
+from collectors.collect.settings import CollectSettings
 from collectors.collect.tasks import TaskFileError, load_tasks, task_id
+from collectors.embedded.app import RunningServer
+from collectors.proxy.toolcalls import response_text
 from tests.collectors.agents_for_tests import rollout_rows, usable_by_task, write_tasks
 from trajstore import Checkpoint, Status, open_store
 

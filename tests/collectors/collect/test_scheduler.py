@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from collectors.agents.context import AgentContext, RolloutInfo
-from collectors.collect.settings import CollectSettings
 from collectors.collect.runner import collect
+from collectors.collect.settings import CollectSettings
 from collectors.embedded.app import RunningServer
 from tests.collectors.agents_for_tests import rollout_rows, write_tasks
 from trajstore import open_store

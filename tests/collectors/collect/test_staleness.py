@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from collectors.collect.admission import LocalGroup, StoreGroup, admissible, count_pending
-from collectors.policy import EmbeddedClient
-from collectors.collect.settings import CollectSettings
 from collectors.collect.reload import Head, Reloader, read_head
 from collectors.collect.runner import collect
+from collectors.collect.settings import CollectSettings
 from collectors.embedded.app import RunningServer
+from collectors.policy import EmbeddedClient
 from tests.collectors.agents_for_tests import rollout_rows, write_tasks
 from trajstore import Checkpoint, Store, open_store
 

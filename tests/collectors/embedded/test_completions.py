@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.embedded.protocol import RequestError, check_prompt, completion_response, parse_completion_request
 from collectors.embedded.engine import Completion
+from collectors.embedded.protocol import RequestError, check_prompt, completion_response, parse_completion_request
 from collectors.policy import SamplingParams
 
 # vLLM's CompletionResponseChoice fields (vllm/entrypoints/openai/completion/protocol.py) we emit

@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from collectors.policy import EmbeddedClient
+from collectors.embedded.app import RunningServer, serve_in_thread
 from collectors.embedded.engine import load_model
 from collectors.errors import WeightLoadError
-from collectors.embedded.app import RunningServer, serve_in_thread
+from collectors.policy import EmbeddedClient
 from learner.lora import apply_lora, load_adapter_for_training, save_adapter
 from tests.collectors import http
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from collectors.errors import VersionConflict
 from collectors.embedded.app import serve_in_thread
+from collectors.errors import VersionConflict
 from tests.collectors import http
 
 

@@ -196,8 +196,12 @@ def test_routes_models_health_and_unknown_paths(server: RunningServer) -> None:
     assert missing.status == 404 and "routes: POST /v1/completions" in missing.json()["error"]["message"]
     wrong_method = http.get(server.url + "/v1/completions")
     assert wrong_method.status == 405 and wrong_method.json()["error"]["type"] == "MethodNotAllowed"
+    before = http.get(server.url + "/stats").json()
+    choice(server, prompt=[1, 2, 3], max_tokens=4, ignore_eos=True)
     stats = http.get(server.url + "/stats").json()
-    assert stats["decode_steps"] >= 0 and stats["device"] == "cpu"
+    assert stats["device"] == "cpu" and stats["requests"] == before["requests"] + 1
+    assert stats["generated_tokens"] == before["generated_tokens"] + 4
+    assert stats["prefill_steps"] == before["prefill_steps"] + 1 and stats["decode_steps"] >= before["decode_steps"] + 3
 
 
 def test_load_weights_refuses_bad_input(server: RunningServer) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from collectors.envs import arithmetic
 from collectors.agents.tool_agent import ToolAgentResult
-from collectors.proxy.toolcalls import parse_output
 from collectors.agents.tools import tool_schema
+from collectors.envs import arithmetic
+from collectors.proxy.toolcalls import parse_output
 
 
 @pytest.mark.parametrize(("expression", "value"), [

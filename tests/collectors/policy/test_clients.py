@@ -25,18 +25,19 @@ from typing import Any
 import pytest
 import torch
 
+from collectors.embedded.app import RunningServer, serve_in_thread
+from collectors.errors import VersionConflict, WeightLoadError
 from collectors.policy import (
     EmbeddedClient,
+    PolicyClient,
     PolicyServerBadResponse,
     PolicyServerFailed,
     PolicyServerRejected,
     PolicyServerTimeout,
     PolicyServerUnreachable,
+    SamplingParams,
     VLLMClient,
 )
-from collectors.errors import VersionConflict, WeightLoadError
-from collectors.policy import PolicyClient, SamplingParams
-from collectors.embedded.app import RunningServer, serve_in_thread
 from tests.collectors.fake_vllm import FakeVLLM, fake_vllm, free_port
 
 PROMPT = [50, 51, 52, 53]

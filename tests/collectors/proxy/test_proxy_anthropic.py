@@ -9,7 +9,7 @@ from typing import Any
 
 import anthropic
 
-from tests.collectors.proxy_harness import Harness, MODEL, anthropic_client, assert_exact
+from tests.collectors.proxy_harness import MODEL, Harness, anthropic_client, assert_exact
 
 
 def text_of(message: Any) -> str:

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from collectors.policy import EmbeddedClient
-from tests.collectors.proxy_harness import Harness, MODEL, anthropic_client, call, openai_client, running_proxy
+from tests.collectors.proxy_harness import MODEL, Harness, anthropic_client, call, openai_client, running_proxy
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -10,9 +10,9 @@ from typing import Any
 import anthropic
 import openai
 
-from collectors.policy import EmbeddedClient
 from collectors.embedded.app import RunningServer
-from tests.collectors.proxy_harness import Harness, MODEL, assert_exact
+from collectors.policy import EmbeddedClient
+from tests.collectors.proxy_harness import MODEL, Harness, assert_exact
 
 
 async def one_call(rollout: dict[str, Any], i: int, max_tokens: int) -> tuple[str, dict[str, Any]]:

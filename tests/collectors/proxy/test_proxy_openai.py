@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.collectors.proxy_harness import Harness, MODEL, assert_exact, async_openai_client, openai_client
+from tests.collectors.proxy_harness import MODEL, Harness, assert_exact, async_openai_client, openai_client
 
 
 def test_sync_multi_turn_chat_is_one_exact_segment(proxy: Harness) -> None:

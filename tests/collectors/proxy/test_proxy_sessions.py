@@ -9,7 +9,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.collectors.proxy_harness import Harness, MODEL, assert_exact, call, openai_client
+from tests.collectors.proxy_harness import MODEL, Harness, assert_exact, call, openai_client
 
 
 def say(c: openai.OpenAI, messages: list[dict[str, Any]], seed: int) -> str:
@@ -105,6 +105,7 @@ def test_a_key_reaches_only_its_own_rollout(proxy: Harness) -> None:
 
 
 def test_rollout_routes(proxy: Harness) -> None:
+    before = call(proxy.url + "/stats").body
     assert call(proxy.url + "/rollouts", {"group_size": 0}).status == 400
     r = proxy.open(rollout_id="fixed-id", run="exp-2", meta={"task": "t9"})
     assert r["rollout_id"] == "fixed-id" and r["run"] == "exp-2" and r["group_id"] == "fixed-id"
@@ -118,7 +119,10 @@ def test_rollout_routes(proxy: Harness) -> None:
     assert proxy.close(r, status="failed", error="agent crashed").body["status"] == "failed"
     assert rollout_row(proxy, "fixed-id")["error"] == "agent crashed"
     stats = call(proxy.url + "/stats").body
-    assert stats["rollouts"]["opened"] >= 1 and stats["turns"] >= 0 and "total" in stats["forks"]
+    assert stats["rollouts"]["opened"] == before["rollouts"]["opened"] + 1  # the 409 opened nothing
+    assert stats["rollouts"]["closed"] == before["rollouts"]["closed"] + 1  # the 400 closed nothing
+    assert stats["turns"] == before["turns"] and stats["forks"] == before["forks"]
+    assert stats["errors"]["400"] == before["errors"].get("400", 0) + 2
 
 
 # what `trajstore collect` used to ask the store for each finished rollout; the summary must say the same

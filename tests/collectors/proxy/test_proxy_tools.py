@@ -16,8 +16,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.collectors.proxy_harness import (
-    Harness,
     MODEL,
+    Harness,
     Scripted,
     anthropic_client,
     call,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from collectors.proxy.chat import ChatReply, ChatRequest
 from collectors.policy import Sample, SamplingParams
+from collectors.proxy.chat import ChatReply, ChatRequest
 from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.toolcalls import parse_output
 from collectors.proxy.wire import OpenAIChat
