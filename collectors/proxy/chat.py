@@ -1,8 +1,8 @@
 """The capture proxy's protocol-neutral chat request and reply, and its error. Pure.
 
-`collectors.proxy.wire.openai_chat` and `collectors.proxy.wire.anthropic_messages` translate their wire formats to a
-`ChatRequest` (messages and tools in the chat template's format) and build their responses
-from a `ChatReply`; the proxy in between only deals with these.
+The wire adapters (`collectors.proxy.wire`) translate their formats to a `ChatRequest`
+(messages and tools in the chat template's format) and build their responses from a
+`ChatReply`; the proxy in between only deals with these.
 
 Template message format (what `collectors.model.chat_template` renders):
     {"role": "system" | "user" | "assistant" | "tool", "content": str | None,
@@ -45,7 +45,7 @@ class ChatError(CollectorError):
 class ChatRequest:
     """A validated chat call in the template's terms."""
 
-    protocol: str  # openai | anthropic
+    protocol: str  # openai | anthropic | responses
     model: str | None
     messages: list[Message]
     tools: list[dict[str, Any]] | None
@@ -55,7 +55,7 @@ class ChatRequest:
     sampling: SamplingParams = SamplingParams()
     stream: bool = False
     continue_final: bool = False  # the last message is an assistant prefill to continue
-    options: dict[str, Any] = field(default_factory=dict)  # protocol-specific (include_usage, logprobs)
+    options: dict[str, Any] = field(default_factory=dict)  # protocol-specific (include_usage, logprobs, top_logprobs)
 
     def sampling_for(self, max_tokens: int) -> SamplingParams:
         """The sampling parameters of this call, sampling at most `max_tokens`."""
@@ -80,6 +80,8 @@ class ChatReply:
     token_texts: list[str]  # the decoded text of each output token (OpenAI logprobs)
     policy_version: int
     trajstore: dict[str, Any] = field(default_factory=dict)  # rollout, segment, turn: echoed to the agent
+    top_logprobs: list[dict[str, float]] | None = None  # per output token, when asked: {token text: logprob}
+    top_n: int = 0  # how many alternatives per token the agent asked for
 
     @property
     def completion_tokens(self) -> int:

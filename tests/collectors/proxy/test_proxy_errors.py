@@ -81,8 +81,8 @@ ANTHROPIC_CASES = [
      "'image'"),
     ("oversized prompt", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": LONG}]}, None,
      400, "context"),
-    ("system role in messages", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
-     None, 400, "user or assistant"),
+    ("unknown role in messages", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]},
+     None, 400, "user, assistant or system"),
 ]
 
 
