@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -79,6 +80,9 @@ class Scripted:
     token_delay_s: float = 0.0  # between streamed tokens
     sent: list[list[int]] = field(default_factory=list)  # the prompt ids of every call, in order
     streams_closed_early: int = 0
+    yielded: int = 0  # tokens streamed so far, all calls
+    gate: threading.Event | None = None  # when set up: a stream holds after `gate_after` tokens until it is set
+    gate_after: int = 0
 
     async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
@@ -99,6 +103,9 @@ class Scripted:
             for i, token in enumerate(sample.output_ids):
                 if self.token_delay_s:
                     await asyncio.sleep(self.token_delay_s)
+                while self.gate is not None and i == self.gate_after and not self.gate.is_set():
+                    await asyncio.sleep(0.005)
+                self.yielded += 1
                 last = i == len(sample.output_ids) - 1
                 yield Chunk([token], [sample.output_logprobs[i]], self.tokenizer.decode([token]), sample.policy_version,
                             finish_reason=sample.finish_reason if last else None)
