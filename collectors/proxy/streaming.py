@@ -33,9 +33,9 @@ Event = tuple[str, str] | tuple[str, int, ToolCall]  # ("reasoning" | "content",
 
 
 def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that is a proper beginning of `tag` (0 if none)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
+    """Length of the longest end of `text` that may still grow into `tag` or into a newline and `tag`."""
+    for n in range(min(len(tag), len(text)), 0, -1):
+        if text.endswith(("\n" + tag)[:n]) or (n < len(tag) and text.endswith(tag[:n])):
             return n
     return 0
 
@@ -92,7 +92,7 @@ class ReplyStream:
             end = inner.find(THINK_CLOSE)
             if end < 0:
                 inner = inner[1:] if inner.startswith("\n") else inner
-                hold = _partial_suffix(inner, "\n" + THINK_CLOSE) or (1 if inner.endswith("\n") else 0)
+                hold = _partial_suffix(inner, THINK_CLOSE)
                 return (inner[:len(inner) - hold] if inner or text.endswith("\n") else None), None
             rest = inner[end + len(THINK_CLOSE):]
             if len(rest) < 2 and rest.strip("\n") == "":
@@ -106,7 +106,7 @@ class ReplyStream:
             self._calls_started = True
             head = rest[:start]
             return None, head[:-1] if head.endswith("\n") else head
-        hold = _partial_suffix(rest, "\n" + CALL_OPEN) or (1 if rest.endswith("\n") else 0)
+        hold = _partial_suffix(rest, CALL_OPEN)
         return None, rest[:len(rest) - hold]
 
     def finish(self, reply: ChatReply) -> list[Event]:
