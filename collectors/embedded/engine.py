@@ -38,9 +38,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from collectors.embedded import kv_batch
-from collectors.model.detokenize import IncrementalText
 from collectors.embedded.sampling import find_stop, make_generator, processed_logprobs, sample
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
+from collectors.model.detokenize import IncrementalText
 from collectors.policy import SamplingParams
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ from collectors.policy.http import (
 from collectors.policy.vllm_client import VLLMClient
 
 __all__ = [
-    "SAMPLING_EPS", "Chunk", "EmbeddedClient", "PolicyClient", "PolicyServerBadResponse", "PolicyServerError", "PolicyServerFailed",
-    "PolicyServerRejected", "PolicyServerTimeout", "PolicyServerUnreachable", "Sample", "SamplingParams", "StreamedSample",
-    "VLLMClient", "completion_body", "parse_chunk", "parse_completion", "server_message",
+    "SAMPLING_EPS", "Chunk", "EmbeddedClient", "PolicyClient", "PolicyServerBadResponse", "PolicyServerError",
+    "PolicyServerFailed", "PolicyServerRejected", "PolicyServerTimeout", "PolicyServerUnreachable", "Sample",
+    "SamplingParams", "StreamedSample", "VLLMClient", "completion_body", "parse_chunk", "parse_completion",
+    "server_message",
 ]

@@ -173,7 +173,8 @@ class Http:
                 f"{self.hint}", url=self.base_url) from exc
         except TimeoutError as exc:
             raise PolicyServerTimeout(f"the policy server at {self.base_url} sent nothing on POST {route} for "
-                                      f"{self.timeout_s:g} s; it may be overloaded or stuck", url=self.base_url) from exc
+                                      f"{self.timeout_s:g} s; it may be overloaded or stuck",
+                                      url=self.base_url) from exc
         except aiohttp.ClientError as exc:
             raise PolicyServerUnreachable(
                 f"the connection to the policy server at {self.base_url} failed during the stream of POST {route} "
@@ -210,7 +211,8 @@ def completion_body(prompt_ids: list[int], sampling: SamplingParams, model: str 
     return body
 
 
-def _tokens(choice: dict[str, Any], url: str, top: bool) -> tuple[list[int], list[float], list[dict[str, float]] | None]:
+def _tokens(choice: dict[str, Any], url: str,
+            top: bool) -> tuple[list[int], list[float], list[dict[str, float]] | None]:
     """The sampled ids, their logprobs and (when asked) the top alternatives of one choice, checked."""
     def bad(problem: str) -> PolicyServerBadResponse:
         return PolicyServerBadResponse(f"the policy server at {url} {problem}", url=url)

@@ -81,6 +81,16 @@ def _hex_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
+@dataclass(frozen=True)
+class Step:
+    """What a streamed call has to send after a chunk from the upstream: pieces, token logprobs, or the end."""
+
+    version: int
+    pieces: list[Any]  # collectors.proxy.streaming events
+    tokens: tuple[list[str], list[float], list[dict[str, float]] | None] | None  # texts, logprobs, top, when asked
+    final: ChatReply | None = None  # the stored reply: the stream ends with it
+
+
 @dataclass
 class Prepared:
     """A call ready to sample: its reconciled, rendered prompt and its place in the session."""
@@ -244,12 +254,15 @@ class Capture:
             writer, done = None, False
             try:
                 async with aclosing(self._stream(prep, body)) as steps:
-                    async for version, write in steps:
+                    async for step in steps:
+                        out = b""
                         if writer is None:
-                            writer = wire.stream_writer(prep.head(version), req.options)
-                            yield writer.start() + write(writer)
-                        else:
-                            yield write(writer)
+                            writer = wire.stream_writer(prep.head(step.version), req.options)
+                            out = writer.start()
+                        out += b"".join(writer.piece(e) for e in step.pieces)
+                        if step.tokens is not None:
+                            out += writer.tokens(*step.tokens)
+                        yield out + (writer.finish(step.final) if step.final is not None else b"")
                 done = True
             except ChatError as err:
                 if writer is None:
@@ -262,8 +275,8 @@ class Capture:
                     log.info("the agent of rollout %s session %s left mid-stream; the upstream request was stopped "
                              "and nothing stored", rollout.rollout_id, session)
 
-    async def _stream(self, prep: Prepared, body: Any) -> AsyncIterator[tuple[int, Any]]:
-        """(policy version, writer -> bytes) for each step of a streamed call, the last after the append."""
+    async def _stream(self, prep: Prepared, body: Any) -> AsyncIterator[Step]:
+        """The steps of a streamed call as the upstream samples; the last one after the turn is durable."""
         renderer, req = self.renderer, prep.req
         joined = StreamedSample(prep.plan.full_ids)
         texts = TextStream(renderer.decode, renderer.special_ids, req.sampling.stop)
@@ -274,14 +287,13 @@ class Capture:
         try:
             async with aclosing(upstream) as chunks:
                 async for chunk in chunks:
-                    first = not joined.output_ids and joined.policy_version is None
+                    first = joined.policy_version is None
                     joined.add(chunk)
                     events = pieces.feed(texts.push(chunk.output_ids))
                     tokens = ([renderer.decode([t]) for t in chunk.output_ids], chunk.output_logprobs,
                               chunk.top_logprobs) if logprobs and chunk.output_ids else None
                     if events or tokens or first:  # the first token starts the stream
-                        yield chunk.policy_version, lambda w, e=events, t=tokens: b"".join(
-                            [*(w.piece(x) for x in e), w.tokens(*t) if t else b""])
+                        yield Step(chunk.policy_version, events, tokens)
         except ChatError:
             raise
         except Exception as exc:  # noqa: BLE001 - any upstream failure becomes a 502 (or the stream's error event)
@@ -292,7 +304,7 @@ class Capture:
         reply, response, body_text = self._reply(prep, sample)
         rest = pieces.finish(reply)
         await self._store(prep, sample, reply, response, body_text, body)
-        yield sample.policy_version, lambda w: b"".join([*(w.piece(x) for x in rest), w.finish(reply)])
+        yield Step(sample.policy_version, rest, None, reply)
 
     def count_tokens(self, rollout: Rollout, session: str, req: ChatRequest) -> int:
         """The prompt tokens `req` would be sent with in `session` now (its history reconciled); samples nothing."""

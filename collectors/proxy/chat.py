@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +129,17 @@ class Problems:
         return int(value)
 
 
+def start_request(body: Any) -> tuple[Problems, str]:
+    """The checks every protocol's request starts with: a JSON object naming a `model`."""
+    if not isinstance(body, dict):
+        raise ChatError(f"the request body must be a JSON object, not {type(body).__name__}")
+    problems = Problems()
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        problems.add("model", "`model` is required: the served model's name (see GET /v1/models)")
+    return problems, model
+
+
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
@@ -155,3 +167,29 @@ def template_tool(name: Any, description: Any, schema: Any, problems: Problems, 
                                     f"(at {'/'.join(map(str, exc.path)) or 'the top level'})")
         function["parameters"] = schema
     return {"type": "function", "function": function}
+
+
+# (name, description, schema, where the definition is) of a tool a protocol supports; None for one it does not
+ToolFields = Callable[[dict[str, Any], str], "tuple[Any, Any, Any, str] | None"]
+
+
+def template_tools(tools: Any, problems: Problems, fields: ToolFields, refusal: Callable[[str, Any], str],
+                   schema_field: str, *, schema_required: bool = False) -> list[dict[str, Any]] | None:
+    """Validate a request's tool list into template tools; `refusal(where, type)` says what is supported."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        problems.add("tools", "`tools` must be a list of tools")
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        got = fields(tool, where) if isinstance(tool, dict) else None
+        if got is None:
+            problems.add(where, refusal(where, tool.get("type") if isinstance(tool, dict) else type(tool).__name__))
+            continue
+        name, description, schema, at = got
+        if schema_required and schema is None:
+            problems.add(where, f"{at}.{schema_field} is required (a JSON Schema object)")
+        out.append(template_tool(name, description, schema, problems, at, schema_field))
+    return out or None

@@ -33,7 +33,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from collectors.policy import SamplingParams
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, is_int, template_tool
+from collectors.proxy.chat import (
+    ChatError,
+    ChatReply,
+    ChatRequest,
+    Message,
+    Problems,
+    is_int,
+    start_request,
+    template_tools,
+)
 from collectors.proxy.wire.base import Event
 
 PROTOCOL = "anthropic"
@@ -134,23 +143,12 @@ def translate_messages(system: Any, messages: Any, problems: Problems) -> list[M
 
 
 def translate_tools(tools: Any, problems: Problems) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        problems.add("tools", "`tools` must be a list of tools")
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") not in (None, "custom"):
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            problems.add(where, f"{where} has type {kind!r}: only custom tools with an input_schema are supported")
-            continue
-        if tool.get("input_schema") is None:
-            problems.add(where, f"{where}.input_schema is required (a JSON Schema object)")
-        out.append(template_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), problems,
-                                 where, "input_schema"))
-    return out or None
+    return template_tools(
+        tools, problems,
+        lambda t, where: (t.get("name"), t.get("description"), t.get("input_schema"), where)
+        if t.get("type") in (None, "custom") else None,
+        lambda where, kind: f"{where} has type {kind!r}: only custom tools with an input_schema are supported",
+        "input_schema", schema_required=True)
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, problems: Problems) -> bool:
@@ -173,12 +171,7 @@ def parse_count(body: Any) -> ChatRequest:
 
 def parse_request(body: Any) -> ChatRequest:
     """Validate a decoded `/v1/messages` body; every problem is named in one 400."""
-    if not isinstance(body, dict):
-        raise ChatError(f"the request body must be a JSON object, not {type(body).__name__}")
-    p = Problems()
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        p.add("model", "`model` is required: the served model's name (see GET /v1/models)")
+    p, model = start_request(body)
     if body.get("max_tokens") is None:
         p.add("max_tokens", "`max_tokens` is required: the most tokens to sample, e.g. 1024")
     max_tokens = p.integer(body, "max_tokens", 0, None)  # 0: Anthropic's prompt-cache warm-up, nothing sampled
@@ -294,7 +287,8 @@ class EventWriter:
         out = self._close()
         if not self.text_block and not reply.tool_calls:  # as `content_blocks`: a reply always has a text block
             out += self._block("text", {"type": "text", "text": ""}) + self._close()
-        out += _event("message_delta", {"delta": {"stop_reason": stop_reason(reply), "stop_sequence": reply.stop_sequence},
+        out += _event("message_delta", {"delta": {"stop_reason": stop_reason(reply),
+                                                  "stop_sequence": reply.stop_sequence},
                                         "usage": {"output_tokens": reply.completion_tokens},
                                         "trajstore": reply.trajstore})
         return (out + _event("message_stop", {})).encode()

@@ -30,7 +30,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from collectors.policy import SamplingParams
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, is_int, template_tool
+from collectors.proxy.chat import (
+    ChatError,
+    ChatReply,
+    ChatRequest,
+    Message,
+    Problems,
+    is_int,
+    start_request,
+    template_tools,
+)
 from collectors.proxy.wire.base import Event
 
 PROTOCOL = "openai"
@@ -110,22 +119,15 @@ def translate_messages(messages: Any, problems: Problems) -> list[Message]:
 
 
 def translate_tools(tools: Any, problems: Problems) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        problems.add("tools", "`tools` must be a list of function tools")
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
-            problems.add(where, f'{where} must be {{"type": "function", "function": {{"name", "description", '
-                                '"parameters"}}}} (custom tools are not supported)')
-            continue
-        out.append(template_tool(fn.get("name"), fn.get("description"), fn.get("parameters"), problems,
-                                 f"{where}.function", "parameters"))
-    return out or None
+    def fields(tool: dict[str, Any], where: str) -> tuple[Any, Any, Any, str] | None:
+        fn = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(fn, dict):
+            return None
+        return fn.get("name"), fn.get("description"), fn.get("parameters"), f"{where}.function"
+
+    return template_tools(tools, problems, fields, lambda where, kind: (
+        f'{where} must be {{"type": "function", "function": {{"name", "description", "parameters"}}}} '
+        "(custom tools are not supported)"), "parameters")
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, problems: Problems) -> bool:
@@ -162,12 +164,7 @@ def top_logprobs(body: dict[str, Any], p: Problems, *, logprobs: bool) -> int:
 
 def parse_request(body: Any) -> ChatRequest:
     """Validate a decoded `/v1/chat/completions` body; every problem is named in one 400."""
-    if not isinstance(body, dict):
-        raise ChatError(f"the request body must be a JSON object, not {type(body).__name__}")
-    p = Problems()
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        p.add("model", "`model` is required: the served model's name (see GET /v1/models)")
+    p, model = start_request(body)
     messages = translate_messages(body.get("messages"), p)
     tools = translate_tools(body.get("tools"), p)
     parse_tools = _tool_choice(body.get("tool_choice"), tools, p)

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from collectors.policy import SamplingParams
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, template_tool
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, start_request, template_tools
 from collectors.proxy.wire.base import Event
 from collectors.proxy.wire.openai_chat import error_body, logprob_entries, top_logprobs
 
@@ -137,22 +137,11 @@ def translate_input(instructions: Any, items: Any, p: Problems) -> list[Message]
 
 
 def translate_tools(tools: Any, p: Problems) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        p.add("tools", "`tools` must be a list of function tools")
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            p.add(where, f"{where} has type {kind!r}: only function tools are supported "
-                         '({"type": "function", "name", "description", "parameters"})')
-            continue
-        out.append(template_tool(tool.get("name"), tool.get("description"), tool.get("parameters"), p, where,
-                                 "parameters"))
-    return out or None
+    return template_tools(
+        tools, p, lambda t, where: (t.get("name"), t.get("description"), t.get("parameters"), where)
+        if t.get("type") == "function" else None,
+        lambda where, kind: f"{where} has type {kind!r}: only function tools are supported "
+                            '({"type": "function", "name", "description", "parameters"})', "parameters")
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, p: Problems) -> bool:
@@ -173,12 +162,7 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, p: Problems) -
 
 def parse_request(body: Any) -> ChatRequest:
     """Validate a decoded `/v1/responses` body; every problem is named in one 400."""
-    if not isinstance(body, dict):
-        raise ChatError(f"the request body must be a JSON object, not {type(body).__name__}")
-    p = Problems()
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        p.add("model", "`model` is required: the served model's name (see GET /v1/models)")
+    p, model = start_request(body)
     for name in ("previous_response_id", "conversation"):
         if body.get(name) is not None:
             p.add(name, f"`{name}` is not supported: {_STATELESS}")

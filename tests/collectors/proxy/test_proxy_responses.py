@@ -66,7 +66,8 @@ def test_function_call_round_trip_plain_and_streamed(scripted: Harness) -> None:
     fc = first.output[1]
     assert fc.name == "get_weather" and fc.arguments == '{"city": "Paris"}' and fc.call_id.startswith("call_")
     assert first.output[0].content[0].text == "Need data."
-    history = [{"role": "user", "content": "Weather in Paris?"}, *[o.model_dump(exclude_none=True) for o in first.output],
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               *[o.model_dump(exclude_none=True) for o in first.output],
                {"type": "function_call_output", "call_id": fc.call_id, "output": '{"temperature": 21}'}]
     with c.responses.stream(model=MODEL, input=history, tools=TOOLS) as stream:
         events = [e.type for e in stream]

@@ -138,7 +138,8 @@ def test_a_reply_sent_back_reserialized_continues_with_the_sampled_tokens(proxy:
     rollout = proxy.open()
     before = call(proxy.url + "/stats").body
     c = openai_client(rollout)
-    sampled = '<think>\nRome.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    sampled = ('<think>\nRome.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n'
+               '</tool_call>')
     script(proxy, sampled, "ok", "again")
     r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Rome?"}], tools=TOOLS,
                                   max_tokens=64)

@@ -20,7 +20,8 @@ def reply_of(text: str, parse_tools: bool) -> ChatReply:
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.sampled_from(PARTS), max_size=12), st.lists(st.integers(0, 200), max_size=6), st.booleans())
-def test_streamed_pieces_join_into_exactly_the_final_reply(parts: list[str], cuts: list[int], parse_tools: bool) -> None:
+def test_streamed_pieces_join_into_exactly_the_final_reply(parts: list[str], cuts: list[int],
+                                                            parse_tools: bool) -> None:
     text = "".join(parts)
     stream, streamed = ReplyStream(parse_tools=parse_tools), {"reasoning": "", "content": ""}
     at = 0

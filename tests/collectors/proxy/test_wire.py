@@ -57,7 +57,7 @@ PARSED = [
         USER, {"role": "assistant", "content": "The answer is"}]), {},
      {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"},
                    {"role": "assistant", "content": "The answer is"}], "continue_final": True, "max_tokens": 16}),
-    ("anthropic tool_use input stays an object (the template writes it as JSON)", AN, an(tools=[A_TOOL], messages=[USER, {
+    ("anthropic tool_use input stays an object", AN, an(tools=[A_TOOL], messages=[USER, {
         "role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
                                           "input": {"city": "Oslo"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
