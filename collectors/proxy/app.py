@@ -16,7 +16,8 @@ token-exact `turn` event (`collectors.proxy.capture`). Routes:
     GET  /v1/models                     the accepted model names (OpenAI and      /
                                         Anthropic list shapes in one)
     GET|HEAD /, /r/{key}                 200 (agents such as Claude Code probe their base URL)
-    GET  /stats                         counters: turns, forks by reason, drift, errors, rollouts
+    GET  /stats                         counters: turns, forks by reason, histories by how they were
+                                        reconciled, streams the agent left, errors, rollouts
     GET  /health
 
 Point an SDK at one rollout with what `POST /rollouts` returned (see `collectors.proxy.sessions` for
