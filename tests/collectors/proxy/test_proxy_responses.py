@@ -155,3 +155,13 @@ def test_the_agents_sdk_in_its_default_mode_runs_a_tool_loop(scripted: Harness) 
     assert len(m) == 4 and m[0]["segment_id"] == m[1]["segment_id"] and m[2]["segment_id"] == m[3]["segment_id"]
     assert [x["history"] for x in m] == ["first", "exact", "rewritten", "exact"]  # the second run starts afresh
     assert [x["stream"] for x in m] == [False, False, True, True] and all(x["protocol"] == "responses" for x in m)
+
+
+def test_logprobs_with_top_alternatives_come_from_the_policy_server(proxy: Harness) -> None:
+    rollout = proxy.open()
+    r = openai_client(rollout).responses.create(model=MODEL, input="Hi", max_output_tokens=6, top_logprobs=2,
+                                                include=["message.output_text.logprobs"])
+    (turn,) = assert_exact(proxy, rollout["rollout_id"])
+    entries = r.output[0].content[0].logprobs
+    assert [e.logprob for e in entries] == pytest.approx(turn["output_logprobs"], abs=1e-6)
+    assert all(1 <= len(e.top_logprobs) <= 2 for e in entries)
