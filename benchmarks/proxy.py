@@ -424,24 +424,30 @@ def measure_ttft(model_dir: str, store_dir: str, args: argparse.Namespace, turns
     print(f"\ntime to first token, streamed: upstream's first token after {args.first_token_ms:g} ms, then one every "
           f"{args.token_ms:g} ms; {args.turns} calls per session, starts spread over {reply_s * 1000:.0f} ms; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"  {'sessions':>8} {'path':<8} {'calls':>6} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'added p50':>10}")
+    print(f"  {'sessions':>8} {'path':<8} {'calls':>6} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'added p50':>10} "
+          f"{'proxy CPU us/call':>12}")
     verdicts = []
     for c in args.ttft_sessions:
         warm = asyncio.run(open_rollouts(proxy, c, f"ttft-warm-{c}"))
         asyncio.run(ttft_round(proxy, c, proxied=True, turns=turns[:1], prompts=prompts, keys=warm,
                                max_tokens=args.max_tokens, spread_s=0))
         got: dict[str, list[float]] = {"direct": [], "proxied": []}
+        proxy_cpu = 0.0
         for r in range(args.repeats):
             keys = asyncio.run(open_rollouts(proxy, c, f"ttft-{c}-{r}"))
             for name, url in (("direct", upstream), ("proxied", proxy)):
+                before = cpu_seconds(px_proc.pid)
                 got[name] += asyncio.run(ttft_round(url, c, proxied=name == "proxied", turns=turns, prompts=prompts,
                                                     keys=keys, max_tokens=args.max_tokens, spread_s=reply_s))
+                proxy_cpu += (cpu_seconds(px_proc.pid) - before) * (name == "proxied")
         base = 1000 * pct(got["direct"], 0.5)
         for name, lat in got.items():
             p50 = 1000 * pct(lat, 0.5)
             added = f"{p50 - base:>+7.2f} ms" if name == "proxied" else ""
+            # /proc counts CPU in 10 ms ticks: per-call figures need a few hundred calls to mean anything
+            cpu = f"{1e6 * proxy_cpu / len(lat):,.0f}" if name == "proxied" and len(lat) >= 200 else "~"
             print(f"  {c:>8} {name:<8} {len(lat):>6} {p50:>8.2f} {1000 * pct(lat, 0.9):>8.2f} "
-                  f"{1000 * pct(lat, 0.99):>8.2f} {added:>10}")
+                  f"{1000 * pct(lat, 0.99):>8.2f} {added:>10} {cpu:>12}")
         added_p50 = 1000 * pct(got["proxied"], 0.5) - base
         verdicts.append(f"{c} session(s): TTFT added p50 {added_p50:+.2f} ms"
                         + (f" ({'met' if added_p50 <= 5 else 'MISSED'} the 5 ms target)" if c == 1 else ""))

@@ -148,25 +148,16 @@ class Http:
                                                 timeout=timeout) as resp:
                 if resp.status >= 400:
                     raise self._refused("POST", route, resp.status, await resp.text(errors="replace"))
-                head = CIMultiDict(resp.headers)
-                async for raw in resp.content:
-                    line = raw.decode("utf-8", errors="replace").strip()
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        return
-                    try:
-                        event = json.loads(data)
-                    except ValueError:
-                        raise PolicyServerBadResponse(f"the policy server at {self.base_url} streamed an event that "
-                                                      f"is not JSON on {route}: {data[:200]!r}",
-                                                      url=self.base_url) from None
-                    if isinstance(event, dict) and event.get("error") is not None:
-                        said = server_message(data)
-                        raise PolicyServerFailed(f'the policy server at {self.base_url} failed during the stream of '
-                                                 f'POST {route}: "{said}"', url=self.base_url, server_message=said)
-                    yield head, event
+                head, pending = CIMultiDict(resp.headers), b""
+                async for received in resp.content.iter_any():  # whatever arrived: often several events at once
+                    *lines, pending = (pending + received).split(b"\n")
+                    for raw in lines:
+                        if not raw.startswith(b"data:"):
+                            continue
+                        data = raw[5:].strip().decode("utf-8", errors="replace")
+                        if data == "[DONE]":
+                            return
+                        yield head, self._event(route, data)
         except aiohttp.ClientConnectorError as exc:
             raise PolicyServerUnreachable(
                 f"cannot connect to the policy server at {self.base_url} ({exc.os_error.strerror or exc}); "
@@ -181,6 +172,19 @@ class Http:
                 f"({type(exc).__name__}: {exc}); {self.hint}", url=self.base_url) from exc
         raise PolicyServerUnreachable(f"the stream of POST {route} from the policy server at {self.base_url} ended "
                                       "without `data: [DONE]` (the server went away mid-stream?)", url=self.base_url)
+
+    def _event(self, route: str, data: str) -> Any:
+        """One streamed event's JSON; vLLM's mid-stream failure `{"error": ...}` raises `PolicyServerFailed`."""
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise PolicyServerBadResponse(f"the policy server at {self.base_url} streamed an event that is not JSON "
+                                          f"on {route}: {data[:200]!r}", url=self.base_url) from None
+        if isinstance(event, dict) and event.get("error") is not None:
+            said = server_message(data)
+            raise PolicyServerFailed(f'the policy server at {self.base_url} failed during the stream of POST {route}: '
+                                     f'"{said}"', url=self.base_url, server_message=said)
+        return event
 
     def json(self, reply: Reply, route: str) -> Any:
         try:
