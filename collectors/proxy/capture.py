@@ -106,10 +106,11 @@ class Prepared:
     plan: TurnPlan
     max_tokens: int
     reply_id: str
+    created: int  # the reply's time stamp, streamed and stored alike
 
     def head(self, policy_version: int) -> ChatReply:
         """The reply before anything is sampled (what a stream starts with)."""
-        return ChatReply(self.reply_id, self.req.model or "", int(time.time()), "", None, (), "", None,
+        return ChatReply(self.reply_id, self.req.model or "", self.created, "", None, (), "", None,
                          len(self.plan.full_ids), [], [], [], policy_version, self.info(policy_version))
 
     def info(self, policy_version: int) -> dict[str, Any]:
@@ -152,7 +153,7 @@ class Capture:
         prompt_text = self.renderer.prompt_text(req, messages)
         plan = plan_turn(slot.state, prompt_text, self.renderer.encode, new_id)
         return Prepared(rollout, session, slot, req, wire, messages, history, prompt_text, plan,
-                        self._max_tokens(req, len(plan.full_ids)), _hex_id(wire.reply_prefix))
+                        self._max_tokens(req, len(plan.full_ids)), _hex_id(wire.reply_prefix), int(time.time()))
 
     def _failed(self, exc: Exception) -> ChatError:
         self.stats.upstream_failures += 1
@@ -173,7 +174,7 @@ class Capture:
         body_text = renderer.decode(body_ids)  # decoded once: the reply, the drift check and the stats read it
         reply = renderer.reply(sample, req, body_text, prompt_tokens=len(prep.plan.full_ids), model=req.model or "",
                                reply_id=prep.reply_id, call_id=lambda: _hex_id(prep.wire.call_prefix),
-                               created=int(time.time()), trajstore=prep.info(sample.policy_version))
+                               created=prep.created, trajstore=prep.info(sample.policy_version))
         return reply, prep.wire.response(reply, req.options), body_text
 
     async def _store(self, prep: Prepared, sample: Sample, reply: ChatReply, response: dict[str, Any],
@@ -213,7 +214,7 @@ class Capture:
 
     def _empty(self, prep: Prepared) -> ChatReply:
         """Anthropic's cache warm-up (max_tokens 0): nothing to sample, so nothing to store."""
-        return ChatReply(prep.reply_id, prep.req.model or "", int(time.time()), "", None, (), "length", None,
+        return ChatReply(prep.reply_id, prep.req.model or "", prep.created, "", None, (), "length", None,
                          len(prep.plan.full_ids), [], [], [], -1, {"rollout_id": prep.rollout.rollout_id})
 
     async def turn(self, rollout: Rollout, session: str, req: ChatRequest, body: Any,
