@@ -1,9 +1,13 @@
 # The two commands of the README, each installing what it needs into .venv:
 #   make demo   runs the main job on the embedded default (CPU, no downloads)
-#   make test   runs the test suite (make test-fast: without the tests marked slow, the inner loop)
+#   make test   runs the test suite (make test-fast: without the tests marked slow, the inner loop);
+#               it installs the Claude Code CLI the proxy tests drive first (make claude-code: npm ci,
+#               pinned by tests/collectors/proxy/claude_code/package-lock.json, kept until the lock changes)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+
+CLAUDE_CODE := tests/collectors/proxy/claude_code
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,15 +20,21 @@ $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
-.PHONY: demo test test-fast bench clean
+$(CLAUDE_CODE)/node_modules/.installed: $(CLAUDE_CODE)/package.json $(CLAUDE_CODE)/package-lock.json
+	cd $(CLAUDE_CODE) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+.PHONY: demo test test-fast bench clean claude-code
+claude-code: $(CLAUDE_CODE)/node_modules/.installed
+
 demo: $(VENV)/.installed
 	rm -rf trajstore-demo
 	$(VENV)/bin/trajstore demo --dir trajstore-demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed claude-code
 	$(PY) -m pytest -q
 
-test-fast: $(VENV)/.installed
+test-fast: $(VENV)/.installed claude-code
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.bench
@@ -36,4 +46,4 @@ bench: $(VENV)/.bench
 	$(PY) benchmarks/learn.py
 
 clean:
-	rm -rf $(VENV) trajstore-demo walkthrough-store .pytest_cache
+	rm -rf $(VENV) trajstore-demo walkthrough-store .pytest_cache $(CLAUDE_CODE)/node_modules

@@ -2,7 +2,7 @@
 
 Routes (request and response JSON in `collectors.embedded.protocol`):
 
-    POST /v1/completions    one prompt (text or token ids) -> sampled tokens, logprobs, version
+    POST /v1/completions    one prompt (text or token ids) -> sampled tokens, logprobs, version (streamed too)
     GET  /v1/models         the served model, vLLM's model card shape
     GET  /health            200 while the engine runs
     GET  /stats             the engine's counters (requests, prefill/decode steps, batch peak)
@@ -23,23 +23,29 @@ import ipaddress
 import json
 import logging
 import time
+import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from collectors.embedded.engine import Engine
+from collectors.embedded.engine import Completion, Engine
 from collectors.embedded.protocol import (
+    CompletionJob,
     RequestError,
     check_prompt,
+    completion_logprobs,
     completion_response,
     error_body,
     parse_completion_request,
+    stream_event,
+    usage_event,
 )
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
+from collectors.model.detokenize import IncrementalText
 from collectors.serving import app_in_thread, run_until_interrupted, start_app
 
 log = logging.getLogger(__name__)
@@ -97,6 +103,8 @@ async def completions(request: web.Request) -> web.Response:
     else:
         prompt_ids = job.prompt
     check_prompt(prompt_ids, job.params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len)
+    if job.stream:
+        return await _stream(request, engine, job, prompt_ids, model_name)
     try:
         result = await engine.agenerate(prompt_ids, job.params)
     except EngineError as exc:
@@ -105,6 +113,77 @@ async def completions(request: web.Request) -> web.Response:
     body = completion_response(job, result, model_name=model_name,
                                decode_one=lambda t: tokenizer.decode([t], skip_special_tokens=False))
     return _json(body, version=result.policy_version)
+
+
+def _sse(data: Any) -> bytes:
+    return f"data: {json.dumps(data, allow_nan=False)}\n\n".encode()
+
+
+async def _stream(request: web.Request, engine: Engine, job: CompletionJob, prompt_ids: list[int],
+                  model_name: str) -> web.StreamResponse:
+    """A streamed completion: one event per token as the engine samples it (see `collectors.embedded.protocol`).
+
+    The response starts with the first token, so its X-Policy-Version header is the version that
+    sampled it. A client that goes away stops the request: the engine drops its row."""
+    params, tokenizer = job.params, engine.tokenizer
+    decode_one = lambda t: tokenizer.decode([t], skip_special_tokens=False)  # noqa: E731
+    detok = IncrementalText(lambda ids: tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens))
+    hold_chars = max(map(len, params.stop), default=1) - 1  # text that may still become a stop string
+    maybe_stop = set(params.stop_token_ids) | (set() if params.ignore_eos else engine.eos_ids)
+    request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    response: web.StreamResponse | None = None
+    sent_text, sent_tokens, sampled = "", 0, []  # sampled: (id, logprob, top) in order
+    pushed = 0  # sampled[:pushed] are in `detok`
+
+    async def send(version: int, text: str, final: Completion | None = None) -> None:
+        nonlocal response, sent_text, sent_tokens
+        first = response is None
+        if response is None:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                   "X-Policy-Version": str(version)})
+            await response.prepare(request)
+        upto = len(sampled)  # ids go out at once; only their text may wait
+        new = sampled[sent_tokens:upto]
+        ids = [t for t, _, _ in new]
+        logprobs = completion_logprobs(ids, [lp for _, lp, _ in new], [top or [] for _, _, top in new], decode_one,
+                                       offset=len(sent_text)) if params.logprobs is not None else None
+        event = stream_event(job, request_id, created, model_name, version, text, ids, logprobs,
+                             prompt_ids=prompt_ids if first else None,
+                             finish_reason=final.finish_reason if final else None,
+                             stop_reason=final.stop_reason if final else None)
+        await response.write(_sse(event))
+        sent_text, sent_tokens = sent_text + text, upto
+
+    try:
+        async with aclosing(engine.astream(prompt_ids, params)) as tokens:
+            async for item in tokens:
+                if isinstance(item, Completion):
+                    rest = item.text[len(sent_text):] if item.text.startswith(sent_text) else ""
+                    await send(item.policy_version, rest, item)
+                    if job.include_usage:
+                        await response.write(_sse(usage_event(request_id, created, model_name, len(prompt_ids),
+                                                              len(item.output_ids))))
+                    break
+                token, logprob, top, version = item
+                sampled.append((token, logprob, top))
+                # the newest token may be the last (a stop token, or the end of a stop string): the next one shows
+                releasable = len(sampled) - (1 if params.stop or token in maybe_stop else 0)
+                for held, _, _ in sampled[pushed:releasable]:
+                    detok.push(held)
+                pushed = releasable
+                text = detok.text[:max(len(sent_text), len(detok.text) - hold_chars)][len(sent_text):]
+                await send(version, text)
+    except EngineError as exc:
+        if response is None:
+            raise RequestError(str(exc), status=503, kind="ServiceUnavailableError") from exc
+        await response.write(_sse(error_body(str(exc), "ServiceUnavailableError", None, 503)))
+    except ConnectionResetError:
+        log.info("the client of a streamed completion went away; its request was stopped")
+        return response or web.Response(status=499)
+    assert response is not None
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
 
 
 async def models(request: web.Request) -> web.Response:

@@ -32,7 +32,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from collectors.errors import VersionConflict, WeightLoadError
-from collectors.policy.contract import Sample, SamplingParams
+from collectors.policy.contract import Chunk, Sample, SamplingParams
 from collectors.policy.http import (
     Http,
     PolicyServerBadResponse,
@@ -42,6 +42,7 @@ from collectors.policy.http import (
     Reply,
     completion_body,
     list_models,
+    parse_chunk,
     parse_completion,
     port_of,
     prompt_list,
@@ -124,10 +125,41 @@ class VLLMClient:
                 model, version = self._model, self.policy_version
                 reply = await self._post_completion(ids, sampling, model, session_id)
         body = self._http.json(reply, "/v1/completions")
+        self._check_model(body, model)
+        return parse_completion(body, ids, policy_version=version, url=self.base_url,
+                                top_logprobs=bool(sampling.logprobs))
+
+    async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
+                     session_id: str | None = None) -> AsyncIterator[Chunk]:
+        """Like `complete`, streamed (`stream: true`, each event's `token_ids` and `logprobs`); a weight reload
+        waits for the stream to end, as it waits for any completion in flight."""
+        if self._broken:
+            raise WeightLoadError(self._broken)
+        ids = prompt_list(prompt_ids)
+        if self.reload == "lora":
+            async for chunk in self._stream(ids, sampling, self._model, self.policy_version, session_id):
+                yield chunk
+            return
+        async with self._gate.sampling():
+            if self._broken:
+                raise WeightLoadError(self._broken)
+            async for chunk in self._stream(ids, sampling, self._model, self.policy_version, session_id):
+                yield chunk
+
+    async def _stream(self, ids: list[int], sampling: SamplingParams, model: str | None, version: int,
+                      session_id: str | None) -> AsyncIterator[Chunk]:
+        body = {**completion_body(ids, sampling, model), "stream": True}
+        async for _, event in self._http.events("/v1/completions", body=body, headers=session_headers(session_id)):
+            self._check_model(event, model)
+            chunk = parse_chunk(event, ids, policy_version=version, url=self.base_url,
+                                top_logprobs=bool(sampling.logprobs))
+            if chunk is not None:
+                yield chunk
+
+    def _check_model(self, body: Any, model: str | None) -> None:
         if model is not None and isinstance(body, dict) and body.get("model") != model:
             raise PolicyServerBadResponse(f"the policy server at {self.base_url} answered for model "
                                           f"{body.get('model')!r} but the request named {model!r}", url=self.base_url)
-        return parse_completion(body, ids, policy_version=version, url=self.base_url)
 
     async def _post_completion(self, ids: list[int], sampling: SamplingParams, model: str | None,
                                session_id: str | None) -> Reply:

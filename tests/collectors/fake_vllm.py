@@ -3,7 +3,8 @@
 vLLM cannot run here (it needs a GPU), so `VLLMClient` is tested against this fake, which
 follows vLLM's documented request and response JSON, read from vLLM's source:
 
-- /v1/completions: `CompletionRequest`, `CompletionResponse`, `CompletionResponseChoice`,
+- /v1/completions: `CompletionRequest`, `CompletionResponse`, `CompletionResponseChoice`, streamed
+  `CompletionStreamResponse` (vllm/entrypoints/openai/completion/serving.py),
   `CompletionLogProbs` in vllm/entrypoints/openai/completion/protocol.py (earlier releases:
   vllm/entrypoints/openai/protocol.py). `return_token_ids` exists from vLLM 0.10.2; older
   releases ignore unknown fields, which `FakeVLLM(version=(0, 10, 1))` reproduces.
@@ -148,7 +149,31 @@ class FakeVLLM:
             response["choices"] = []
         if self.malformed == "no-logprobs":
             choice["logprobs"] = None
+        if body.get("stream"):
+            return await self._stream(request, response)
         return web.json_response(response)
+
+    @staticmethod
+    async def _stream(request: web.Request, response: dict[str, Any]) -> web.StreamResponse:
+        """vLLM's CompletionStreamResponse events, one per token (the fake samples first, then streams):
+        `prompt_token_ids` on the first, the text and the finish reason on the last, then [DONE]."""
+        (choice,) = response["choices"]
+        ids, lp = choice["token_ids"] or [], choice["logprobs"]
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        for i in range(max(len(ids), 1)):
+            last = i >= len(ids) - 1
+            delta = {"index": 0, "text": choice["text"] if last else "", "finish_reason": None, "stop_reason": None,
+                     "logprobs": None if lp is None else {k: v[i:i + 1] for k, v in lp.items()},
+                     "token_ids": ids[i:i + 1] if choice["token_ids"] is not None else None}
+            if i == 0 and choice["prompt_token_ids"] is not None:
+                delta["prompt_token_ids"] = choice["prompt_token_ids"]
+            if last:
+                delta["finish_reason"], delta["stop_reason"] = choice["finish_reason"], choice["stop_reason"]
+            event = {k: response[k] for k in ("id", "object", "created", "model")} | {"choices": [delta]}
+            await stream.write(f"data: {json.dumps(event)}\n\n".encode())
+        await stream.write(b"data: [DONE]\n\n")
+        return stream
 
     def _validate(self, body: Any) -> web.Response | None:
         if not isinstance(body, dict):

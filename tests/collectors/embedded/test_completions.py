@@ -38,7 +38,7 @@ def test_every_problem_is_reported_naming_the_first_field() -> None:
     ({"prompt": [[1, 2], [3]]}, "prompt", "one request per prompt"),
     ({"prompt": [1, -2]}, "prompt", ">= 0"),
     ({"prompt": [1], "n": 2}, "n", "one request per sample"),
-    ({"prompt": [1], "stream": True}, "stream", "stream=false"),
+    ({"prompt": [1], "stream": "yes"}, "stream", "true or false"),
     ({"prompt": [1], "echo": True}, "echo", "prompt_token_ids"),
 ])
 def test_refusals_say_what_to_send(body: dict, param: str, fragment: str) -> None:

@@ -36,6 +36,7 @@ from collectors.policy import (
     PolicyServerTimeout,
     PolicyServerUnreachable,
     SamplingParams,
+    StreamedSample,
     VLLMClient,
 )
 from tests.collectors.fake_vllm import FakeVLLM, fake_vllm, free_port
@@ -50,6 +51,7 @@ class Backend:
     model_name: str
     weights: tuple[Path, Path]  # two checkpoints to reload between
     fake: FakeVLLM | None = None
+    engine: Any = None  # the embedded server's engine
 
     def with_model(self, model: str) -> EmbeddedClient | VLLMClient:
         return type(self.client)(self.client.base_url, model=model)
@@ -98,13 +100,13 @@ def open_backend(request: pytest.FixtureRequest, tiny_model: Path, tiny_model_v2
         if not fresh:
             server: RunningServer = request.getfixturevalue("server")
             async with EmbeddedClient(server.url) as client:
-                yield Backend(client, server.engine.model_dir, weights)
+                yield Backend(client, server.engine.model_dir, weights, engine=server.engine)
             return
         threads = torch.get_num_threads()
         try:
             with serve_in_thread(tiny_model, threads=1, device="cpu", policy_version=version) as running:
                 async with EmbeddedClient(running.url) as client:
-                    yield Backend(client, running.engine.model_dir, weights)
+                    yield Backend(client, running.engine.model_dir, weights, engine=running.engine)
         finally:
             torch.set_num_threads(threads)
 
@@ -170,6 +172,65 @@ def test_contract_a_seed_reproduces_a_sample_and_another_seed_does_not(open_back
                                    for seed in (11, 11, 12)]
             assert first.output_ids == again.output_ids and first.output_ids != other.output_ids
             assert first.output_logprobs == pytest.approx(again.output_logprobs, abs=1e-5)
+    run(scenario)
+
+
+async def streamed(client: PolicyClient, params: SamplingParams) -> tuple[Any, int]:
+    """The stream of one completion joined into a sample, and how many chunks it came in."""
+    joined, chunks = StreamedSample(PROMPT), 0
+    async for chunk in client.stream(PROMPT, params, session_id="s-1"):
+        joined.add(chunk)
+        chunks += 1
+    return joined.sample(), chunks
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=12, seed=1), SamplingParams(max_tokens=30, seed=5,
+                                                                                          logprobs=3)],
+                         ids=["plain", "top-logprobs"])
+def test_contract_a_stream_joins_into_exactly_the_sample_complete_returns(open_backend: Open,
+                                                                          params: SamplingParams) -> None:
+    async def scenario() -> None:
+        async with open_backend() as b:
+            whole = await b.client.complete(PROMPT, params)
+            joined, chunks = await streamed(b.client, params)
+            assert chunks >= len(whole.output_ids) and joined.output_ids == whole.output_ids
+            assert joined.output_logprobs == pytest.approx(whole.output_logprobs, abs=1e-5)
+            assert (joined.finish_reason, joined.stop_reason, joined.policy_version, joined.text) == (
+                whole.finish_reason, whole.stop_reason, whole.policy_version, whole.text)
+            if params.logprobs:
+                assert whole.top_logprobs is not None and len(whole.top_logprobs) == len(whole.output_ids)
+                assert [set(t) for t in joined.top_logprobs] == [set(t) for t in whole.top_logprobs]
+                assert all(len(t) >= 1 for t in whole.top_logprobs)
+            else:
+                assert whole.top_logprobs is None and joined.top_logprobs is None
+    run(scenario)
+
+
+def test_contract_a_streamed_stop_string_never_reaches_the_text(open_backend: Open) -> None:
+    async def scenario() -> None:
+        async with open_backend() as b:
+            full = await b.client.complete(PROMPT, SamplingParams(max_tokens=30, seed=5))
+            stop = full.text[len(full.text) // 2:len(full.text) // 2 + 3]
+            params = SamplingParams(max_tokens=30, seed=5, stop=(stop,))
+            pieces = [c.text async for c in b.client.stream(PROMPT, params)]
+            assert "".join(pieces) == full.text[:full.text.index(stop)]
+    run(scenario)
+
+
+def test_contract_closing_a_stream_stops_the_request_on_the_server(open_backend: Open) -> None:
+    async def scenario() -> None:
+        async with open_backend() as b:
+            before = b.engine.stats.generated_tokens if b.engine else 0
+            stream = b.client.stream(PROMPT, SamplingParams(max_tokens=1500, seed=2, stop=("never-appears",)))
+            first = await anext(stream)
+            await stream.aclose()
+            assert first.finish_reason is None and first.output_ids
+            if b.engine is not None:  # the embedded server's engine drops the row long before max_tokens
+                for _ in range(500):
+                    if b.engine.running == 0:
+                        break
+                    await asyncio.sleep(0.01)
+                assert b.engine.running == 0 and b.engine.stats.generated_tokens - before < 1500
     run(scenario)
 
 
