@@ -6,6 +6,12 @@ writer, a gap-free prefix of what it appended: acknowledged events are visible a
 whether sealed or not. Segments are listed *before* the table version is read, so a
 segment sealed and deleted in between is already in the table.
 
+Reads are read-only: once a snapshot's views are set up, DuckDB's external access is turned
+off and its configuration locked, so no SQL can write or read files (`COPY ... TO`, `ATTACH`,
+`read_csv`, `EXPORT DATABASE`, extensions), or turn that back on. Results leave the store
+only through the caller (`trajstore query --output`). What a statement can still create
+(a table, a view) lives in the snapshot's own in-memory database and ends with it.
+
 Errors are told apart by what failed, never by the words of a message: a statement DuckDB
 cannot parse, bind or run is a `QueryError` carrying DuckDB's message; a `CorruptionError`
 is raised only when a checksum or a format check of the pinned files says so.
@@ -32,8 +38,9 @@ from trajstore.views import VIEW_NAMES, create_views
 # DuckDB errors a statement itself causes, found before or without reading a byte of data.
 _STATEMENT_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
                      duckdb.SyntaxException, duckdb.ConversionException, duckdb.OutOfRangeException,
-                     duckdb.TypeMismatchException, duckdb.NotImplementedException, duckdb.PermissionException,
-                     duckdb.ConstraintException, duckdb.DataError, duckdb.InterruptException)
+                     duckdb.TypeMismatchException, duckdb.NotImplementedException,
+                     duckdb.ConstraintException, duckdb.DataError, duckdb.InterruptException,
+                     duckdb.InvalidInputException)
 
 
 @dataclass
@@ -86,6 +93,8 @@ class Snapshot:
         self._con.register("_live", pinned.live)
         self._con.execute("CREATE TEMP VIEW _raw AS SELECT * FROM _sealed UNION ALL BY NAME SELECT * FROM _live")
         create_views(self._con)
+        self._con.execute("SET enable_external_access = false")  # no file or network I/O from SQL ...
+        self._con.execute("SET lock_configuration = true")  # ... and no SQL that turns it back on
 
     def query(self, sql: str, params: Any = None) -> pa.Table:
         """Run SQL over the views; a `pyarrow.Table`."""
@@ -97,6 +106,10 @@ class Snapshot:
                 raise QueryError(f"the statement returned no rows to show: {sql.strip()[:200]!r}. The store is "
                                  "read through SELECT (or WITH ... SELECT) statements over its views")
             return rel.to_arrow_table()
+        except duckdb.PermissionException as exc:
+            raise QueryError(f"{exc}\nQueries over the store are read-only: they cannot write or read files, attach "
+                             "databases or change settings. Export a result with `trajstore query SQL --format "
+                             "csv|json|parquet --output FILE` (or store.query() in Python).") from exc
         except _STATEMENT_ERRORS as exc:
             raise QueryError(self._query_failed(exc)) from exc
         except duckdb.Error as exc:
