@@ -144,9 +144,9 @@ def run_demo(s: DemoSettings, say: Callable[[str], None] = print) -> DemoResult:
     deadline = time.monotonic() + s.time_limit_s
     logs = {name: open(d / f"{name}.log", "w") for name in cmds}  # noqa: SIM115 - closed below
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    store = open_store(d / "store")  # created here: `learn` refuses a store that does not exist
     procs = {name: subprocess.Popen(cmd, stdout=logs[name], stderr=subprocess.STDOUT, env=env)
              for name, cmd in cmds.items()}
-    store = open_store(d / "store")
     try:
         last = ""
         while procs["learn"].poll() is None and time.monotonic() < deadline:

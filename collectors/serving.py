@@ -7,6 +7,7 @@ Shared by the embedded policy server and the capture proxy.
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -47,14 +48,21 @@ def app_in_thread(start: Start, *, name: str, timeout: float = 60) -> Iterator[t
 
 
 def run_until_interrupted(start: Start, banner: Callable[[web.AppRunner, str], str]) -> None:
-    """Serve in the foreground, print `banner(runner, url)`, stop cleanly on Ctrl-C."""
+    """Serve in the foreground, print `banner(runner, url)`, stop cleanly on Ctrl-C or SIGTERM (`kill PID`):
+    the app's cleanup runs either way (the proxy's store writer seals what it appended)."""
 
     async def main() -> None:
         runner, url = await start()
+        stop, loop = asyncio.Event(), asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
         print(banner(runner, url), flush=True)
         try:
-            await asyncio.Event().wait()
+            await stop.wait()
+            print("stopping: finishing the requests in flight", flush=True)
         finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
             await runner.cleanup()
 
     try:

@@ -36,7 +36,7 @@ class LearnSettings:
     """One learner run. Paths may be relative; `resolved()` makes them absolute."""
 
     store: str  # a directory or s3://bucket/prefix
-    run: str = "default"
+    run: str  # the run to train: explicit, so a forgotten name never trains on nothing
     model: str  # the initial policy: a Hugging Face checkpoint directory
     checkpoints: str  # where v000001/, v000002/, ... are published
     max_staleness: int = 1  # train on groups whose oldest tokens are at most this many versions old
@@ -64,6 +64,7 @@ class LearnSettings:
     poll_interval: float = 1.0  # seconds between looks at the store while waiting for groups
     wait_timeout: float = 600.0  # without --follow: stop after this long without a full step of data
     writer: str | None = None  # store writer name; default learner-<run>
+    create_store: bool = False  # create the store when none exists (else: refuse, a mistyped --store waits forever)
 
     def problems(self) -> list[str]:
         """Every problem with these settings, each saying what would fix it."""

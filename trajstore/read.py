@@ -39,8 +39,7 @@ from trajstore.views import VIEW_NAMES, create_views
 _STATEMENT_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
                      duckdb.SyntaxException, duckdb.ConversionException, duckdb.OutOfRangeException,
                      duckdb.TypeMismatchException, duckdb.NotImplementedException,
-                     duckdb.ConstraintException, duckdb.DataError, duckdb.InterruptException,
-                     duckdb.InvalidInputException)
+                     duckdb.ConstraintException, duckdb.DataError, duckdb.InterruptException)
 
 
 @dataclass
@@ -107,9 +106,9 @@ class Snapshot:
                                  "read through SELECT (or WITH ... SELECT) statements over its views")
             return rel.to_arrow_table()
         except duckdb.PermissionException as exc:
-            raise QueryError(f"{exc}\nQueries over the store are read-only: they cannot write or read files, attach "
-                             "databases or change settings. Export a result with `trajstore query SQL --format "
-                             "csv|json|parquet --output FILE` (or store.query() in Python).") from exc
+            raise QueryError(self._query_failed(exc) + "\nQueries over the store are read-only: they cannot write or "
+                             "read files, attach databases or change settings. Export a result with `trajstore query "
+                             "SQL --format csv|json|parquet --output FILE` (or store.query() in Python).") from exc
         except _STATEMENT_ERRORS as exc:
             raise QueryError(self._query_failed(exc)) from exc
         except duckdb.Error as exc:

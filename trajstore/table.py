@@ -30,12 +30,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajstore import ids
 from trajstore.durable import fsync_path
-from trajstore.errors import CommitConflictError, CorruptionError, StoreNotFoundError
+from trajstore.errors import CommitConflictError, CorruptionError, StoreNotFoundError, VersionNotFoundError
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
 
@@ -182,7 +182,17 @@ class Table:
                     self._known = {f.path: f for f in files}
                     self._files = (dt.version(), tuple(files))
                 return TableSnapshot(self._files[0], self._files[1], {w: sealed_seq(dt, w) for w in writers})
-        dt = DeltaTable(self.location.table_uri, version=version, storage_options=self.location.storage_options or None)
+        latest = self.version()
+        if not 0 <= version <= latest:
+            raise VersionNotFoundError(f"table version {version} does not exist: the versions of {self.location.uri} "
+                                       f"run from 0 to {latest}")
+        try:
+            dt = DeltaTable(self.location.table_uri, version=version,
+                            storage_options=self.location.storage_options or None)
+        except DeltaError as exc:
+            raise VersionNotFoundError(f"table version {version} of {self.location.uri} can no longer be read: its log "
+                                       f"entries were cleaned up ({exc}); query a version from the latest checkpoint "
+                                       "on") from exc
         return TableSnapshot(dt.version(), tuple(_files_of(dt)), {w: sealed_seq(dt, w) for w in writers})
 
     # ------------------------------------------------------------------ write / commit

@@ -32,10 +32,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from trajstore.schema import TERMINAL_STATUSES
-
 GRPO_EPS = 1e-6
-TERMINAL = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
 
 # The advantage estimators: each is a column of the `advantages` view, and a shard's `advantage`.
 Estimator = Literal["grpo", "dr_grpo", "rloo", "batch"]
@@ -88,7 +85,7 @@ VIEWS: dict[str, str] = {
                seg.first_time, seg.last_time, seg_reward.segment_reward
         FROM seg LEFT JOIN seg_reward USING (rollout_id, segment_id)
     """,
-    "rollouts": f"""
+    "rollouts": """
         WITH t AS (
             SELECT rollout_id, count(*) AS turns, count(DISTINCT segment_id) AS segments,
                    count(DISTINCT coalesce(session_id, '')) AS sessions,
@@ -115,7 +112,7 @@ VIEWS: dict[str, str] = {
         e AS (
             SELECT rollout_id, any_value(run) AS run, any_value(group_id) AS group_id,
                    min(time) FILTER (WHERE kind <> 'reward') AS started,
-                   coalesce(min(time) FILTER (WHERE kind = 'status' AND status IN ({TERMINAL})),
+                   coalesce(min(time) FILTER (WHERE kind = 'status' AND status IN ('completed', 'truncated', 'aborted', 'failed')),
                             max(time) FILTER (WHERE kind <> 'reward')) AS ended
             FROM events WHERE kind IN ('turn', 'reward', 'status') GROUP BY rollout_id
         )
@@ -127,7 +124,7 @@ VIEWS: dict[str, str] = {
                coalesce(t.trainable_tokens, 0) AS trainable_tokens,
                t.min_version, t.max_version, coalesce(r.reward_components, 0) AS reward_components,
                s.group_size, e.started, e.ended,
-               epoch(e.ended) - epoch(e.started) AS duration_s
+               (epoch_us(e.ended) - epoch_us(e.started)) / 1e6 AS duration_s
         FROM e LEFT JOIN t USING (rollout_id) LEFT JOIN r USING (rollout_id) LEFT JOIN s USING (rollout_id)
     """,
     "groups": """
