@@ -27,12 +27,14 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from trajstore import wal
 from trajstore.errors import CorruptionError, QueryError
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
-from trajstore.table import FileInfo, Table, TableSnapshot
+from trajstore.table import FileInfo, Table, TableSnapshot, files_covering
 from trajstore.views import VIEW_NAMES, create_views
 
 # DuckDB errors a statement itself causes, found before or without reading a byte of data.
@@ -213,3 +215,16 @@ class Reader:
     def query(self, sql: str, params: Any = None, *, version: int | None = None) -> pa.Table:
         with self.snapshot(version) as snap:
             return snap.query(sql, params)
+
+    def holds_rollout(self, rollout_id: str) -> bool:
+        """Whether any event of `rollout_id` is stored (sealed, or live on this machine). Reads only the
+        sealed files whose rollout_id statistics can hold it."""
+        pinned = self.pin()
+        if pc.any(pc.equal(pinned.live.column("rollout_id"), rollout_id)).as_py():
+            return True
+        files = files_covering(pinned.table.files, "rollout_id", [rollout_id])
+        if not files:
+            return False
+        found = self.table.open_dataset(files).to_table(columns=["rollout_id"],
+                                                          filter=ds.field("rollout_id") == rollout_id)
+        return found.num_rows > 0

@@ -23,7 +23,6 @@ Each step reads only the rows of the groups it needs, through the same SQL views
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -32,7 +31,7 @@ import pyarrow.compute as pc
 
 from trajstore.read import Reader, Snapshot
 from trajstore.schema import EVENT_SCHEMA
-from trajstore.table import FileInfo, Table
+from trajstore.table import FileInfo, Table, files_covering
 from trajstore.views import ESTIMATORS, Estimator
 
 # Step 2 needs scalars only; step 3 the token lists too, never the request/response JSON (training needs none of it).
@@ -69,22 +68,6 @@ class Shard:
 
     def __len__(self) -> int:
         return self.samples.num_rows
-
-
-def files_covering(files: Iterable[FileInfo], column: str, values: list[str]) -> list[FileInfo]:
-    """Files whose [min, max] of `column` contains at least one of the sorted `values`."""
-    out = []
-    for f in files:
-        if not f.min:  # a file without statistics: it may hold anything
-            out.append(f)
-            continue
-        lo, hi = f.min.get(column), f.max.get(column)
-        if lo is None or hi is None:
-            continue  # statistics say the column is all null here
-        i = bisect.bisect_left(values, lo)
-        if i < len(values) and values[i] <= hi:
-            out.append(f)
-    return out
 
 
 def _rows(table: Table, files: list[FileInfo], live: pa.Table, column: str, values: list[str],

@@ -65,6 +65,10 @@ class Store:
         """Run SQL over the views (events, turns, samples, rollouts, groups, advantages, ...)."""
         return self.reader.query(sql, params, version=version)
 
+    def holds_rollout(self, rollout_id: str) -> bool:
+        """Whether the store holds any event of `rollout_id` (sealed, or live on this machine)."""
+        return self.reader.holds_rollout(rollout_id)
+
     def shard(self, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
               estimator: Estimator = "grpo", run: str | None = None, exclude: Iterable[str] = (),
               max_groups: int | None = None) -> Shard:

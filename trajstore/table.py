@@ -13,6 +13,7 @@ recognised on restart and never committed twice. Commits retry on conflicts.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import random
@@ -20,7 +21,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -289,6 +290,22 @@ def _footer_span(tail: bytes | memoryview, size: int | None = None) -> int:
         return 0
     span = int.from_bytes(bytes(tail[-8:-4]), "little") + 8
     return span if 8 < span <= size else 0
+
+
+def files_covering(files: Iterable[FileInfo], column: str, values: list[str]) -> list[FileInfo]:
+    """Files whose [min, max] of `column` contains at least one of the sorted `values`."""
+    out = []
+    for f in files:
+        if not f.min:  # a file without statistics: it may hold anything
+            out.append(f)
+            continue
+        lo, hi = f.min.get(column), f.max.get(column)
+        if lo is None or hi is None:
+            continue  # statistics say the column is all null here
+        i = bisect.bisect_left(values, lo)
+        if i < len(values) and values[i] <= hi:
+            out.append(f)
+    return out
 
 
 def _files_of(dt: DeltaTable, known: dict[str, FileInfo] | None = None) -> list[FileInfo]:

@@ -202,7 +202,12 @@ class Engine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
                on_done: Callable[[Completion | BaseException], None]) -> _Sequence:
-        """Queue a request; `on_done` is called from the engine thread with the result or an error."""
+        """Queue a request; `on_done` is called from the engine thread with the result or an error.
+
+        Parameters out of range are refused here (ValueError), before they can fail a whole batch."""
+        problems = params.problems()
+        if problems:
+            raise ValueError("invalid sampling parameters: " + "; ".join(problems))
         seq = _Sequence(list(prompt_ids), params, on_done)
         with self._cond:
             if self._closed:

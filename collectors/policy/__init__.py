@@ -5,7 +5,16 @@ embedded server (`trajstore serve`), `VLLMClient` a vLLM server. Both speak vLLM
 `/v1/completions` with token-id prompts (`http`) and raise the named `PolicyServerError`s.
 """
 
-from collectors.policy.contract import SAMPLING_EPS, PolicyClient, Sample, SamplingParams
+from collectors.policy.contract import (
+    MAX_POLICY_VERSION,
+    SAMPLING_EPS,
+    SEED_MAX,
+    SEED_MIN,
+    TOP_K_MAX,
+    PolicyClient,
+    Sample,
+    SamplingParams,
+)
 from collectors.policy.embedded_client import EmbeddedClient
 from collectors.policy.http import (
     PolicyServerBadResponse,
@@ -21,7 +30,7 @@ from collectors.policy.http import (
 from collectors.policy.vllm_client import VLLMClient
 
 __all__ = [
-    "SAMPLING_EPS", "EmbeddedClient", "PolicyClient", "PolicyServerBadResponse", "PolicyServerError", "PolicyServerFailed",
+    "MAX_POLICY_VERSION", "SAMPLING_EPS", "SEED_MAX", "SEED_MIN", "TOP_K_MAX", "EmbeddedClient", "PolicyClient", "PolicyServerBadResponse", "PolicyServerError", "PolicyServerFailed",
     "PolicyServerRejected", "PolicyServerTimeout", "PolicyServerUnreachable", "Sample", "SamplingParams", "VLLMClient",
     "completion_body", "parse_completion", "server_message",
 ]

@@ -12,16 +12,21 @@
 
 A failure at any step leaves the session as it was and writes nothing: no partial event.
 `max_tokens` above the room left in the context is lowered to that room (finish `length`
-says so); a prompt that leaves no room at all is refused. Rollout open and close write
-`status` (and `reward`) events.
+says so); a prompt that leaves no room at all is refused. A long prompt is tokenized on a
+worker thread, so the event loop keeps serving others. Rollout open and close write
+`status` (and `reward`) events; a rollout id the caller chooses is refused when the store
+already holds it (opened by another proxy, or by this one before a restart): a rollout is
+opened once, so nobody can overwrite another's reward or status.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,10 +38,11 @@ from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.segmenter import plan_turn, record_turn
 from collectors.proxy.sessions import Registry, Rollout
 from collectors.proxy.wire import WireProtocol
-from trajstore import Reward, Status, Turn, Writer, new_id
+from trajstore import InvalidEventError, Reward, Status, Turn, Writer, new_id
 from trajstore.schema import TERMINAL_STATUSES
 
 log = logging.getLogger(__name__)
+TOKENIZE_OFF_LOOP_CHARS = 64 << 10
 
 
 @dataclass
@@ -69,8 +75,9 @@ class Capture:
     """Shared state of a proxy: upstream client, renderer, store writer, rollouts, counters."""
 
     def __init__(self, client: PolicyClient, renderer: ChatRenderer, writer: Writer, *, run: str,
-                 max_model_len: int, default_max_tokens: int) -> None:
-        self.client, self.renderer, self.writer = client, renderer, writer
+                 max_model_len: int, default_max_tokens: int,
+                 stored: Callable[[str], bool] = lambda rollout_id: False) -> None:
+        self.client, self.renderer, self.writer, self.stored = client, renderer, writer, stored
         self.run, self.max_model_len, self.default_max_tokens = run, max_model_len, default_max_tokens
         self.registry = Registry()
         self.stats = ProxyStats()
@@ -79,6 +86,8 @@ class Capture:
     async def _append(self, events: list[Any]) -> None:
         try:
             await self._appender.append(events)
+        except InvalidEventError as exc:  # values the request carried that the store cannot take
+            raise ChatError(f"nothing was recorded: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - the agent must hear why nothing was recorded
             log.exception("appending %d event(s) failed", len(events))
             raise ChatError(f"the trajectory store refused the event(s): {type(exc).__name__}: {exc}; nothing was "
@@ -117,7 +126,10 @@ class Capture:
                                 kind="authentication")
             renderer, state = self.renderer, slot.state
             prompt_text = renderer.prompt_text(req)
-            plan = plan_turn(state, prompt_text, renderer.encode, new_id)
+            if len(prompt_text) > TOKENIZE_OFF_LOOP_CHARS:  # tokenizing megabytes would stall every other call
+                plan = await asyncio.to_thread(plan_turn, state, prompt_text, renderer.encode, new_id)
+            else:
+                plan = plan_turn(state, prompt_text, renderer.encode, new_id)
             max_tokens = self._max_tokens(req, len(plan.full_ids))
             if req.max_tokens == 0:  # Anthropic's cache warm-up: nothing to sample, so nothing to store
                 empty = ChatReply(_hex_id(wire.reply_prefix), req.model or "", int(time.time()), "", None, (),
@@ -164,6 +176,11 @@ class Capture:
 
     async def open_rollout(self, *, run: str | None, group_id: str | None, rollout_id: str | None,
                            group_size: int | None, meta: dict[str, Any] | None) -> Rollout:
+        if rollout_id is not None and rollout_id not in self.registry.by_id and \
+                await asyncio.to_thread(self.stored, rollout_id):
+            raise ChatError(f"rollout {rollout_id!r} is already in the store (opened by another proxy, or by this one "
+                            "before a restart); a rollout is opened once: leave rollout_id out to get a fresh one",
+                            status=409, kind="conflict", param="rollout_id")
         rollout_id = rollout_id or new_id()
         rollout = self.registry.open(run=run or self.run, group_id=group_id or rollout_id, rollout_id=rollout_id,
                                      group_size=group_size, meta=meta)

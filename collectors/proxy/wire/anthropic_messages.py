@@ -23,12 +23,12 @@ RawMessageDeltaEvent, RawMessageStopEvent):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
 
-from collectors.policy import SamplingParams
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, is_int, template_tool
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, template_tool
 
 PROTOCOL = "anthropic"
 CALL_ID_PREFIX = "toolu_"
@@ -45,6 +45,15 @@ def _blocks(content: Any, where: str, problems: Problems) -> list[dict[str, Any]
     return []
 
 
+def _text(block: dict[str, Any], key: str, where: str, problems: Problems) -> str:
+    """A text-bearing block's `key` (text, thinking) as a string; anything else is a problem, not a 500."""
+    value = block.get(key, "")
+    if not isinstance(value, str):
+        problems.add(where, f"{where}.{key} must be a string, got {type(value).__name__}")
+        return ""
+    return value
+
+
 def _result_text(content: Any, where: str, problems: Problems) -> str:
     if content is None:
         return ""
@@ -52,7 +61,7 @@ def _result_text(content: Any, where: str, problems: Problems) -> str:
     for i, b in enumerate(blocks):
         if b.get("type") != "text":
             problems.add(where, f"{where}[{i}] has type {b.get('type')!r}: only text tool results are supported")
-    return "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    return "".join(_text(b, "text", f"{where}[{i}]", problems) for i, b in enumerate(blocks) if b.get("type") == "text")
 
 
 def _arguments(call_id: Any, value: Any, raw: Mapping[str, str]) -> str:
@@ -72,9 +81,9 @@ def _assistant(blocks: list[dict[str, Any]], where: str, problems: Problems, raw
     for i, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "text":
-            texts.append(b.get("text", ""))
+            texts.append(_text(b, "text", f"{where}[{i}]", problems))
         elif kind == "thinking":
-            thoughts.append(b.get("thinking", ""))
+            thoughts.append(_text(b, "thinking", f"{where}[{i}]", problems))
         elif kind == "tool_use":
             if not isinstance(b.get("name"), str) or not isinstance(b.get("input"), dict):
                 problems.add(where, f"{where}[{i}] tool_use needs a string `name` and an object `input`")
@@ -97,7 +106,7 @@ def _user(blocks: list[dict[str, Any]], where: str, problems: Problems) -> list[
     for i, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "text":
-            texts.append(b.get("text", ""))
+            texts.append(_text(b, "text", f"{where}[{i}]", problems))
         elif kind == "tool_result":
             results.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
                             "content": _result_text(b.get("content"), f"{where}[{i}].content", problems)})
@@ -115,7 +124,8 @@ def translate_messages(system: Any, messages: Any, problems: Problems, raw: Mapp
         blocks = _blocks(system, "system", problems)
         if any(b.get("type") != "text" for b in blocks):
             problems.add("system", "`system` blocks must be text blocks")
-        out.append({"role": "system", "content": "".join(b.get("text", "") for b in blocks)})
+        out.append({"role": "system", "content": "".join(_text(b, "text", f"system[{i}]", problems)
+                                                         for i, b in enumerate(blocks))})
     if not isinstance(messages, list) or not messages:
         problems.add("messages", "`messages` must be a non-empty list of {\"role\", \"content\"} messages")
         return out
@@ -180,14 +190,7 @@ def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> 
     messages = translate_messages(body.get("system"), body.get("messages"), p, raw_arguments or {})
     tools = translate_tools(body.get("tools"), p)
     parse_tools = _tool_choice(body.get("tool_choice"), tools, p)
-    temperature = p.number(body, "temperature", 0.0, 1.0, 1.0)
-    top_p = p.number(body, "top_p", 0.0, 1.0, 1.0)
-    if top_p == 0:
-        p.add("top_p", "`top_p` must be above 0")
-    top_k = p.integer(body, "top_k", 0, 0)
-    seed = body.get("seed")
-    if seed is not None and not is_int(seed):
-        p.add("seed", f"`seed` must be an integer, got {seed!r}")
+    sampling = p.sampling(body, temperature_max=1.0, top_k_low=0)
     stops = body.get("stop_sequences") or []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         p.add("stop_sequences", f"`stop_sequences` must be a list of non-empty strings, got {stops!r}")
@@ -198,8 +201,8 @@ def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> 
     p.raise_any()
     return ChatRequest(
         protocol=PROTOCOL, model=model, messages=messages, tools=tools, parse_tools=parse_tools,
-        max_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k or 0,
-                                                       seed=seed, stop=tuple(stops)), stream=bool(stream), continue_final=messages[-1]["role"] == "assistant")
+        max_tokens=max_tokens, sampling=dataclasses.replace(sampling, stop=tuple(stops)), stream=bool(stream),
+        continue_final=messages[-1]["role"] == "assistant")
 
 
 def stop_reason(reply: ChatReply) -> str:
@@ -259,6 +262,7 @@ def stream_body(reply: ChatReply, options: Mapping[str, Any] | None = None) -> b
 
 
 _ERROR_TYPES = {"invalid_request": "invalid_request_error", "authentication": "authentication_error",
+                "permission": "permission_error",
                 "not_found": "not_found_error", "conflict": "invalid_request_error", "upstream": "api_error",
                 "internal": "api_error"}
 

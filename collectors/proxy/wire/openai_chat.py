@@ -22,12 +22,12 @@ ChatCompletionChunk, ChoiceDeltaToolCall, CompletionUsage) and vLLM's extensions
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
 
-from collectors.policy import SamplingParams
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, is_int, template_tool
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, template_tool
 
 PROTOCOL = "openai"
 CALL_ID_PREFIX = "call_"
@@ -160,14 +160,7 @@ def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> 
     max_tokens = p.integer(body, "max_completion_tokens", 1, None)
     if max_tokens is None:
         max_tokens = p.integer(body, "max_tokens", 1, None)
-    temperature = p.number(body, "temperature", 0.0, 2.0, 1.0)
-    top_p = p.number(body, "top_p", 0.0, 1.0, 1.0)
-    if top_p == 0:
-        p.add("top_p", "`top_p` must be above 0")
-    top_k = p.integer(body, "top_k", -1, 0)  # vLLM's extension; -1 and 0 both mean off
-    seed = body.get("seed")
-    if seed is not None and not is_int(seed):
-        p.add("seed", f"`seed` must be an integer, got {seed!r}")
+    sampling = p.sampling(body, temperature_max=2.0, top_k_low=-1)  # top_k: vLLM's; -1 and 0 both mean off
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
@@ -185,8 +178,7 @@ def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> 
     p.raise_any()
     return ChatRequest(
         protocol=PROTOCOL, model=model, messages=messages, tools=tools, parse_tools=parse_tools,
-        max_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
-                                                       seed=seed, stop=tuple(stops)), stream=bool(stream),
+        max_tokens=max_tokens, sampling=dataclasses.replace(sampling, stop=tuple(stops)), stream=bool(stream),
         options={"include_usage": bool(options.get("include_usage")), "logprobs": bool(body.get("logprobs"))})
 
 
@@ -252,6 +244,7 @@ def stream_body(reply: ChatReply, options: Mapping[str, Any]) -> bytes:
 _ERROR_TYPES = {
     "invalid_request": ("invalid_request_error", None),
     "authentication": ("invalid_request_error", "invalid_api_key"),
+    "permission": ("invalid_request_error", "forbidden"),
     "not_found": ("invalid_request_error", "model_not_found"),
     "conflict": ("invalid_request_error", "conflict"),
     "upstream": ("server_error", "upstream_error"),
