@@ -157,7 +157,8 @@ class Snapshot:
 
 
 class Reader:
-    """Reads one store: this machine's live segments (cached by size and mtime) and pinned versions."""
+    """Reads one store: this machine's live segments (cached by size and mtime, growing ones read
+    incrementally) and pinned versions."""
 
     def __init__(self, location: Location, table: Table) -> None:
         self.location = location
@@ -175,8 +176,11 @@ class Reader:
             hit = self._segment_cache.get(path)
         if hit and hit[:2] == key:
             return hit[2]
+        # a growing segment is read from where the last read's whole batches ended (it only ever
+        # grows, or shrinks when recovery cuts a torn tail: then it is read again whole)
+        previous = hit[2] if hit and st.st_size > hit[2].total_bytes else None
         try:
-            read = wal.read_segment(path)
+            read = wal.read_segment(path, previous)
         except FileNotFoundError:
             return None  # sealed and deleted since listing: the table has it
         with self._cache_lock:
