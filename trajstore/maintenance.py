@@ -7,8 +7,9 @@
   in one Delta commit (data_change=false). A crash before the commit leaves an unreferenced
   file, never a change to the table.
 - `verify`: reads every byte a reader could see (every live segment batch against its
-  CRC, every sealed file's pages against their checksums, the log's file list against the
-  object store) and reports each problem with where it is.
+  CRC, every JSON commit of the Delta log against its digest (`trajstore.deltalog`), every
+  sealed file's listed statistics against its name and its pages against their checksums, the
+  log's file list against the object store) and reports each problem with where it is.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake.transaction import RemoveAction
 
-from trajstore import wal
+from trajstore import deltalog, wal
 from trajstore.errors import CorruptionError
 from trajstore.location import Location
 from trajstore.read import Reader
@@ -143,7 +144,12 @@ def verify(location: Location, table: Table) -> VerifyReport:
                 if read.torn and i < len(paths) - 1:
                     problems.append(f"live segment {path}: {read.total_bytes - read.good_bytes} bytes after the "
                                     "last whole batch in a segment that is not the writer's newest (damaged)")
-    snap = table.snapshot()
+    problems += deltalog.scan(location, None)
+    try:
+        snap = table.snapshot()
+    except CorruptionError as exc:  # the file list cannot be trusted: nothing more to check against it
+        problems.append(str(exc))
+        return VerifyReport(-1, 0, segments, events, problems)
     fs = location.filesystem
     for f in snap.files:
         path = location.data_path(f.path)

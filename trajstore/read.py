@@ -50,6 +50,17 @@ class LiveRows:
 
     by_writer: dict[str, list[pa.RecordBatch]]
 
+    def hidden_ids(self, snapshot: TableSnapshot) -> list[str]:
+        """Event ids of live rows that `snapshot` says are sealed (the table must hold them)."""
+        ids: list[str] = []
+        for writer, rows in self.by_writer.items():
+            cut = snapshot.sealed_seq(writer)
+            for batch in rows:
+                if batch.num_rows and batch.column("writer_seq")[0].as_py() <= cut:
+                    seqs = batch.column("writer_seq").to_numpy()
+                    ids += batch.column("event_id").filter(pa.array(seqs <= cut)).to_pylist()
+        return ids
+
     def table(self, snapshot: TableSnapshot) -> pa.Table:
         """The rows `snapshot` has not sealed: each writer's batches cut after its sealed seq."""
         batches = []
@@ -210,6 +221,15 @@ class Reader:
         The segments are read before the version is pinned (see the module docstring)."""
         rows = self.live() if live and version is None else LiveRows({})
         table = self.table.snapshot(version, writers=list(rows.by_writer))
+        hidden = rows.hidden_ids(table)
+        if hidden:  # sealed and not deleted yet (a moment's overlap); only hidden if the table really has them
+            missing = self.table.missing_event_ids(hidden, table.files)
+            if missing:
+                raise CorruptionError(
+                    f"table version {table.version} says writers {sorted(rows.by_writer)} sealed events that it does not "
+                    f"hold ({len(missing)} of them, e.g. {missing[0]}): a writer's transaction version in the Delta "
+                    "log is damaged. They stay in the write-ahead log; restore the log from a backup (`trajstore "
+                    "verify` names the entries)")
         return Pinned(table, rows.table(table))
 
     def snapshot(self, version: int | None = None, *, live: bool = True) -> Snapshot:

@@ -33,7 +33,7 @@ import pyarrow.dataset as ds
 
 from trajstore import wal
 from trajstore.durable import fsync_path, write_durably
-from trajstore.errors import TrajstoreError, WriterBusyError, WriterClosedError
+from trajstore.errors import CorruptionError, TrajstoreError, WriterBusyError, WriterClosedError
 from trajstore.events import Event, to_columns
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
@@ -113,6 +113,14 @@ def seal_segments(table: Table, name: str, segments: list[Path], *, expected: in
         return SealResult(0, start)
     reads = [wal.read_segment(p) for p in segments]
     batches = [b for r in reads for b in r.batches]
+    sealed_ids = [eid for b in batches if b.first_seq <= start for eid, seq in zip(
+        b.data.column("event_id").to_pylist(), b.data.column("writer_seq").to_pylist()) if seq <= start]
+    missing = table.missing_event_ids(sealed_ids) if sealed_ids else []
+    if missing:  # the table's word that they are sealed is wrong: keep the segments
+        raise CorruptionError(
+            f"writer {name!r}: the table says its events up to seq {start} are sealed, but {len(missing)} of those in "
+            f"its segments are not in the table (e.g. {missing[0]}): the writer's transaction version in the Delta "
+            f"log is damaged. Nothing was deleted from {segments[0].parent}; restore the log from a backup")
     rows = [b.data for b in batches if b.last_seq > start]
     committed = 0
     sealed_through = start
