@@ -297,24 +297,45 @@ def test_an_event_id_shows_once_across_writers(store: trajstore.Store) -> None:
         assert w1.append([turn, reward]).appended == 2
         assert w2.append([turn, {**reward, "reward": 7.0}]).appended == 2  # w2 cannot know w1's ids
 
-        def check() -> None:
+        def check(copies: int) -> None:
             with store.snapshot() as snap:
-                assert snap.query("SELECT count(*) FROM _raw").column(0)[0].as_py() == 4  # both copies stored
+                assert snap.query("SELECT count(*) FROM _raw").column(0)[0].as_py() == copies
                 got = snap.query("SELECT event_id, writer, reward FROM events ORDER BY event_id").to_pylist()
                 assert got == [{"event_id": "same-reward", "writer": "dup-1", "reward": 1.0},
                                {"event_id": "same-turn", "writer": "dup-1", "reward": None}]
                 assert snap.query("SELECT tokens, turns FROM samples").to_pylist() == [{"tokens": [1, 2, 3], "turns": 1}]
                 assert snap.query("SELECT turns, reward FROM rollouts").to_pylist() == [{"turns": 1, "reward": 1.0}]
 
-        check()
-        w2.seal()  # one copy sealed, the other live
-        check()
-        w1.seal()
-        check()
+        check(4)  # both copies live
+        w1.seal()  # one copy sealed, the other live
+        check(4)
+        w2.seal()  # its copies are in the table already: sealed once (issue 12.5)
+        check(2)
     finally:
         w1.close()
         w2.close()
-    check()
+    check(2)
+
+
+def test_an_event_resent_through_a_new_writer_is_sealed_once(store: trajstore.Store) -> None:
+    """Issue 12.5: the default writer name changes with every restart (`<host>-<pid>`), so a client that
+    re-sends its events after a restart appends them through a new writer. The views always showed them
+    once; a reader of the Delta table alone (Spark, Polars, here delta-rs) now does too."""
+    from deltalake import DeltaTable
+
+    import dataclasses
+
+    events = [dataclasses.replace(e, event_id=f"resent-{i}") for i, e in enumerate(rollout("resent"))]
+    with store.writer("before-restart") as w:
+        w.append(events)
+    with store.writer("after-restart") as w:
+        assert w.append(events).appended == 4  # this writer cannot know them yet: stored live...
+        assert scalar(store, "SELECT count(*) FROM events") == 4
+    sealed = DeltaTable(store.location.table_uri, storage_options=store.location.storage_options or None)
+    ids = sealed.to_pyarrow_table(columns=["event_id", "writer"]).to_pylist()
+    assert len(ids) == 4 and {r["writer"] for r in ids} == {"before-restart"}  # ...and sealed once
+    assert store.table.sealed_seq("after-restart") == 3  # its progress is recorded all the same
+    assert scalar(store, "SELECT count(*) FROM events") == 4 and store.verify().ok
 
 
 # ------------------------------------------------------------------ sequences
