@@ -127,6 +127,29 @@ def compact(store_loc: str, target_mb: int) -> None:
 
 @main.command()
 @store_option
+@click.option("--retention-hours", type=click.FloatRange(min=1), default=168, show_default=True,
+              help="Keep unreferenced files younger than this (at least 1 hour; time travel reaches this far back).")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+def vacuum(store_loc: str, retention_hours: float, dry_run: bool) -> None:
+    """Reclaim disk: delete files the table no longer references (replaced by compaction, or left by a crash).
+
+    External readers (Spark, Polars, DuckDB) must read the table through its Delta log: until a
+    vacuum, the directory also holds files no version uses, which a glob of *.parquet counts twice.
+
+    \b
+    Example:
+      trajstore compact --store runs/s && trajstore vacuum --store runs/s --retention-hours 24
+    """
+    import trajstore
+
+    r = trajstore.open_store(store_loc, create=False).vacuum(retention_hours=retention_hours, dry_run=dry_run)
+    verb = "would delete" if r.dry_run else "deleted"
+    console.print(f"{verb} {len(r.files)} unreferenced file(s), {r.bytes / 1e6:.2f} MB (retention "
+                  f"{r.retention_hours:g} h)")
+
+
+@main.command()
+@store_option
 def verify(store_loc: str) -> None:
     """Check every segment's checksums and the table's files; exit 1 on any problem.
 

@@ -6,6 +6,17 @@
   and the shard planner keeps pruning) into larger ones, committing the removes and the add
   in one Delta commit (data_change=false). A crash before the commit leaves an unreferenced
   file, never a change to the table.
+- `vacuum`: deletes, through delta-rs's vacuum, the files the table no longer references:
+  those compaction replaced (once their removal is older than the retention) and those a
+  crash left unreferenced (a seal or compaction that wrote its file and died before its
+  commit; once the file is older than the retention). The retention is at least
+  `MIN_RETENTION_HOURS`, which no pinned read (a query, a shard, a learner step: seconds to
+  minutes) and no running writer (a file waits at most seconds for its commit) comes near;
+  the default is Delta's own week, so `query --version` can still travel a week back.
+  Versions older than the retention lose the files they listed. External readers (Spark,
+  Polars, DuckDB's delta reader) must read the table through its Delta log, never by
+  globbing `events/*.parquet`: the directory also holds replaced and unreferenced files
+  until a vacuum, which a glob counts twice.
 - `verify`: reads every byte a reader could see (every live segment batch against its
   CRC, every JSON commit of the Delta log against its digest (`trajstore.deltalog`), every
   sealed file's listed statistics against its name and its pages against their checksums, the
@@ -14,6 +25,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -21,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from deltalake import CommitProperties
 from deltalake.transaction import RemoveAction
 
 from trajstore import deltalog, wal
@@ -106,6 +119,38 @@ def compact(location: Location, table: Table, *, target_bytes: int = 128 << 20, 
         rewritten += len(group)
     after = len(table.snapshot().files)
     return CompactResult(len(snap.files), after, rewritten, version, orphans)
+
+
+MIN_RETENTION_HOURS = 1
+DEFAULT_RETENTION_HOURS = 168  # Delta's default deleted-file retention: one week
+
+
+@dataclass
+class VacuumResult:
+    files: list[str]  # deleted, or that would be deleted (dry run)
+    bytes: int
+    dry_run: bool
+    retention_hours: float
+
+
+def vacuum(location: Location, table: Table, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
+           dry_run: bool = False) -> VacuumResult:
+    """Delete the files the table no longer references and that are older than the retention."""
+    if not retention_hours >= MIN_RETENTION_HOURS:
+        raise ValueError(f"retention_hours must be at least {MIN_RETENTION_HOURS} (got {retention_hours}): a shorter "
+                         "retention could delete a file a running writer has written but not committed yet, or one "
+                         "a read pinned a moment ago still needs")
+    dt = table.current()
+    hours = int(math.ceil(retention_hours))
+    candidates = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False, full=True)
+    fs = location.filesystem
+    sizes = {p: info.size for p, info in zip(candidates, fs.get_file_info([location.data_path(p) for p in candidates]))
+             if info.type == pafs.FileType.File}
+    if not dry_run and candidates:
+        done = dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True,
+                         commit_properties=CommitProperties(custom_metadata={"trajstore.operation": "vacuum"}))
+        candidates = list(done)
+    return VacuumResult(sorted(candidates), sum(sizes.get(p, 0) for p in candidates), dry_run, hours)
 
 
 @dataclass

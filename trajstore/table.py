@@ -186,6 +186,10 @@ class Table:
                                   f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; its log may be "
                                   "damaged (`trajstore verify` checks it)") from exc
 
+    def current(self) -> DeltaTable:
+        """The latest delta-rs table, its log checked (for maintenance that delta-rs does itself)."""
+        return self._current()
+
     def version(self) -> int:
         """The latest version."""
         return self._current().version()
