@@ -36,6 +36,7 @@ class CollectSettings:
     agent_cmd: str | None = None  # shell command, run per rollout in its directory
     reward: str | None = None  # module:function
     reward_cmd: str | None = None  # shell command: exit 0 = 1.0
+    no_reward: bool = False  # collect unscored rollouts on purpose (`trajstore reward` scores them later)
     retries: int = 2
     max_staleness: int | None = None
     groups_per_version: int | None = None  # default: the learner's announcement
@@ -69,6 +70,11 @@ class CollectSettings:
             out.append(f"{' and '.join(given)} are all agents: give one (or none for a single model call per rollout)")
         if self.reward and self.reward_cmd:
             out.append("--reward and --reward-cmd both given: give one")
+        if not (self.reward or self.reward_cmd or self.no_reward):
+            out.append("no reward: give --reward MODULE:FN or --reward-cmd CMD; or --no-reward to collect unscored "
+                       "rollouts on purpose (the store counts them untrainable until `trajstore reward` scores them)")
+        if self.no_reward and (self.reward or self.reward_cmd):
+            out.append("--no-reward with --reward or --reward-cmd: give one or the other")
         if not Path(self.tasks).is_file():
             out.append(f"--tasks {self.tasks} does not exist")
         if self.model is None and self.server is None:
