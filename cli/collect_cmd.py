@@ -61,7 +61,8 @@ from cli.options import store_option
 def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None, server: str | None, vllm: bool,
             proxy: str | None, agent: str | None, tools: str | None, agent_cmd: str | None, reward: str | None,
             reward_cmd: str | None, no_reward: bool, concurrency: int, rollout_timeout: float, retries: int,
-            max_turns: int, max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, epochs: int,
+            max_turns: int, max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None,
+            epochs: int,
             forever: bool, follow: bool, max_staleness: int | None, groups_per_version: int | None,
             workdir: str | None, keep_workdirs: bool, policy_version: int, device: str, max_batch: int,
             threads: int | None, plain: bool) -> None:

@@ -192,7 +192,8 @@ def reward_by_version(store: Any) -> list[dict[str, Any]]:
     sampled (complete groups only), with the mean staleness at which the learner trained on them."""
     return store.query("""
         WITH r AS (SELECT o.rollout_id, o.min_version AS version, o.reward, o.tokens
-                   FROM rollouts o JOIN groups g USING (run, group_id) WHERE o.run = $run AND o.trainable AND g.complete),
+                   FROM rollouts o JOIN groups g USING (run, group_id)
+                   WHERE o.run = $run AND o.trainable AND g.complete),
              c AS (SELECT rollout_id, version AS consumed_by FROM consumed WHERE run = $run),
              k AS (SELECT rollout_id,
                           last(reward ORDER BY time) FILTER (WHERE reward_name = 'correct') AS correct,

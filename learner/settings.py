@@ -7,6 +7,7 @@ names of the loss and aggregation choices map to functions in one dict each in
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -86,8 +87,11 @@ class LearnSettings:
             if getattr(self, name) < 1:
                 out.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         for name in ("lr", "max_grad_norm", "is_cap", "temperature", "poll_interval", "wait_timeout"):
-            if not getattr(self, name) > 0:
-                out.append(f"{name} must be > 0 (got {getattr(self, name)})")
+            if not 0 < getattr(self, name) < math.inf:
+                out.append(f"{name} must be > 0 and finite (got {getattr(self, name)})")
+        for name in ("clip_low", "clip_high", "kl_coef"):
+            if not math.isfinite(getattr(self, name)):
+                out.append(f"{name} must be a finite number (got {getattr(self, name)})")
         if self.max_staleness < 0:
             out.append(f"max_staleness must be >= 0 (got {self.max_staleness})")
         if not 0 <= self.clip_low < 1:

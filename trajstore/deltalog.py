@@ -104,7 +104,8 @@ def check_entry(version: int, actions: list[dict[str, Any]], *, required: bool) 
     if DIGEST_KEY not in info:
         return "it has no trajstore digest although the store's commits carry one" if required else None
     if digest(relied) != info[DIGEST_KEY]:
-        return "its actions do not match the digest trajstore recorded with them (the entry changed after it was written)"
+        return ("its actions do not match the digest trajstore recorded with them (the entry changed after it was "
+                "written)")
     return None
 
 

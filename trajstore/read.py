@@ -226,8 +226,8 @@ class Reader:
             missing = self.table.missing_event_ids(hidden, table.files)
             if missing:
                 raise CorruptionError(
-                    f"table version {table.version} says writers {sorted(rows.by_writer)} sealed events that it does not "
-                    f"hold ({len(missing)} of them, e.g. {missing[0]}): a writer's transaction version in the Delta "
+                    f"table version {table.version} says writers {sorted(rows.by_writer)} sealed events that it does "
+                    f"not hold ({len(missing)} of them, e.g. {missing[0]}): a writer's transaction version in the Delta "
                     "log is damaged. They stay in the write-ahead log; restore the log from a backup (`trajstore "
                     "verify` names the entries)")
         return Pinned(table, rows.table(table))

@@ -112,7 +112,8 @@ VIEWS: dict[str, str] = {
         e AS (
             SELECT rollout_id, any_value(run) AS run, any_value(group_id) AS group_id,
                    min(time) FILTER (WHERE kind <> 'reward') AS started,
-                   coalesce(min(time) FILTER (WHERE kind = 'status' AND status IN ('completed', 'truncated', 'aborted', 'failed')),
+                   coalesce(min(time) FILTER (WHERE kind = 'status'
+                                                AND status IN ('completed', 'truncated', 'aborted', 'failed')),
                             max(time) FILTER (WHERE kind <> 'reward')) AS ended
             FROM events WHERE kind IN ('turn', 'reward', 'status') GROUP BY rollout_id
         )

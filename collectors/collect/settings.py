@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors.policy.contract import TOP_K_MAX
+
 DISPLAYS = ("auto", "live", "plain", "off")
 
 
@@ -61,8 +63,9 @@ class CollectSettings:
                 out.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
         if self.rollout_timeout <= 0 or self.poll_interval_s <= 0:
             out.append("--rollout-timeout and the poll interval must be positive")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            out.append("sampling needs --temperature >= 0, 0 < --top-p <= 1 and --top-k 0 (off) or >= 1")
+        if not (0 <= self.temperature <= 2 and 0 < self.top_p <= 1 and 0 <= self.top_k <= TOP_K_MAX):
+            out.append(f"sampling needs 0 <= --temperature <= 2, 0 < --top-p <= 1 and --top-k 0 (off) to {TOP_K_MAX} "
+                       f"(got {self.temperature}, {self.top_p}, {self.top_k})")
         if not self.run:
             out.append("--run must name the run")
         given = [f"--{n.replace('_', '-')}" for n in ("agent", "tools", "agent_cmd") if getattr(self, n)]

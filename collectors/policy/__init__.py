@@ -30,7 +30,8 @@ from collectors.policy.http import (
 from collectors.policy.vllm_client import VLLMClient
 
 __all__ = [
-    "MAX_POLICY_VERSION", "SAMPLING_EPS", "SEED_MAX", "SEED_MIN", "TOP_K_MAX", "EmbeddedClient", "PolicyClient", "PolicyServerBadResponse", "PolicyServerError", "PolicyServerFailed",
+    "MAX_POLICY_VERSION", "SAMPLING_EPS", "SEED_MAX", "SEED_MIN", "TOP_K_MAX", "EmbeddedClient", "PolicyClient",
+    "PolicyServerBadResponse", "PolicyServerError", "PolicyServerFailed",
     "PolicyServerRejected", "PolicyServerTimeout", "PolicyServerUnreachable", "Sample", "SamplingParams", "VLLMClient",
     "completion_body", "parse_completion", "server_message",
 ]

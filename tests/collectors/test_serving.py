@@ -67,7 +67,8 @@ def test_the_proxy_refuses_out_of_range_sampling_itself(proxy: Harness, field: s
 
 # ---------------------------------------------------------------- item 3: a bad close wedges a rollout
 
-@pytest.mark.parametrize("bad", [b'{"status": "completed", "reward": NaN}', b'{"status": "completed", "reward": Infinity}',
+@pytest.mark.parametrize("bad", [b'{"status": "completed", "reward": NaN}',
+                                 b'{"status": "completed", "reward": Infinity}',
                                  b'{"status": "completed", "rewards": {"": 1.0}}',
                                  b'{"status": "completed", "rewards": {"ok": -Infinity}}',
                                  b'{"status": "finished", "reward": 1.0}', b'{"status": "completed", "error": 7}'])
