@@ -144,9 +144,9 @@ def run_demo(s: DemoSettings, say: Callable[[str], None] = print) -> DemoResult:
     deadline = time.monotonic() + s.time_limit_s
     logs = {name: open(d / f"{name}.log", "w") for name in cmds}  # noqa: SIM115 - closed below
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    store = open_store(d / "store")  # created here: `learn` refuses a store that does not exist
     procs = {name: subprocess.Popen(cmd, stdout=logs[name], stderr=subprocess.STDOUT, env=env)
              for name, cmd in cmds.items()}
-    store = open_store(d / "store")
     try:
         last = ""
         while procs["learn"].poll() is None and time.monotonic() < deadline:
@@ -192,7 +192,8 @@ def reward_by_version(store: Any) -> list[dict[str, Any]]:
     sampled (complete groups only), with the mean staleness at which the learner trained on them."""
     return store.query("""
         WITH r AS (SELECT o.rollout_id, o.min_version AS version, o.reward, o.tokens
-                   FROM rollouts o JOIN groups g USING (group_id) WHERE o.run = $run AND o.trainable AND g.complete),
+                   FROM rollouts o JOIN groups g USING (run, group_id)
+                   WHERE o.run = $run AND o.trainable AND g.complete),
              c AS (SELECT rollout_id, version AS consumed_by FROM consumed WHERE run = $run),
              k AS (SELECT rollout_id,
                           last(reward ORDER BY time) FILTER (WHERE reward_name = 'correct') AS correct,

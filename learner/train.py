@@ -45,6 +45,7 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
@@ -63,7 +64,8 @@ from learner.losses import (
     token_logprobs,
     token_mean,
 )
-from learner.settings import LearnSettings
+from learner.errors import LearnerError
+from learner.settings import LearnSettings, SettingsError
 from trajstore import Metric, Store, Writer, open_store
 from trajstore.shard import Shard
 
@@ -111,6 +113,7 @@ class LearnSummary:
     resumed_from: int | None  # the version this call started from, None when fresh
     stopped: Literal["steps", "no_data"]  # reached `steps`, or waited `wait_timeout` for data in vain
     last_metrics: dict[str, float] = field(default_factory=dict)
+    waiting: str | None = None  # with "no_data": what it waited for, and what the store held
 
 
 # ---- small pieces the loop reads as one line each --------------------------------------------------
@@ -120,7 +123,8 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("device 'cuda' was asked for but torch sees no GPU; use --device cpu or auto")
+            raise SettingsError([f"device cuda was asked for but torch {torch.__version__} sees no GPU on this "
+                                 "machine; use --device cpu, or auto (a GPU when there is one)"])
         return torch.device("cuda", local_rank)
     return torch.device(name)
 
@@ -154,10 +158,35 @@ def forward_logits(model: torch.nn.Module, mb: MicroBatch, temperature: float) -
     return logits / temperature
 
 
-def wait_for_shard(store: Store, s: LearnSettings, version: int, exclude: Iterable[str]) -> Shard | None:
-    """The next `groups_per_step` complete, fresh, unconsumed groups; None after `wait_timeout` without them."""
+def waiting_for(store: Store, s: LearnSettings, version: int, found: int) -> str:
+    """What the learner waits for and what the store holds of the run, in one line."""
+    lo = version - s.max_staleness
+    row = store.query(
+        """SELECT count(*) AS groups, count(*) FILTER (WHERE complete) AS complete,
+                  count(*) FILTER (WHERE NOT complete) AS open,
+                  count(*) FILTER (WHERE complete AND min_version < $lo) AS stale
+           FROM groups WHERE run = $run""", {"run": s.run, "lo": lo}).to_pylist()[0]
+    want = (f"waiting for {s.groups_per_step} complete, unconsumed groups of run {s.run!r} sampled at version "
+            f">= {max(lo, 0)} (have {found})")
+    if not row["groups"]:
+        runs = store.query("SELECT DISTINCT run FROM rollouts ORDER BY run").column("run").to_pylist()
+        shown = ", ".join(map(repr, runs[:10])) or "none yet"
+        return f"{want}: the store has no rollouts of run {s.run!r} (its runs: {shown}); is --run right?"
+    return (f"{want}: the store holds {row['groups']} group(s) of the run, {row['open']} still collecting, "
+            f"{row['complete']} complete ({row['stale']} of them too stale, the rest consumed or in this shard)")
+
+
+WAIT_REPORT_S = 30.0  # how often a waiting learner says what it waits for
+
+
+def wait_for_shard(store: Store, s: LearnSettings, version: int, exclude: Iterable[str],
+                   say: Callable[[str], None] | None = None) -> Shard | None:
+    """The next `groups_per_step` complete, fresh, unconsumed groups; None after `wait_timeout` without them.
+
+    While it waits, `say` hears what it waits for (at once, then every WAIT_REPORT_S seconds)."""
     exclude = list(exclude)
     deadline = None if s.follow else time.monotonic() + s.wait_timeout
+    report_at = time.monotonic()
     while True:
         shard = store.shard(policy_version=version, max_staleness=s.max_staleness, max_rollouts=_NO_ROLLOUT_LIMIT,
                             estimator=s.estimator, run=s.run, exclude=exclude, max_groups=s.groups_per_step)
@@ -165,7 +194,26 @@ def wait_for_shard(store: Store, s: LearnSettings, version: int, exclude: Iterab
             return shard
         if deadline is not None and time.monotonic() >= deadline:
             return None
+        if say is not None and time.monotonic() >= report_at:
+            say(waiting_for(store, s, version, len(shard.group_ids)))
+            report_at = time.monotonic() + WAIT_REPORT_S
         time.sleep(s.poll_interval)
+
+
+def check_vocabulary(samples: pa.Table, vocab_size: int) -> None:
+    """Every token id of a shard must be one the model has; otherwise say which rollout holds which id."""
+    tokens = samples.column("tokens")
+    flat = pc.list_flatten(tokens)
+    if not len(flat) or pc.max(flat).as_py() < vocab_size:
+        return
+    parents = pc.list_parent_indices(tokens).filter(pc.greater_equal(flat, vocab_size))
+    row = parents[0].as_py()
+    bad = max(t for t in tokens[row].as_py() if t >= vocab_size)
+    raise LearnerError(f"rollout {samples.column('rollout_id')[row].as_py()} (run "
+                       f"{samples.column('run')[row].as_py()}) holds token id {bad}, but the model has "
+                       f"{vocab_size} tokens (ids 0..{vocab_size - 1}): its run was collected with another "
+                       "tokenizer or model. Train it with the model that sampled it (--model), or keep runs of "
+                       "different models apart (--run)")
 
 
 def shard_metrics(samples: pa.Table, version: int) -> dict[str, float]:
@@ -251,11 +299,13 @@ def _broadcast(value: object, world: int) -> object:
 # ---- the loop ---------------------------------------------------------------------------------------
 
 def learn(settings: LearnSettings, *,
-          show: Callable[[int, int, Mapping[str, float]], None] | None = None) -> LearnSummary:
+          show: Callable[[int, int, Mapping[str, float]], None] | None = None,
+          say: Callable[[str], None] | None = None) -> LearnSummary:
     """Train `settings.run` from the store until `settings.steps` (or forever with `follow`).
 
-    `show(step, version, metrics)` is called after every step (the CLI prints a line).
-    Raises SettingsError listing every problem before any work starts.
+    `show(step, version, metrics)` is called after every step (the CLI prints a line), `say(text)`
+    while it waits for data. Raises SettingsError listing every problem before any work starts,
+    and StoreNotFoundError when the store does not exist (unless `create_store`).
     """
     s = settings
     s.check()
@@ -264,6 +314,7 @@ def learn(settings: LearnSettings, *,
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = dist.get_rank() if world > 1 else 0
     device = resolve_device(s.device, int(os.environ.get("LOCAL_RANK", "0")))
+    store = open_store(s.store, create=s.create_store) if rank == 0 else None  # before any work: a wrong --store
     # bfloat16 autocast on CUDA, plain float32 on CPU: one code path
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     torch.manual_seed(s.seed)
@@ -285,6 +336,7 @@ def learn(settings: LearnSettings, *,
     if s.kl_coef > 0 and not s.lora:  # with LoRA the reference is the base, adapter disabled
         reference = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32).to(device).eval()
         reference.requires_grad_(False)
+    vocab_size = int(model.get_input_embeddings().num_embeddings)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
@@ -299,10 +351,10 @@ def learn(settings: LearnSettings, *,
     published: list[int] = []
     metrics: dict[str, float] = {}
     stopped: Literal["steps", "no_data"] = "steps"
+    waiting: str | None = None
     steps_trained = 0
     last_step = step_done
     steps = itertools.count(step_done + 1) if s.steps is None else range(step_done + 1, s.steps + 1)
-    store = open_store(s.store) if rank == 0 else None
     writer = store.writer(s.writer_name) if store is not None else None
     try:
         if store is not None and writer is not None:
@@ -311,12 +363,14 @@ def learn(settings: LearnSettings, *,
                 writer.append([checkpoints.initial_event(s.model, s.run, s.groups_per_version, s.max_staleness,
                                                          s.resolved())])
         for step in steps:
-            shard = wait_for_shard(store, s, version, pending) if store is not None else None
+            shard = wait_for_shard(store, s, version, pending, say) if store is not None else None
             shard = _broadcast(shard, world)
             if shard is None:
                 stopped = "no_data"
+                waiting = waiting_for(store, s, version, 0) if store is not None else None
                 break
             started = time.perf_counter()
+            check_vocabulary(shard.samples, vocab_size)
             totals = step_totals(shard.samples)
             batches = pack(shard.samples, s.micro_batch_tokens)
             optimizer.zero_grad(set_to_none=True)
@@ -365,7 +419,7 @@ def learn(settings: LearnSettings, *,
             dist.destroy_process_group()
     return LearnSummary(run=s.run, step=last_step, version=version, steps_trained=steps_trained,
                         published=tuple(published), resumed_from=resume.version if resume else None,
-                        stopped=stopped, last_metrics=metrics)
+                        stopped=stopped, last_metrics=metrics, waiting=waiting)
 
 
 def _publish(s: LearnSettings, model: torch.nn.Module, optimizer: torch.optim.Optimizer, writer: Writer | None,

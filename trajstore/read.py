@@ -6,6 +6,12 @@ writer, a gap-free prefix of what it appended: acknowledged events are visible a
 whether sealed or not. Segments are listed *before* the table version is read, so a
 segment sealed and deleted in between is already in the table.
 
+Reads are read-only: once a snapshot's views are set up, DuckDB's external access is turned
+off and its configuration locked, so no SQL can write or read files (`COPY ... TO`, `ATTACH`,
+`read_csv`, `EXPORT DATABASE`, extensions), or turn that back on. Results leave the store
+only through the caller (`trajstore query --output`). What a statement can still create
+(a table, a view) lives in the snapshot's own in-memory database and ends with it.
+
 Errors are told apart by what failed, never by the words of a message: a statement DuckDB
 cannot parse, bind or run is a `QueryError` carrying DuckDB's message; a `CorruptionError`
 is raised only when a checksum or a format check of the pinned files says so.
@@ -21,18 +27,20 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from trajstore import wal
 from trajstore.errors import CorruptionError, QueryError
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
-from trajstore.table import FileInfo, Table, TableSnapshot
+from trajstore.table import FileInfo, Table, TableSnapshot, files_covering
 from trajstore.views import VIEW_NAMES, create_views
 
 # DuckDB errors a statement itself causes, found before or without reading a byte of data.
 _STATEMENT_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
                      duckdb.SyntaxException, duckdb.ConversionException, duckdb.OutOfRangeException,
-                     duckdb.TypeMismatchException, duckdb.NotImplementedException, duckdb.PermissionException,
+                     duckdb.TypeMismatchException, duckdb.NotImplementedException,
                      duckdb.ConstraintException, duckdb.DataError, duckdb.InterruptException)
 
 
@@ -41,6 +49,17 @@ class LiveRows:
     """Rows of this machine's write-ahead segments, per writer."""
 
     by_writer: dict[str, list[pa.RecordBatch]]
+
+    def hidden_ids(self, snapshot: TableSnapshot) -> list[str]:
+        """Event ids of live rows that `snapshot` says are sealed (the table must hold them)."""
+        ids: list[str] = []
+        for writer, rows in self.by_writer.items():
+            cut = snapshot.sealed_seq(writer)
+            for batch in rows:
+                if batch.num_rows and batch.column("writer_seq")[0].as_py() <= cut:
+                    seqs = batch.column("writer_seq").to_numpy()
+                    ids += batch.column("event_id").filter(pa.array(seqs <= cut)).to_pylist()
+        return ids
 
     def table(self, snapshot: TableSnapshot) -> pa.Table:
         """The rows `snapshot` has not sealed: each writer's batches cut after its sealed seq."""
@@ -86,6 +105,8 @@ class Snapshot:
         self._con.register("_live", pinned.live)
         self._con.execute("CREATE TEMP VIEW _raw AS SELECT * FROM _sealed UNION ALL BY NAME SELECT * FROM _live")
         create_views(self._con)
+        self._con.execute("SET enable_external_access = false")  # no file or network I/O from SQL ...
+        self._con.execute("SET lock_configuration = true")  # ... and no SQL that turns it back on
 
     def query(self, sql: str, params: Any = None) -> pa.Table:
         """Run SQL over the views; a `pyarrow.Table`."""
@@ -97,6 +118,10 @@ class Snapshot:
                 raise QueryError(f"the statement returned no rows to show: {sql.strip()[:200]!r}. The store is "
                                  "read through SELECT (or WITH ... SELECT) statements over its views")
             return rel.to_arrow_table()
+        except duckdb.PermissionException as exc:
+            raise QueryError(self._query_failed(exc) + "\nQueries over the store are read-only: they cannot write or "
+                             "read files, attach databases or change settings. Export a result with `trajstore query "
+                             "SQL --format csv|json|parquet --output FILE` (or store.query() in Python).") from exc
         except _STATEMENT_ERRORS as exc:
             raise QueryError(self._query_failed(exc)) from exc
         except duckdb.Error as exc:
@@ -143,7 +168,8 @@ class Snapshot:
 
 
 class Reader:
-    """Reads one store: this machine's live segments (cached by size and mtime) and pinned versions."""
+    """Reads one store: this machine's live segments (cached by size and mtime, growing ones read
+    incrementally) and pinned versions."""
 
     def __init__(self, location: Location, table: Table) -> None:
         self.location = location
@@ -161,8 +187,11 @@ class Reader:
             hit = self._segment_cache.get(path)
         if hit and hit[:2] == key:
             return hit[2]
+        # a growing segment is read from where the last read's whole batches ended (it only ever
+        # grows, or shrinks when recovery cuts a torn tail: then it is read again whole)
+        previous = hit[2] if hit and st.st_size > hit[2].total_bytes else None
         try:
-            read = wal.read_segment(path)
+            read = wal.read_segment(path, previous)
         except FileNotFoundError:
             return None  # sealed and deleted since listing: the table has it
         with self._cache_lock:
@@ -192,6 +221,15 @@ class Reader:
         The segments are read before the version is pinned (see the module docstring)."""
         rows = self.live() if live and version is None else LiveRows({})
         table = self.table.snapshot(version, writers=list(rows.by_writer))
+        hidden = rows.hidden_ids(table)
+        if hidden:  # sealed and not deleted yet (a moment's overlap); only hidden if the table really has them
+            missing = self.table.missing_event_ids(hidden, table.files)
+            if missing:
+                raise CorruptionError(
+                    f"table version {table.version} says writers {sorted(rows.by_writer)} sealed events that it does "
+                    f"not hold ({len(missing)} of them, e.g. {missing[0]}): a writer's transaction version in the Delta "
+                    "log is damaged. They stay in the write-ahead log; restore the log from a backup (`trajstore "
+                    "verify` names the entries)")
         return Pinned(table, rows.table(table))
 
     def snapshot(self, version: int | None = None, *, live: bool = True) -> Snapshot:
@@ -201,3 +239,16 @@ class Reader:
     def query(self, sql: str, params: Any = None, *, version: int | None = None) -> pa.Table:
         with self.snapshot(version) as snap:
             return snap.query(sql, params)
+
+    def holds_rollout(self, rollout_id: str) -> bool:
+        """Whether any event of `rollout_id` is stored (sealed, or live on this machine). Reads only the
+        sealed files whose rollout_id statistics can hold it."""
+        pinned = self.pin()
+        if pc.any(pc.equal(pinned.live.column("rollout_id"), rollout_id)).as_py():
+            return True
+        files = files_covering(pinned.table.files, "rollout_id", [rollout_id])
+        if not files:
+            return False
+        found = self.table.open_dataset(files).to_table(columns=["rollout_id"],
+                                                          filter=ds.field("rollout_id") == rollout_id)
+        return found.num_rows > 0

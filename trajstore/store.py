@@ -5,7 +5,7 @@
     store.query(sql) / store.snapshot()      # trajstore.read: a pinned version plus live rows
     store.shard(...)                         # trajstore.shard: the learner's next batch
     store.ingest(path)                       # trajstore.ingest: a JSON-lines file, validated whole
-    store.compact() / verify() / stats()     # trajstore.maintenance
+    store.compact() / vacuum() / verify() / stats()  # trajstore.maintenance
 
 Nothing inside `trajstore/` imports this module: each part takes the narrow collaborators it
 uses (the location, the table, the reader).
@@ -24,7 +24,7 @@ from trajstore import maintenance
 from trajstore.errors import StoreNotFoundError
 from trajstore.ingest import IngestResult, ingest
 from trajstore.location import Location, resolve
-from trajstore.maintenance import CompactResult, Stats, VerifyReport
+from trajstore.maintenance import CompactResult, Stats, VacuumResult, VerifyReport
 from trajstore.read import LiveRows, Pinned, Reader, Snapshot
 from trajstore.shard import Shard, make_shard
 from trajstore.table import Table
@@ -65,6 +65,10 @@ class Store:
         """Run SQL over the views (events, turns, samples, rollouts, groups, advantages, ...)."""
         return self.reader.query(sql, params, version=version)
 
+    def holds_rollout(self, rollout_id: str) -> bool:
+        """Whether the store holds any event of `rollout_id` (sealed, or live on this machine)."""
+        return self.reader.holds_rollout(rollout_id)
+
     def shard(self, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
               estimator: Estimator = "grpo", run: str | None = None, exclude: Iterable[str] = (),
               max_groups: int | None = None) -> Shard:
@@ -84,6 +88,11 @@ class Store:
     def compact(self, *, target_bytes: int = 128 << 20) -> CompactResult:
         """Seal orphaned segments and rewrite small sealed files into larger ones."""
         return maintenance.compact(self.location, self.table, target_bytes=target_bytes)
+
+    def vacuum(self, *, retention_hours: float = maintenance.DEFAULT_RETENTION_HOURS,
+               dry_run: bool = False) -> VacuumResult:
+        """Delete files the table no longer references once older than the retention (see trajstore.maintenance)."""
+        return maintenance.vacuum(self.location, self.table, retention_hours=retention_hours, dry_run=dry_run)
 
     def verify(self) -> VerifyReport:
         """Check every checksum a reader relies on; the report lists every problem."""

@@ -145,12 +145,13 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
     if problems:
         raise ValueError("cannot collect:\n  - " + "\n  - ".join(problems))
     stop = stop or asyncio.Event()
-    store = open_store(settings.store)
-    progress = Progress(settings.run)
+    progress = Progress(settings.run, scored=reward is not None or settings.reward_cmd is not None)
     workdir = Path(settings.workdir or Path(tempfile.gettempdir()) / f"trajstore-{settings.run}").resolve()
     async with AsyncExitStack() as stack:
         client = await _start_policy(settings, stack)
         stack.push_async_callback(client.aclose)
+        await client.models()  # a dead or wrong --server is named now, before any rollout is opened
+        store = open_store(settings.store)
         proxy_url = settings.proxy or await _start_proxy(settings, store, client, stack)
         link = ProxyLink(proxy_url)
         stack.push_async_callback(link.aclose)
@@ -164,8 +165,7 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
                          agent=agent, agent_cmd=settings.agent_cmd, reward=reward, reward_cmd=settings.reward_cmd,
                          keep_workdirs=settings.keep_workdirs, http_client=http)
         reloader = Reloader(client, await served_version(client, settings.policy_version))
-        run = Collection(settings, store, env, reloader, progress, stop,
-                         needs_reward=reward is not None or settings.reward_cmd is not None)
+        run = Collection(settings, store, env, reloader, progress, stop, needs_reward=progress.scored)
         await run.poll_once()  # the learner's newest checkpoint is loaded before the first rollout
         progress.started = time.monotonic()  # rates count collection, not start-up
         done = asyncio.Event()

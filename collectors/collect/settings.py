@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors.policy.contract import TOP_K_MAX
+
 DISPLAYS = ("auto", "live", "plain", "off")
 
 
@@ -36,6 +38,7 @@ class CollectSettings:
     agent_cmd: str | None = None  # shell command, run per rollout in its directory
     reward: str | None = None  # module:function
     reward_cmd: str | None = None  # shell command: exit 0 = 1.0
+    no_reward: bool = False  # collect unscored rollouts on purpose (`trajstore reward` scores them later)
     retries: int = 2
     max_staleness: int | None = None
     groups_per_version: int | None = None  # default: the learner's announcement
@@ -60,8 +63,9 @@ class CollectSettings:
                 out.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
         if self.rollout_timeout <= 0 or self.poll_interval_s <= 0:
             out.append("--rollout-timeout and the poll interval must be positive")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            out.append("sampling needs --temperature >= 0, 0 < --top-p <= 1 and --top-k 0 (off) or >= 1")
+        if not (0 <= self.temperature <= 2 and 0 < self.top_p <= 1 and 0 <= self.top_k <= TOP_K_MAX):
+            out.append(f"sampling needs 0 <= --temperature <= 2, 0 < --top-p <= 1 and --top-k 0 (off) to {TOP_K_MAX} "
+                       f"(got {self.temperature}, {self.top_p}, {self.top_k})")
         if not self.run:
             out.append("--run must name the run")
         given = [f"--{n.replace('_', '-')}" for n in ("agent", "tools", "agent_cmd") if getattr(self, n)]
@@ -69,6 +73,11 @@ class CollectSettings:
             out.append(f"{' and '.join(given)} are all agents: give one (or none for a single model call per rollout)")
         if self.reward and self.reward_cmd:
             out.append("--reward and --reward-cmd both given: give one")
+        if not (self.reward or self.reward_cmd or self.no_reward):
+            out.append("no reward: give --reward MODULE:FN or --reward-cmd CMD; or --no-reward to collect unscored "
+                       "rollouts on purpose (the store counts them untrainable until `trajstore reward` scores them)")
+        if self.no_reward and (self.reward or self.reward_cmd):
+            out.append("--no-reward with --reward or --reward-cmd: give one or the other")
         if not Path(self.tasks).is_file():
             out.append(f"--tasks {self.tasks} does not exist")
         if self.model is None and self.server is None:

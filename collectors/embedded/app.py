@@ -10,7 +10,13 @@ Routes (request and response JSON in `collectors.embedded.protocol`):
 
 Every response carries `X-Policy-Version`; a completion's is the version that sampled its
 tokens, elsewhere the version being served. Errors are OpenAI-style bodies with a message
-that names the problem; no request can stop the server.
+that names the problem; no request can stop the server, and none can fail another: every
+field is range-checked before a request joins a batch.
+
+Limits: a body of at most `MAX_BODY` bytes (a 100k-token prompt is under 1 MB of JSON),
+decoded, and a long text prompt tokenized, off the event loop (`collectors.serving`);
+`load_weights` takes JSON only, from loopback, no other site's `Origin`, and versions up to
+2^63 - 1 (they are stored as int64 with every turn).
 
 `serve_in_thread` (tests, notebooks) and `start_server` (inside a running event loop) start
 it in-process on a loopback port of the OS's choosing; `run` is the blocking CLI entry.
@@ -19,6 +25,7 @@ it in-process on a loopback port of the OS's choosing; `run` is the blocking CLI
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
@@ -46,12 +53,23 @@ from collectors.embedded.protocol import (
 )
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
 from collectors.model.detokenize import IncrementalText
-from collectors.serving import app_in_thread, run_until_interrupted, start_app
+from collectors.policy import MAX_POLICY_VERSION
+from collectors.serving import (
+    BadRequest,
+    ClientGone,
+    app_in_thread,
+    check_control,
+    check_origin,
+    read_json,
+    run_until_interrupted,
+    start_app,
+)
 
 log = logging.getLogger(__name__)
 ENGINE = web.AppKey("engine", Engine)
 MODEL_NAME = web.AppKey("model_name", str)
-MAX_BODY = 64 << 20  # a 100k-token prompt is under 1 MB of JSON
+MAX_BODY = 8 << 20
+TOKENIZE_OFF_LOOP_CHARS = 64 << 10  # longer text prompts are tokenized on a worker thread
 
 
 def _json(data: Any, status: int = 200, version: int | None = None) -> web.Response:
@@ -68,9 +86,15 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Route, size and unexpected failures become OpenAI-style JSON errors; the server keeps serving."""
     version = request.app[ENGINE].policy_version
     try:
+        check_origin(request)
         return await handler(request)
     except RequestError as exc:
         return _error(exc, version)
+    except BadRequest as exc:
+        return _error(RequestError(exc.message, status=exc.status), version)
+    except ClientGone as exc:  # nobody is left to answer
+        log.info("%s", exc)
+        return _error(RequestError(str(exc)), version)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -85,21 +109,15 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
                      status=500, version=version)
 
 
-async def _body(request: web.Request) -> Any:
-    try:
-        return json.loads(await request.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}") from exc
-
-
 async def completions(request: web.Request) -> web.Response:
     engine, model_name = request.app[ENGINE], request.app[MODEL_NAME]
-    job = parse_completion_request(await _body(request))
+    job = parse_completion_request(await read_json(request, MAX_BODY))
     if job.model is not None and job.model != model_name:
         raise RequestError(f"The model `{job.model}` does not exist; this server serves `{model_name}` "
                            "(see GET /v1/models)", param="model", status=404, kind="NotFoundError")
     if isinstance(job.prompt, str):
-        prompt_ids = engine.tokenizer.encode(job.prompt, add_special_tokens=True)
+        encode = functools.partial(engine.tokenizer.encode, job.prompt, add_special_tokens=True)
+        prompt_ids = await asyncio.to_thread(encode) if len(job.prompt) > TOKENIZE_OFF_LOOP_CHARS else encode()
     else:
         prompt_ids = job.prompt
     check_prompt(prompt_ids, job.params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len)
@@ -219,13 +237,15 @@ async def load_weights(request: web.Request) -> web.Response:
     if not _is_loopback(request.remote):
         raise RequestError(f"load_weights is served to loopback callers only (this call came from {request.remote}); "
                            "call it on the server's machine", status=403, kind="PermissionDeniedError")
-    body = await _body(request)
+    check_control(request)
+    body = await read_json(request, MAX_BODY)
     path, version = (body.get("path"), body.get("version")) if isinstance(body, dict) else (None, None)
     if not isinstance(path, str) or not path:
         raise RequestError('`path` must be the checkpoint directory, e.g. {"path": "ckpt/v3", "version": 3}',
                            param="path")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise RequestError(f"`version` must be an integer policy version, got {version!r}", param="version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= MAX_POLICY_VERSION:
+        raise RequestError(f"`version` must be an integer policy version from 0 to {MAX_POLICY_VERSION}, got "
+                           f"{version!r}", param="version")
     try:
         await asyncio.get_running_loop().run_in_executor(None, engine.load_weights, path, version)
     except VersionConflict as exc:

@@ -209,7 +209,12 @@ class Engine:
                on_done: Callable[[Completion | BaseException], None],
                on_token: TokenCallback | None = None) -> _Sequence:
         """Queue a request; `on_done` is called from the engine thread with the result or an error, and
-        `on_token((id, logprob, top, version))` with each token as it is sampled (before `on_done`)."""
+        `on_token((id, logprob, top, version))` with each token as it is sampled (before `on_done`).
+
+        Parameters out of range are refused here (ValueError), before they can fail a whole batch."""
+        problems = params.problems()
+        if problems:
+            raise ValueError("invalid sampling parameters: " + "; ".join(problems))
         seq = _Sequence(list(prompt_ids), params, on_done, on_token=on_token)
         with self._cond:
             if self._closed:

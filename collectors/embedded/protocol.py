@@ -29,6 +29,7 @@ vLLM returns under `--logprobs-mode processed_logprobs` (see `collectors.embedde
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,10 +37,9 @@ from typing import Any
 
 from collectors.embedded.engine import Completion
 from collectors.errors import CollectorError
-from collectors.policy import SamplingParams
+from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
-INT64 = (-(2**63), 2**63 - 1)
 REFUSED = {
     "n": (lambda v: v not in (None, 1), "n={v} is not supported: send one request per sample (with different seeds)"),
     "best_of": (lambda v: v not in (None, 1), "best_of={v} is not supported: send one request per sample"),
@@ -118,10 +118,11 @@ def parse_completion_request(body: Any) -> CompletionJob:
     else:
         bad("prompt", "`prompt` is required: a non-empty string or a non-empty list of integer token ids")
     max_tokens = get("max_tokens", lambda v: _is_int(v) and v >= 1, 16, "an integer >= 1")
-    temperature = get("temperature", lambda v: _is_number(v) and v >= 0, 1.0, "a number >= 0")
+    temperature = get("temperature", lambda v: _is_number(v) and 0 <= v < math.inf, 1.0, "a finite number >= 0")
     top_p = get("top_p", lambda v: _is_number(v) and 0 < v <= 1, 1.0, "a number in (0, 1]")
-    top_k = get("top_k", lambda v: _is_int(v) and v >= -1, 0, "an integer >= 1, or 0 / -1 for no top-k")
-    seed = get("seed", lambda v: _is_int(v) and INT64[0] <= v <= INT64[1], None, "a 64-bit integer")
+    top_k = get("top_k", lambda v: _is_int(v) and -1 <= v <= TOP_K_MAX, 0,
+                f"an integer from 1 to {TOP_K_MAX}, or 0 / -1 for no top-k")
+    seed = get("seed", lambda v: _is_int(v) and SEED_MIN <= v <= SEED_MAX, None, "a 64-bit integer")
     logprobs = get("logprobs", lambda v: _is_int(v) and 0 <= v <= MAX_LOGPROBS, None,
                    f"an integer from 0 to {MAX_LOGPROBS}")
     stop = body.get("stop")

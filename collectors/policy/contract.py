@@ -10,11 +10,18 @@ sampled (`Chunk`s, joined by `StreamedSample` into the `Sample` that `complete` 
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
+
+# The ranges every edge checks (the embedded server, the proxy's wire protocols), so a value that
+# would overflow a tensor or a stored column is refused with a 400 and never reaches a batch.
+TOP_K_MAX = 2**31 - 1  # far above any vocabulary: top_k beyond the vocabulary keeps every token
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's: a 64-bit integer
+MAX_POLICY_VERSION = 2**63 - 1  # versions are stored as int64 with every turn
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,21 @@ class SamplingParams:
     logprobs: int | None = None  # how many top alternatives to report per token (the sampled one always is)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+
+    def problems(self) -> list[str]:
+        """Values outside the ranges above (the edges refuse them first; the engine checks again)."""
+        out = []
+        if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+            out.append(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            out.append(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            out.append(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not 0 <= self.top_k <= TOP_K_MAX:
+            out.append(f"top_k must be 0 (off) to {TOP_K_MAX}, got {self.top_k!r}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            out.append(f"seed must be a 64-bit integer, got {self.seed!r}")
+        return out
 
     @property
     def greedy(self) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 from multidict import CIMultiDict
 
 from collectors.errors import VersionConflict, WeightLoadError
-from collectors.policy.contract import Chunk, Sample, SamplingParams
+from collectors.policy.contract import MAX_POLICY_VERSION, Chunk, Sample, SamplingParams
 from collectors.policy.http import (
     Http,
     PolicyServerBadResponse,
@@ -76,6 +76,10 @@ class EmbeddedClient:
             raise PolicyServerBadResponse(
                 f"the policy server at {self.base_url} reported no policy version (field `policy_version`, header "
                 "X-Policy-Version); is it `trajstore serve`? For vLLM use VLLMClient", url=self.base_url)
+        if not 0 <= version <= MAX_POLICY_VERSION:
+            raise PolicyServerBadResponse(
+                f"the policy server at {self.base_url} reported policy version {version}, outside 0..."
+                f"{MAX_POLICY_VERSION} (the versions a turn can be stored with)", url=self.base_url)
         self.policy_version = max(version, self.policy_version or 0)
         return version
 

@@ -28,6 +28,10 @@ keys and sub-agent sessions):
     OPENAI_BASE_URL=... OPENAI_API_KEY=... / ANTHROPIC_BASE_URL=... ANTHROPIC_API_KEY=...  (agent CLIs)
 
 The rollout routes are for the orchestrator: bind the proxy to loopback or a private network.
+They take JSON only and no other site's `Origin` (no browser page can open or close a
+rollout), and check a whole request before changing anything: a close with a NaN reward or
+an empty reward name is a 400 and the rollout stays open for a valid close. Bodies are at most
+`MAX_BODY` bytes, decoded off the event loop when large (`collectors.serving`).
 A streamed call streams from the policy server: its tokens reach the agent as they are
 sampled, and its last event is sent once the turn is durable (see `collectors.proxy.capture`
 for what happens when the agent leaves mid-stream). Every failure under a rollout's base URL,
@@ -41,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -57,11 +62,22 @@ from collectors.proxy.chat import ChatError, is_int
 from collectors.proxy.render import ChatRenderer
 from collectors.proxy.sessions import SESSION_HEADER, Rollout, split_key
 from collectors.proxy.wire import WIRES, AnthropicMessages, OpenAIChat, WireProtocol
-from collectors.serving import app_in_thread, run_until_interrupted, start_app
+from collectors.serving import (
+    BadRequest,
+    ClientGone,
+    app_in_thread,
+    check_control,
+    check_origin,
+    read_json,
+    run_until_interrupted,
+    start_app,
+)
 from trajstore import Store, open_store
+from trajstore.schema import TERMINAL_STATUSES
+from trajstore.tokens import INT32_MAX as MAX_GROUP_SIZE  # stored as int32 with every status event
 
 log = logging.getLogger(__name__)
-MAX_BODY = 64 << 20
+MAX_BODY = 16 << 20  # a whole 128k-token conversation with its tools is a few MB of JSON
 
 
 @dataclass(frozen=True)
@@ -153,9 +169,16 @@ def _error(request: web.Request, err: ChatError) -> web.Response:
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure answers in the protocol of the route: OpenAI's error shape, Anthropic's on /v1/messages."""
     try:
+        check_origin(request)
         return await handler(request)
     except ChatError as err:
         return _error(request, err)
+    except BadRequest as exc:
+        kind = {403: "permission", 413: "invalid_request", 415: "invalid_request"}.get(exc.status, "invalid_request")
+        return _error(request, ChatError(exc.message, status=exc.status, kind=kind))
+    except ClientGone as exc:  # nobody is left to answer: one line in the log, no traceback
+        log.info("%s", exc)
+        return _error(request, ChatError(str(exc)))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -170,14 +193,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 async def _body(request: web.Request) -> Any:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise ChatError(f"the request body is over {MAX_BODY >> 20} MiB", status=413) from exc
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ChatError(f"the request body is not valid JSON: {exc}") from exc
+    return await read_json(request, MAX_BODY)
 
 
 def _header_keys(request: web.Request) -> list[str]:
@@ -253,16 +269,21 @@ def _optional(body: dict[str, Any], name: str, check: Callable[[Any], bool], exp
     return value
 
 
+_TEXT = (lambda v: isinstance(v, str) and 0 < len(v) <= 200, "a string of 1 to 200 characters")
+
+
 async def open_rollout(request: web.Request) -> web.Response:
     capture = request.app[STATE].capture
+    if request.can_read_body:
+        check_control(request)
     body = await _body(request) if request.can_read_body else {}
     if not isinstance(body, dict):
         raise ChatError("the body must be a JSON object such as {\"group_id\": \"task-7\", \"group_size\": 8}")
-    text = (lambda v: isinstance(v, str) and 0 < len(v) <= 200, "a non-empty string")
     rollout = await capture.open_rollout(
-        run=_optional(body, "run", *text), group_id=_optional(body, "group_id", *text),
-        rollout_id=_optional(body, "rollout_id", *text),
-        group_size=_optional(body, "group_size", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+        run=_optional(body, "run", *_TEXT), group_id=_optional(body, "group_id", *_TEXT),
+        rollout_id=_optional(body, "rollout_id", *_TEXT),
+        group_size=_optional(body, "group_size", lambda v: is_int(v) and 1 <= v <= MAX_GROUP_SIZE,
+                             f"an integer from 1 to {MAX_GROUP_SIZE}"),
         meta=_optional(body, "meta", lambda v: isinstance(v, dict), "a JSON object"))
     origin = f"{request.scheme}://{request.host}"
     return web.json_response({
@@ -282,7 +303,13 @@ def _owned_rollout(request: web.Request) -> Rollout:
                     status=401, kind="authentication")
 
 
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 async def close_rollout(request: web.Request) -> web.Response:
+    """Validate the whole close first: nothing about the rollout changes for a request that is refused."""
+    check_control(request)
     rollout = _owned_rollout(request)
     if rollout.closed:
         raise ChatError(f"rollout {rollout.rollout_id} is already closed (status {rollout.status})", status=409,
@@ -290,14 +317,18 @@ async def close_rollout(request: web.Request) -> web.Response:
     body = await _body(request)
     if not isinstance(body, dict):
         raise ChatError('the body must be a JSON object such as {"status": "completed", "reward": 1.0}')
-    number = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number")
     rewards = dict(_optional(body, "rewards", lambda v: isinstance(v, dict) and all(
-        isinstance(k, str) and number[0](x) for k, x in v.items()), "an object of reward name -> number") or {})
-    reward = _optional(body, "reward", *number)
+        _TEXT[0](k) and _finite(x) for k, x in v.items()),
+        "an object of reward name (1 to 200 characters) -> finite number") or {})
+    reward = _optional(body, "reward", _finite, "a finite number")
     if reward is not None:
         rewards["reward"] = reward
+    status = body.get("status")
+    if status not in TERMINAL_STATUSES:
+        raise ChatError(f"`status` must be one of {', '.join(sorted(TERMINAL_STATUSES))}, got {status!r}",
+                        param="status")
     summary = await request.app[STATE].capture.close_rollout(
-        rollout, status=str(body.get("status")), rewards={k: float(v) for k, v in rewards.items()},
+        rollout, status=status, rewards={k: float(v) for k, v in rewards.items()},
         error=_optional(body, "error", lambda v: isinstance(v, str), "a string"),
         meta=_optional(body, "meta", lambda v: isinstance(v, dict), "a JSON object"))
     return web.json_response(summary)
@@ -335,7 +366,7 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
         client = client_factory()
         writer = store.writer(config.writer)
         capture = Capture(client, renderer, writer, run=config.run, max_model_len=max_len,
-                          default_max_tokens=config.default_max_tokens)
+                          default_max_tokens=config.default_max_tokens, stored=store.holds_rollout)
         names = [*config.model_names, *await _served_names(client)]
         app[STATE] = ProxyState(capture, config, names)
 

@@ -21,17 +21,21 @@ stops sampling it) and stores nothing: the agent never received that reply, so n
 of its can extend it; it is counted in /stats (`stream_disconnects`). An upstream failure
 before the first token is an HTTP error; after it, the protocol's error event ends the stream.
 `max_tokens` above the room left in the context is lowered to that room (finish `length`
-says so); a prompt that leaves no room at all is refused. Rollout open and close write
-`status` (and `reward`) events.
+says so); a prompt that leaves no room at all is refused. A long prompt is tokenized on a
+worker thread, so the event loop keeps serving others. Rollout open and close write
+`status` (and `reward`) events; a rollout id the caller chooses is refused when the store
+already holds it (opened by another proxy, or by this one before a restart): a rollout is
+opened once, so nobody can overwrite another's reward or status.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,10 +50,11 @@ from collectors.proxy.segmenter import TurnPlan, plan_turn, record_turn
 from collectors.proxy.sessions import Registry, Rollout, SessionSlot
 from collectors.proxy.streaming import ReplyStream, TextStream
 from collectors.proxy.wire import WireProtocol, stream_body
-from trajstore import Reward, Status, Turn, Writer, new_id
+from trajstore import InvalidEventError, Reward, Status, Turn, Writer, new_id
 from trajstore.schema import TERMINAL_STATUSES
 
 log = logging.getLogger(__name__)
+TOKENIZE_OFF_LOOP_CHARS = 64 << 10
 
 
 @dataclass
@@ -122,8 +127,9 @@ class Capture:
     """Shared state of a proxy: upstream client, renderer, store writer, rollouts, counters."""
 
     def __init__(self, client: PolicyClient, renderer: ChatRenderer, writer: Writer, *, run: str,
-                 max_model_len: int, default_max_tokens: int) -> None:
-        self.client, self.renderer, self.writer = client, renderer, writer
+                 max_model_len: int, default_max_tokens: int,
+                 stored: Callable[[str], bool] = lambda rollout_id: False) -> None:
+        self.client, self.renderer, self.writer, self.stored = client, renderer, writer, stored
         self.run, self.max_model_len, self.default_max_tokens = run, max_model_len, default_max_tokens
         self.registry = Registry()
         self.stats = ProxyStats()
@@ -132,6 +138,8 @@ class Capture:
     async def _append(self, events: list[Any]) -> None:
         try:
             await self._appender.append(events)
+        except InvalidEventError as exc:  # values the request carried that the store cannot take
+            raise ChatError(f"nothing was recorded: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - the agent must hear why nothing was recorded
             log.exception("appending %d event(s) failed", len(events))
             raise ChatError(f"the trajectory store refused the event(s): {type(exc).__name__}: {exc}; nothing was "
@@ -144,14 +152,17 @@ class Capture:
                             "shorten or compact the conversation", param="messages")
         return min(req.max_tokens or self.default_max_tokens, room)
 
-    def _prepare(self, rollout: Rollout, session: str, slot: SessionSlot, req: ChatRequest,
-                 wire: WireProtocol) -> Prepared:
+    async def _prepare(self, rollout: Rollout, session: str, slot: SessionSlot, req: ChatRequest,
+                       wire: WireProtocol) -> Prepared:
         if rollout.closed:
             raise ChatError(f"rollout {rollout.rollout_id} was closed while this call waited", status=401,
                             kind="authentication")
         messages, history = reconcile(req.messages, slot.state.answered)
         prompt_text = self.renderer.prompt_text(req, messages)
-        plan = plan_turn(slot.state, prompt_text, self.renderer.encode, new_id)
+        if len(prompt_text) > TOKENIZE_OFF_LOOP_CHARS:  # tokenizing megabytes would stall every other call
+            plan = await asyncio.to_thread(plan_turn, slot.state, prompt_text, self.renderer.encode, new_id)
+        else:
+            plan = plan_turn(slot.state, prompt_text, self.renderer.encode, new_id)
         return Prepared(rollout, session, slot, req, wire, messages, history, prompt_text, plan,
                         self._max_tokens(req, len(plan.full_ids)), _hex_id(wire.reply_prefix), int(time.time()))
 
@@ -224,7 +235,7 @@ class Capture:
         Returns the reply and its response body in `wire`'s protocol (as stored)."""
         slot = rollout.session(session)
         async with slot.lock:
-            prep = self._prepare(rollout, session, slot, req, wire)
+            prep = await self._prepare(rollout, session, slot, req, wire)
             if req.max_tokens == 0:
                 empty = self._empty(prep)
                 return empty, wire.response(empty, req.options)
@@ -248,7 +259,7 @@ class Capture:
         upstream request and stores nothing."""
         slot = rollout.session(session)
         async with slot.lock:
-            prep = self._prepare(rollout, session, slot, req, wire)
+            prep = await self._prepare(rollout, session, slot, req, wire)
             if req.max_tokens == 0:
                 yield stream_body(wire, self._empty(prep), req.options)
                 return
@@ -315,6 +326,11 @@ class Capture:
 
     async def open_rollout(self, *, run: str | None, group_id: str | None, rollout_id: str | None,
                            group_size: int | None, meta: dict[str, Any] | None) -> Rollout:
+        if rollout_id is not None and rollout_id not in self.registry.by_id and \
+                await asyncio.to_thread(self.stored, rollout_id):
+            raise ChatError(f"rollout {rollout_id!r} is already in the store (opened by another proxy, or by this one "
+                            "before a restart); a rollout is opened once: leave rollout_id out to get a fresh one",
+                            status=409, kind="conflict", param="rollout_id")
         rollout_id = rollout_id or new_id()
         rollout = self.registry.open(run=run or self.run, group_id=group_id or rollout_id, rollout_id=rollout_id,
                                      group_size=group_size, meta=meta)

@@ -23,7 +23,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from collectors.errors import CollectorError
-from collectors.policy import SamplingParams
+from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 from collectors.proxy.toolcalls import ToolCall
 
 Message = dict[str, Any]
@@ -32,8 +32,8 @@ Message = dict[str, Any]
 class ChatError(CollectorError):
     """A request the proxy refuses or cannot serve; each protocol renders it in its own error shape.
 
-    `kind` is one of: invalid_request (400, 413), authentication (401), not_found (404),
-    conflict (409), upstream (502), internal (500).
+    `kind` is one of: invalid_request (400, 413, 415), authentication (401), permission (403),
+    not_found (404), conflict (409), upstream (502), internal (500).
     """
 
     def __init__(self, message: str, *, status: int = 400, kind: str = "invalid_request",
@@ -119,14 +119,27 @@ class Problems:
             return default
         return float(value)
 
-    def integer(self, body: dict[str, Any], name: str, low: int, default: int | None) -> int | None:
+    def integer(self, body: dict[str, Any], name: str, low: int, default: int | None,
+                high: int | None = None) -> int | None:
         value = body.get(name)
         if value is None:
             return default
-        if not is_int(value) or value < low:
-            self.add(name, f"`{name}` must be an integer >= {low}, got {value!r}")
+        if not is_int(value) or value < low or (high is not None and value > high):
+            bound = f"from {low} to {high}" if high is not None else f">= {low}"
+            self.add(name, f"`{name}` must be an integer {bound}, got {value!r}")
             return default
         return int(value)
+
+    def sampling(self, body: dict[str, Any], *, temperature_max: float, top_k_low: int) -> SamplingParams:
+        """temperature, top_p, top_k and seed, each checked against the range every edge uses
+        (`collectors.policy.contract`), so no value fails upstream or in someone else's batch."""
+        temperature = self.number(body, "temperature", 0.0, temperature_max, 1.0)
+        top_p = self.number(body, "top_p", 0.0, 1.0, 1.0)
+        if top_p == 0:
+            self.add("top_p", "`top_p` must be above 0")
+        top_k = self.integer(body, "top_k", top_k_low, 0, TOP_K_MAX) or 0
+        seed = self.integer(body, "seed", SEED_MIN, None, SEED_MAX)
+        return SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed)
 
 
 def start_request(body: Any) -> tuple[Problems, str]:

@@ -28,18 +28,17 @@ RawMessageDeltaEvent, RawMessageStopEvent):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
 
-from collectors.policy import SamplingParams
 from collectors.proxy.chat import (
     ChatError,
     ChatReply,
     ChatRequest,
     Message,
     Problems,
-    is_int,
     start_request,
     template_tools,
 )
@@ -60,6 +59,15 @@ def _blocks(content: Any, where: str, problems: Problems) -> list[dict[str, Any]
     return []
 
 
+def _text(block: dict[str, Any], key: str, where: str, problems: Problems) -> str:
+    """A text-bearing block's `key` (text, thinking) as a string; anything else is a problem, not a 500."""
+    value = block.get(key, "")
+    if not isinstance(value, str):
+        problems.add(where, f"{where}.{key} must be a string, got {type(value).__name__}")
+        return ""
+    return value
+
+
 def _result_text(content: Any, where: str, problems: Problems) -> str:
     if content is None:
         return ""
@@ -67,7 +75,7 @@ def _result_text(content: Any, where: str, problems: Problems) -> str:
     for i, b in enumerate(blocks):
         if b.get("type") != "text":
             problems.add(where, f"{where}[{i}] has type {b.get('type')!r}: only text tool results are supported")
-    return "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    return "".join(_text(b, "text", f"{where}[{i}]", problems) for i, b in enumerate(blocks) if b.get("type") == "text")
 
 
 def _assistant(blocks: list[dict[str, Any]], where: str, problems: Problems) -> Message:
@@ -75,9 +83,9 @@ def _assistant(blocks: list[dict[str, Any]], where: str, problems: Problems) -> 
     for i, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "text":
-            texts.append(b.get("text", ""))
+            texts.append(_text(b, "text", f"{where}[{i}]", problems))
         elif kind == "thinking":
-            thoughts.append(b.get("thinking", ""))
+            thoughts.append(_text(b, "thinking", f"{where}[{i}]", problems))
         elif kind == "tool_use":
             if not isinstance(b.get("name"), str) or not isinstance(b.get("input"), dict):
                 problems.add(where, f"{where}[{i}] tool_use needs a string `name` and an object `input`")
@@ -99,7 +107,7 @@ def _user(blocks: list[dict[str, Any]], where: str, problems: Problems) -> list[
     for i, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "text":
-            texts.append(b.get("text", ""))
+            texts.append(_text(b, "text", f"{where}[{i}]", problems))
         elif kind == "tool_result":
             results.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
                             "content": _result_text(b.get("content"), f"{where}[{i}].content", problems)})
@@ -115,7 +123,8 @@ def _system(content: Any, where: str, problems: Problems) -> Message:
     blocks = _blocks(content, where, problems)
     if any(b.get("type") != "text" for b in blocks):
         problems.add(where, f"`{where}` blocks must be text blocks")
-    return {"role": "system", "content": "".join(b.get("text", "") for b in blocks)}
+    return {"role": "system", "content": "".join(_text(b, "text", f"{where}[{i}]", problems)
+                                                 for i, b in enumerate(blocks))}
 
 
 def translate_messages(system: Any, messages: Any, problems: Problems) -> list[Message]:
@@ -178,14 +187,7 @@ def parse_request(body: Any) -> ChatRequest:
     messages = translate_messages(body.get("system"), body.get("messages"), p)
     tools = translate_tools(body.get("tools"), p)
     parse_tools = _tool_choice(body.get("tool_choice"), tools, p)
-    temperature = p.number(body, "temperature", 0.0, 1.0, 1.0)
-    top_p = p.number(body, "top_p", 0.0, 1.0, 1.0)
-    if top_p == 0:
-        p.add("top_p", "`top_p` must be above 0")
-    top_k = p.integer(body, "top_k", 0, 0)
-    seed = body.get("seed")
-    if seed is not None and not is_int(seed):
-        p.add("seed", f"`seed` must be an integer, got {seed!r}")
+    sampling = p.sampling(body, temperature_max=1.0, top_k_low=0)
     stops = body.get("stop_sequences") or []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         p.add("stop_sequences", f"`stop_sequences` must be a list of non-empty strings, got {stops!r}")
@@ -196,8 +198,7 @@ def parse_request(body: Any) -> ChatRequest:
     p.raise_any()
     return ChatRequest(
         protocol=PROTOCOL, model=model, messages=messages, tools=tools, parse_tools=parse_tools,
-        max_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k or 0,
-                                                       seed=seed, stop=tuple(stops)), stream=bool(stream),
+        max_tokens=max_tokens, sampling=dataclasses.replace(sampling, stop=tuple(stops)), stream=bool(stream),
         continue_final=messages[-1]["role"] == "assistant")
 
 
@@ -298,6 +299,7 @@ class EventWriter:
 
 
 _ERROR_TYPES = {"invalid_request": "invalid_request_error", "authentication": "authentication_error",
+                "permission": "permission_error",
                 "not_found": "not_found_error", "conflict": "invalid_request_error", "upstream": "api_error",
                 "internal": "api_error"}
 

@@ -25,18 +25,17 @@ ChatCompletionChunk, ChoiceDeltaToolCall, CompletionUsage) and vLLM's extensions
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
 
-from collectors.policy import SamplingParams
 from collectors.proxy.chat import (
     ChatError,
     ChatReply,
     ChatRequest,
     Message,
     Problems,
-    is_int,
     start_request,
     template_tools,
 )
@@ -171,14 +170,7 @@ def parse_request(body: Any) -> ChatRequest:
     max_tokens = p.integer(body, "max_completion_tokens", 1, None)
     if max_tokens is None:
         max_tokens = p.integer(body, "max_tokens", 1, None)
-    temperature = p.number(body, "temperature", 0.0, 2.0, 1.0)
-    top_p = p.number(body, "top_p", 0.0, 1.0, 1.0)
-    if top_p == 0:
-        p.add("top_p", "`top_p` must be above 0")
-    top_k = p.integer(body, "top_k", -1, 0)  # vLLM's extension; -1 and 0 both mean off
-    seed = body.get("seed")
-    if seed is not None and not is_int(seed):
-        p.add("seed", f"`seed` must be an integer, got {seed!r}")
+    sampling = p.sampling(body, temperature_max=2.0, top_k_low=-1)  # top_k: vLLM's; -1 and 0 both mean off
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
@@ -198,8 +190,7 @@ def parse_request(body: Any) -> ChatRequest:
     p.raise_any()
     return ChatRequest(
         protocol=PROTOCOL, model=model, messages=messages, tools=tools, parse_tools=parse_tools,
-        max_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
-                                                       seed=seed, stop=tuple(stops), logprobs=top or None),
+        max_tokens=max_tokens, sampling=dataclasses.replace(sampling, stop=tuple(stops), logprobs=top or None),
         stream=bool(stream),
         options={"include_usage": bool(options.get("include_usage")), "logprobs": logprobs, "top_logprobs": top})
 
@@ -297,6 +288,7 @@ class ChunkWriter:
 _ERROR_TYPES = {
     "invalid_request": ("invalid_request_error", None),
     "authentication": ("invalid_request_error", "invalid_api_key"),
+    "permission": ("invalid_request_error", "forbidden"),
     "not_found": ("invalid_request_error", "model_not_found"),
     "conflict": ("invalid_request_error", "conflict"),
     "upstream": ("server_error", "upstream_error"),

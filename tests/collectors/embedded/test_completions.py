@@ -25,7 +25,7 @@ def test_every_problem_is_reported_naming_the_first_field() -> None:
         parse_completion_request({"prompt": [1], "max_tokens": True, "temperature": "hot", "logprobs": 21,
                                   "seed": 2**64, "stop": [""], "return_token_ids": "yes"})
     message = err.value.message
-    for fragment in ("`max_tokens` must be an integer >= 1, got True", "`temperature` must be a number >= 0",
+    for fragment in ("`max_tokens` must be an integer >= 1, got True", "`temperature` must be a finite number >= 0",
                      "`logprobs` must be an integer from 0 to 20", "`seed` must be a 64-bit integer",
                      "`stop` must be", "`return_token_ids` must be true or false"):
         assert fragment in message
