@@ -24,6 +24,7 @@ from cli.learn_cmd import learn
 from cli.options import Commands, store_option
 from cli.proxy_cmd import proxy
 from cli.replay_cmd import replay
+from cli.view_cmd import view
 
 console = Console()
 
@@ -257,6 +258,7 @@ main.add_command(collect)
 main.add_command(reward)
 main.add_command(learn)
 main.add_command(demo)
+main.add_command(view)
 
 if __name__ == "__main__":
     main()

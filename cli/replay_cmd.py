@@ -17,19 +17,11 @@ from rich.text import Text
 
 import trajstore
 from cli.options import store_option
-from collectors.replay import Decode, Episode, ReplayTurn, Span, load_episode, token_rows
+from collectors.replay import Decode, Episode, ReplayTurn, Span, load_episode, token_rows, tokenizer_decode
 
 STYLES = {"prompt": "dim", "sampled": "bold green", "sampled_masked": "yellow"}
 LABELS = {"prompt": "prompt / tool observation", "sampled": "sampled (trainable)",
           "sampled_masked": "sampled, masked out of the loss"}
-
-
-def tokenizer_decode(model_dir: str) -> Decode:
-    """Decode with the checkpoint's tokenizer, special tokens kept: the template is part of what the model saw."""
-    from transformers import AutoTokenizer  # heavy: loaded only with --model
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
 
 def _span_text(span: Span) -> str:

@@ -23,16 +23,14 @@ Each step reads only the rows of the groups it needs, through the same SQL views
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajstore.read import Reader, Snapshot
+from trajstore.read import Reader, Snapshot, files_covering, rows_where
 from trajstore.schema import EVENT_SCHEMA
-from trajstore.table import FileInfo, Table
 from trajstore.views import ESTIMATORS, Estimator
 
 # Step 2 needs scalars only; step 3 the token lists too, never the request/response JSON (training needs none of it).
@@ -69,39 +67,6 @@ class Shard:
 
     def __len__(self) -> int:
         return self.samples.num_rows
-
-
-def files_covering(files: Iterable[FileInfo], column: str, values: list[str]) -> list[FileInfo]:
-    """Files whose [min, max] of `column` contains at least one of the sorted `values`."""
-    out = []
-    for f in files:
-        if not f.min:  # a file without statistics: it may hold anything
-            out.append(f)
-            continue
-        lo, hi = f.min.get(column), f.max.get(column)
-        if lo is None or hi is None:
-            continue  # statistics say the column is all null here
-        i = bisect.bisect_left(values, lo)
-        if i < len(values) and values[i] <= hi:
-            out.append(f)
-    return out
-
-
-def _rows(table: Table, files: list[FileInfo], live: pa.Table, column: str, values: list[str],
-          columns: list[str] | None = None) -> pa.Table:
-    """Rows of sealed `files` and live rows whose `column` is in `values`, all schema columns
-    (those not in `columns` are null)."""
-    keep = pa.array(values, pa.string())
-    expr = pc.field(column).isin(keep)
-    sealed = table.open_dataset(files).to_table(filter=expr, columns=columns)
-    live_part = live.filter(pc.is_in(live.column(column), value_set=keep))
-    if columns is not None:
-        live_part = live_part.select(columns)
-    data = pa.concat_tables([sealed, live_part.cast(sealed.schema)])
-    for f in EVENT_SCHEMA:  # views bind every column; unread ones are null
-        if f.name not in data.column_names:
-            data = data.append_column(f, pa.nulls(data.num_rows, f.type))
-    return data.select(EVENT_SCHEMA.names)
 
 
 def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
@@ -149,7 +114,7 @@ def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_r
 
         # 2. whole candidate groups (scalar columns only): completeness, staleness, order, budget
         files = files_covering(table.files, "group_id", candidates)
-        snap.use_rows(_rows(reader.table, files, live, "group_id", candidates, columns=_SCALARS))
+        snap.use_rows(rows_where(reader.table, files, live, "group_id", candidates, columns=_SCALARS))
         chosen = snap.query(
             """
             WITH ok AS (
@@ -169,7 +134,7 @@ def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_r
         # 3. samples of the chosen groups' trainable rollouts, with the rollout's advantage
         chosen_sorted = sorted(chosen)
         chosen_files = files_covering(files, "group_id", chosen_sorted)
-        snap.use_rows(_rows(reader.table, chosen_files, live, "group_id", chosen_sorted, columns=_SAMPLE_COLUMNS))
+        snap.use_rows(rows_where(reader.table, chosen_files, live, "group_id", chosen_sorted, columns=_SAMPLE_COLUMNS))
         samples = snap.query(
             f"""
             SELECT s.run, s.group_id, s.rollout_id, s.segment_id, s.tokens, s.loss_mask, s.logprobs,
