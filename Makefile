@@ -1,6 +1,7 @@
 # The two commands of the README, each installing what it needs into .venv:
 #   make demo   runs the main job on the embedded default (CPU, no downloads)
-#   make test   runs the test suite (make test-fast: without the tests marked slow, the inner loop)
+#   make test   runs the test suite (make test-fast: without the tests marked slow, the inner loop);
+#               it installs Debian's chromium first when missing (the viewer's browser tests drive it)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -16,15 +17,24 @@ $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
-.PHONY: demo test test-fast bench clean
+# Debian's chromium for tests/collectors/viewer/test_browser.py (Playwright drives it; it never downloads a
+# browser). apt-get needs root, as CI has; elsewhere sudo is tried.
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test test-fast bench clean chromium
+chromium:
+	@[ -x $(CHROMIUM) ] || { echo "installing Debian's chromium (for the viewer's browser tests)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
 demo: $(VENV)/.installed
 	rm -rf trajstore-demo
 	$(VENV)/bin/trajstore demo --dir trajstore-demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed chromium
 	$(PY) -m pytest -q
 
-test-fast: $(VENV)/.installed
+test-fast: $(VENV)/.installed chromium
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.bench
@@ -34,6 +44,7 @@ bench: $(VENV)/.bench
 	$(PY) benchmarks/proxy.py
 	$(PY) benchmarks/collect.py
 	$(PY) benchmarks/learn.py
+	$(PY) benchmarks/view.py
 
 clean:
-	rm -rf $(VENV) trajstore-demo walkthrough-store .pytest_cache
+	rm -rf $(VENV) trajstore-demo walkthrough-store .pytest_cache test-artifacts

@@ -326,7 +326,27 @@ def make_app(store: Store, *, model: str | None = None) -> web.Application:
         app.router.add_get(f"{prefix}/groups/{{group_id}}", group_page)
     app.router.add_get("/api/rollouts/{rollout_id}/tokens", tokens_api)
     app.router.add_static("/static/", HERE / "static", append_version=True)
+    app.on_startup.append(_load_tokenizer)
+    app.on_cleanup.append(_close)
     return app
+
+
+async def _close(app: web.Application) -> None:
+    app[SOURCE].close()
+
+
+async def _load_tokenizer(app: web.Application) -> None:
+    """Load the tokenizer in the background (importing transformers takes seconds): the first episode
+    page then does not wait for it, or waits less. A failure shows on the first page that decodes."""
+    source = app[SOURCE]
+
+    def load() -> None:
+        try:
+            source.decode()
+        except Exception:  # noqa: BLE001 - reported by the page that needs it
+            log.warning("could not load the tokenizer of %s", source.model, exc_info=True)
+
+    asyncio.get_running_loop().run_in_executor(None, load)
 
 
 def _open(settings: ViewerSettings) -> Store:

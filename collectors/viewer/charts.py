@@ -36,6 +36,14 @@ def _ticks(lo: float, hi: float, n: int = 4, integers: bool = False) -> list[flo
     return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
+def _label(t: float, ticks: list[float]) -> str:
+    """A tick's label with as many decimals as the spacing needs (weights near 1 differ in the 6th place)."""
+    step = abs(ticks[1] - ticks[0]) if len(ticks) > 1 else 0
+    if step and 1e-9 < step < 1 and abs(t) < 1e4:
+        return f"{t:.{min(9, -math.floor(math.log10(step)))}f}"
+    return _fmt(t)
+
+
 def _fmt(v: float) -> str:
     if v == 0:
         return "0"
@@ -66,9 +74,10 @@ def line_chart(title: str, series: Sequence[Series], *, x_label: str) -> str:
         return TOP + ph - (y - y0) / (y1 - y0) * ph
 
     out = [head, f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img">']
-    for t in _ticks(y0, y1):
+    y_ticks = _ticks(y0, y1)
+    for t in y_ticks:
         out.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{sy(t):.1f}" y2="{sy(t):.1f}"/>'
-                   f'<text class="tick" x="{LEFT - 4}" y="{sy(t) + 3:.1f}" text-anchor="end">{_fmt(t)}</text>')
+                   f'<text class="tick" x="{LEFT - 4}" y="{sy(t) + 3:.1f}" text-anchor="end">{_label(t, y_ticks)}</text>')
     for t in _ticks(x0, x1, 6, integers=all(float(x).is_integer() for x in xs)):
         out.append(f'<text class="tick" x="{sx(t):.1f}" y="{HEIGHT - BOTTOM + 13}" text-anchor="middle">'
                    f'{_fmt(t)}</text>')

@@ -18,6 +18,8 @@ import json
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -28,12 +30,15 @@ from collectors.viewer.listing import ROW_COLUMNS, ROW_SQL
 from trajstore import Snapshot, Store
 from trajstore.errors import TrajstoreError
 from trajstore.read import Pinned
+from trajstore.schema import EVENT_SCHEMA
+from trajstore.table import TableSnapshot
 
 # What the runs page aggregates: the `rollouts` view's inputs, no token lists, JSON or meta.
 RUN_COLUMNS = ("event_id", "kind", "time", "writer", "writer_seq", "run", "group_id", "rollout_id", "session_id",
                "segment_id", "policy_version", "prompt_tokens", "output_tokens", "trainable_tokens", "reward",
                "reward_name", "status", "group_size")
-PINNED_CACHE = 8  # pinned old versions kept (their file lists); each is a few kB per sealed file
+PINNED_CACHE = 8
+IDLE_SNAPSHOTS = 4  # DuckDB connections with their views, kept between requests  # pinned old versions kept (their file lists); each is a few kB per sealed file
 # Learner curves by step: (title, metric names) of the `metrics` view; names a run lacks are left out.
 STEP_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward by learner step", ("reward_mean",)),
@@ -45,6 +50,9 @@ STEP_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("training tokens/s", ("tokens_per_s",)),
     ("entropy and grad norm", ("entropy", "grad_norm")),
 )
+
+
+_EMPTY = Pinned(TableSnapshot(-1, (), {}), EVENT_SCHEMA.empty_table())
 
 
 class NotFound(TrajstoreError):
@@ -73,13 +81,42 @@ class Source:
         self.model = str(model) if model else None
         self._decode: Decode | None = None
         self._lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()
         self._pinned: OrderedDict[int, Pinned] = OrderedDict()
+        self._idle: list[Snapshot] = []
         self._runs: tuple[tuple[int, int], list[RunSummary]] | None = None
 
     # -------------------------------------------------------------- versions
 
-    def snapshot(self, version: int | None) -> Snapshot:
-        """A snapshot of `version` (latest plus live rows when None) that reads nothing until narrowed."""
+    @contextmanager
+    def snapshot(self, version: int | None) -> Iterator[Snapshot]:
+        """A snapshot of `version` (latest plus live rows when None) that reads nothing until narrowed.
+        Snapshots are pooled and repinned: one per concurrent request, never shared while in use."""
+        pinned = self._pin(version)
+        with self._lock:
+            snap = self._idle.pop() if self._idle else None
+        if snap is None:
+            snap = Snapshot(self.store.table, pinned, files=())
+        else:
+            snap.repin(pinned, files=())
+        try:
+            yield snap
+        finally:
+            snap.repin(_EMPTY, files=())  # drop the request's rows
+            with self._lock:
+                if len(self._idle) < IDLE_SNAPSHOTS:
+                    self._idle.append(snap)
+                    snap = None
+            if snap is not None:
+                snap.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for snap in idle:
+            snap.close()
+
+    def _pin(self, version: int | None) -> Pinned:
         if version is None:
             pinned = self.store.pin()
         else:
@@ -98,13 +135,13 @@ class Source:
                     self._pinned[version] = pinned
                     while len(self._pinned) > PINNED_CACHE:
                         self._pinned.popitem(last=False)
-        return Snapshot(self.store.table, pinned, files=())
+        return pinned
 
     # -------------------------------------------------------------- tokens
 
     def decode(self) -> Decode | None:
         """The tokenizer's decode: --model, else the newest checkpoint of the store found on this disk."""
-        with self._lock:
+        with self._tokenizer_lock:  # not self._lock: finding the model takes a pooled snapshot
             if self._decode is None and self.model is None:
                 self.model = self._find_model()
             if self._decode is None and self.model is not None:
