@@ -8,13 +8,19 @@ with `trajstore query "SELECT * FROM rollouts"`, but never aggregates the whole 
 How the sealed files are chosen (statistics only, one pinned version throughout):
 
 - filters on run, group and policy version keep the files whose min/max can hold a match
-  (a rollout's version is its `min_version`, the version that sampled its oldest tokens);
+  (a rollout's version is its `min_version`, the version that sampled its oldest tokens). Every
+  event of a rollout carries its run and group, but only turns carry a version, so a version
+  filter keeps *some* event of each matching rollout, not always its first (often its `started`
+  status); the searches below say which of the two they need;
 - newest first (the default) reads the files in order of their newest event, a few at a time,
   growing the window 4x per round. After reading files whose newest events are after time T,
   every rollout that *started* after T has been seen (its first event lies in a file read), so
   the rows that started after T are certain and complete; the search stops once they fill the
-  page. Oldest first is the mirror image. The next page starts below a cursor (started,
-  rollout_id), so paging never rereads the files above it;
+  page (some event of each matching rollout in the files read is enough: every event follows its
+  start). Oldest first is the mirror image and needs each rollout's first event. The next page
+  starts below a cursor (started, rollout_id); newest first skips the files whose events all
+  follow the cursor (this needs first events: not with a version filter), oldest first those
+  whose events all precede it;
 - any other order (reward, duration, turns, tokens) needs every candidate, so it reads every
   file the filters keep: fast within a version or a group, a whole-store aggregation without a
   filter (the page says how many files it read).
@@ -166,12 +172,16 @@ def candidate_files(files: tuple[FileInfo, ...], f: RolloutFilter) -> list[FileI
         out = files_covering(out, "run", [f.run])
     if f.group is not None:
         out = files_covering(out, "group_id", [f.group])
-    if f.version_min is not None or f.version_max is not None:
+    # Pruning by version keeps some event of each kept rollout (a turn at its min_version), but not
+    # necessarily its first one (often its `started` status, which has no version). Newest first
+    # needs only some event; oldest first, and skipping the files above a newest-first cursor, need
+    # the first event: they do without version pruning.
+    by_version = f.version_min is not None or f.version_max is not None
+    if by_version and f.order != "oldest":
         lo, hi = f.version_min or 0, f.version_max if f.version_max is not None else 2**62
-        # a kept rollout has a turn at its min_version in [lo, hi]: the file holding it overlaps the range
         out = [x for x in out if not x.min or (x.min.get("policy_version") is not None
                                                and x.min["policy_version"] <= hi and x.max["policy_version"] >= lo)]
-    if f.cursor is not None and f.order == "newest":  # a file whose events all follow the cursor starts no row below it
+    elif f.cursor is not None and f.order == "newest":  # a file whose events all follow the cursor starts no row below it
         out = [x for x in out if not x.min or _time(x.min) <= f.cursor[0]]
     if f.cursor is not None and f.order == "oldest":
         out = [x for x in out if not x.min or _time(x.max) >= f.cursor[0]]

@@ -180,3 +180,16 @@ def test_settings_are_checked_before_serving(tmp_path: Path) -> None:
             pass
     assert not (tmp_path / "nothing").exists()
 
+
+
+def test_the_command_fails_in_one_line_before_serving(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    missing = CliRunner().invoke(main, ["view", "--store", str(tmp_path / "nothing"), "--port", "0"])
+    assert missing.exit_code == 1 and "no trajstore store at" in missing.output
+    trajstore.open_store(tmp_path / "empty")
+    bad = CliRunner().invoke(main, ["view", "--store", str(tmp_path / "empty"), "--port", "70000"])
+    assert bad.exit_code == 1 and "--port 70000 is not a TCP port" in bad.output
+    assert "Example:" in CliRunner().invoke(main, ["view", "--help"]).output
