@@ -214,10 +214,9 @@ def runs_summary(snap: Snapshot) -> list[RunSummary]:
     snap.narrow("kind", ["checkpoint", "metric"])
     for row in snap.query("SELECT run, step, name, value FROM metrics WHERE step IS NOT NULL "
                           "ORDER BY run, step, time").to_pylist():
-        if row["run"] in runs or row["run"] is not None:
-            run = runs.setdefault(row["run"], RunSummary(row["run"], {}))
-            if math.isfinite(row["value"]):
-                run.steps.setdefault(row["name"], []).append((row["step"], row["value"]))
+        if row["value"] is not None and math.isfinite(row["value"]):
+            run = runs.setdefault(row["run"], RunSummary(row["run"], {}))  # a learner may log before any rollout
+            run.steps.setdefault(row["name"], []).append((row["step"], row["value"]))
     for row in snap.query("SELECT run, version, step, time, table_version, consumed_rollouts, metrics, meta "
                           "FROM checkpoints ORDER BY run, version, time").to_pylist():
         run = runs.setdefault(row["run"], RunSummary(row["run"], {}))
