@@ -40,7 +40,10 @@ def _label(t: float, ticks: list[float]) -> str:
     """A tick's label with as many decimals as the spacing needs (weights near 1 differ in the 6th place)."""
     step = abs(ticks[1] - ticks[0]) if len(ticks) > 1 else 0
     if step and 1e-9 < step < 1 and abs(t) < 1e4:
-        return f"{t:.{min(9, -math.floor(math.log10(step)))}f}"
+        label = f"{t:.{-math.floor(math.log10(step))}f}"
+        if len(label) <= 8:
+            return label
+        return f"{t:.1e}" if t else "0"
     return _fmt(t)
 
 
