@@ -3,6 +3,7 @@
 #   make test   runs the test suite (make test-fast: without the tests marked slow, the inner loop);
 #               it installs the Claude Code CLI the proxy tests drive first (make claude-code: npm ci,
 #               pinned by tests/collectors/proxy/claude_code/package-lock.json, kept until the lock changes)
+#               and Debian's chromium when missing (the viewer's browser tests drive it)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -24,17 +25,26 @@ $(CLAUDE_CODE)/node_modules/.installed: $(CLAUDE_CODE)/package.json $(CLAUDE_COD
 	cd $(CLAUDE_CODE) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-.PHONY: demo test test-fast bench clean claude-code
+.PHONY: demo test test-fast bench clean claude-code chromium
 claude-code: $(CLAUDE_CODE)/node_modules/.installed
+
+# Debian's chromium for tests/collectors/viewer/test_browser.py (Playwright drives it; it never downloads a
+# browser). apt-get needs root, as CI has; elsewhere sudo is tried.
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+chromium:
+	@[ -x $(CHROMIUM) ] || { echo "installing Debian's chromium (for the viewer's browser tests)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
 demo: $(VENV)/.installed
 	rm -rf trajstore-demo
 	$(VENV)/bin/trajstore demo --dir trajstore-demo
 
-test: $(VENV)/.installed claude-code
+test: $(VENV)/.installed claude-code chromium
 	$(PY) -m pytest -q
 
-test-fast: $(VENV)/.installed claude-code
+test-fast: $(VENV)/.installed claude-code chromium
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.bench
@@ -44,6 +54,7 @@ bench: $(VENV)/.bench
 	$(PY) benchmarks/proxy.py
 	$(PY) benchmarks/collect.py
 	$(PY) benchmarks/learn.py
+	$(PY) benchmarks/view.py
 
 clean:
-	rm -rf $(VENV) trajstore-demo walkthrough-store .pytest_cache $(CLAUDE_CODE)/node_modules
+	rm -rf $(VENV) trajstore-demo walkthrough-store .pytest_cache test-artifacts $(CLAUDE_CODE)/node_modules

@@ -26,14 +26,6 @@ LABELS = {"prompt": "prompt / tool observation", "sampled": "sampled (trainable)
           "sampled_masked": "sampled, masked out of the loss"}
 
 
-def tokenizer_decode(model_dir: str) -> Decode:
-    """Decode with the checkpoint's tokenizer, special tokens kept: the template is part of what the model saw."""
-    from transformers import AutoTokenizer  # heavy: loaded only with --model
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
-
-
 def _span_text(span: Span) -> str:
     return span.text if span.text is not None else "[" + " ".join(map(str, span.ids)) + "] "
 
@@ -112,7 +104,7 @@ def replay(store_loc: str, rollout_id: str, model_dir: str | None, tokens: bool,
       trajstore replay --store runs/s ROLLOUT_ID --model tiny-model --tokens
     """
     import trajstore
-    from collectors.replay import load_episode, token_rows
+    from collectors.replay import load_episode, token_rows, tokenizer_decode
 
     store = trajstore.open_store(store_loc, create=False)
     decode = tokenizer_decode(model_dir) if model_dir else None

@@ -20,7 +20,7 @@ is raised only when a checksum or a format check of the pinned files says so.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,27 @@ _STATEMENT_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.Cata
                      duckdb.SyntaxException, duckdb.ConversionException, duckdb.OutOfRangeException,
                      duckdb.TypeMismatchException, duckdb.NotImplementedException,
                      duckdb.ConstraintException, duckdb.DataError, duckdb.InterruptException)
+
+
+def rows_where(table: Table, files: Sequence[FileInfo], live: pa.Table, column: str, values: Sequence[str],
+               columns: Sequence[str] | None = None) -> pa.Table:
+    """Rows of sealed `files` and `live` rows whose `column` is one of `values`, with every schema
+    column (those not in `columns` are null, so the views still bind). Choose `files` with
+    `files_covering` first: this reads what it is given."""
+    keep = pa.array(list(values), pa.string())
+    sealed = table.open_dataset(list(files)).to_table(filter=pc.field(column).isin(keep),
+                                                      columns=list(columns) if columns is not None else None)
+    return _with_all_columns(sealed, live.filter(pc.is_in(live.column(column), value_set=keep)), columns)
+
+
+def _with_all_columns(sealed: pa.Table, live: pa.Table, columns: Sequence[str] | None) -> pa.Table:
+    if columns is not None:
+        live = live.select(list(columns))
+    data = pa.concat_tables([sealed, live.cast(sealed.schema)])
+    for f in EVENT_SCHEMA:  # views bind every column; unread ones are null
+        if f.name not in data.column_names:
+            data = data.append_column(f, pa.nulls(data.num_rows, f.type))
+    return data.select(EVENT_SCHEMA.names)
 
 
 @dataclass
@@ -97,16 +118,24 @@ class Snapshot:
 
     def __init__(self, table: Table, pinned: Pinned, *, files: Iterable[FileInfo] | None = None) -> None:
         self._table = table
-        self.table_version = pinned.version
-        self.files = tuple(pinned.table.files if files is None else files)
         self._con = duckdb.connect()
         self._con.execute("SET TimeZone = 'UTC'")
-        self._con.register("_sealed", table.open_dataset(self.files))
-        self._con.register("_live", pinned.live)
-        self._con.execute("CREATE TEMP VIEW _raw AS SELECT * FROM _sealed UNION ALL BY NAME SELECT * FROM _live")
+        self.repin(pinned, files=files)
         create_views(self._con)
         self._con.execute("SET enable_external_access = false")  # no file or network I/O from SQL ...
         self._con.execute("SET lock_configuration = true")  # ... and no SQL that turns it back on
+
+    def repin(self, pinned: Pinned, *, files: Iterable[FileInfo] | None = None) -> None:
+        """Point this snapshot's connection and views at another pinned version (and its live rows).
+        Setting up a connection with its views costs ~0.1 s, more than a narrowed query: a server
+        answering many small reads keeps a few snapshots and repins them (the viewer does)."""
+        self.pinned = pinned
+        self.table_version = pinned.version
+        self.files = tuple(pinned.table.files if files is None else files)
+        self._con.execute("DROP VIEW IF EXISTS _raw")
+        self._con.register("_sealed", self._table.open_dataset(self.files))
+        self._con.register("_live", pinned.live)
+        self._con.execute("CREATE TEMP VIEW _raw AS SELECT * FROM _sealed UNION ALL BY NAME SELECT * FROM _live")
 
     def query(self, sql: str, params: Any = None) -> pa.Table:
         """Run SQL over the views; a `pyarrow.Table`."""
@@ -146,6 +175,11 @@ class Snapshot:
                 return f"sealed file {f.path} fails its page checksums or cannot be decoded ({exc})"
         return None
 
+    def read_files(self, files: Iterable[FileInfo], *, columns: Sequence[str],
+                   filter: pc.Expression | None = None) -> pa.Table:  # noqa: A002 - pyarrow's name
+        """Columns of some of the pinned version's sealed files, read directly (checksums verified), without the views."""
+        return self._table.open_dataset(list(files)).to_table(columns=list(columns), filter=filter)
+
     def register(self, name: str, data: pa.Table) -> None:
         self._con.register(name, data)
 
@@ -156,6 +190,28 @@ class Snapshot:
         self._con.execute("DROP VIEW IF EXISTS _raw")
         self._con.register("_raw", rows)
         self.files = ()
+
+    def narrow(self, column: str, values: Iterable[str], *, columns: Sequence[str] | None = None) -> pa.Table:
+        """Point the views at the pinned version's events whose `column` is one of `values` (all of
+        them when that is every event of a rollout, group or run, so the views say exactly what they
+        say over the whole store), reading only the sealed files whose statistics can hold them.
+        `columns` limits what is read (the rest are null). Returns the rows."""
+        wanted = sorted(set(values))
+        files = files_covering(self.pinned.table.files, column, wanted)
+        rows = rows_where(self._table, files, self.pinned.live, column, wanted, columns)
+        self.use_rows(rows)
+        self.files = tuple(files)  # what was read
+        return rows
+
+    def project(self, columns: Sequence[str]) -> pa.Table:
+        """Point the views at every event of the pinned version, reading only `columns` (the rest are
+        null): for aggregations over a whole run that need no token lists or JSON. Returns the rows."""
+        files = self.pinned.table.files
+        rows = _with_all_columns(self._table.open_dataset(list(files)).to_table(columns=list(columns)),
+                                 self.pinned.live, columns)
+        self.use_rows(rows)
+        self.files = tuple(files)
+        return rows
 
     def close(self) -> None:
         self._con.close()

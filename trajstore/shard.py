@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajstore.read import Reader, Snapshot
+from trajstore.read import Reader, Snapshot, rows_where
 from trajstore.schema import EVENT_SCHEMA
-from trajstore.table import FileInfo, Table, files_covering
+from trajstore.table import files_covering
 from trajstore.views import ESTIMATORS, Estimator
 
 # Step 2 needs scalars only; step 3 the token lists too, never the request/response JSON (training needs none of it).
@@ -68,23 +68,6 @@ class Shard:
 
     def __len__(self) -> int:
         return self.samples.num_rows
-
-
-def _rows(table: Table, files: list[FileInfo], live: pa.Table, column: str, values: list[str],
-          columns: list[str] | None = None) -> pa.Table:
-    """Rows of sealed `files` and live rows whose `column` is in `values`, all schema columns
-    (those not in `columns` are null)."""
-    keep = pa.array(values, pa.string())
-    expr = pc.field(column).isin(keep)
-    sealed = table.open_dataset(files).to_table(filter=expr, columns=columns)
-    live_part = live.filter(pc.is_in(live.column(column), value_set=keep))
-    if columns is not None:
-        live_part = live_part.select(columns)
-    data = pa.concat_tables([sealed, live_part.cast(sealed.schema)])
-    for f in EVENT_SCHEMA:  # views bind every column; unread ones are null
-        if f.name not in data.column_names:
-            data = data.append_column(f, pa.nulls(data.num_rows, f.type))
-    return data.select(EVENT_SCHEMA.names)
 
 
 def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
@@ -134,7 +117,7 @@ def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_r
         # Rows are read by group id, so another run's group of the same id comes along: the views
         # keep them apart, and `_candidates` keeps only the (run, group_id) pairs found above.
         files = files_covering(table.files, "group_id", candidates)
-        snap.use_rows(_rows(reader.table, files, live, "group_id", candidates, columns=_SCALARS))
+        snap.use_rows(rows_where(reader.table, files, live, "group_id", candidates, columns=_SCALARS))
         snap.register("_candidates", cand)
         chosen = snap.query(
             """
@@ -155,7 +138,8 @@ def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_r
         # 3. samples of the chosen groups' trainable rollouts, with the rollout's advantage
         chosen_sorted = sorted(set(chosen.column("group_id").to_pylist()))
         chosen_files = files_covering(files, "group_id", chosen_sorted)
-        snap.use_rows(_rows(reader.table, chosen_files, live, "group_id", chosen_sorted, columns=_SAMPLE_COLUMNS))
+        snap.use_rows(rows_where(reader.table, chosen_files, live, "group_id", chosen_sorted,
+                                 columns=_SAMPLE_COLUMNS))
         snap.register("_chosen", chosen)
         samples = snap.query(
             f"""

@@ -110,7 +110,8 @@ class Store:
 def open_store(location: str | os.PathLike[str], *, create: bool = True,
                spool: str | os.PathLike[str] | None = None,
                storage_options: dict[str, str] | None = None) -> Store:
-    """Open (and by default create) the store at a directory or `s3://bucket/prefix`."""
+    """Open (and by default create) the store at a directory or `s3://bucket/prefix`. With
+    `create=False` nothing is written (writers make their own write-ahead directories)."""
     loc = resolve(location, spool=spool, storage_options=storage_options)
     table = Table(loc)
     if not table.exists():
@@ -118,5 +119,6 @@ def open_store(location: str | os.PathLike[str], *, create: bool = True,
             raise StoreNotFoundError(f"no trajstore store at {loc.uri}; create one with `trajstore ingest` "
                                      "or open_store(location) without create=False")
         table.create_if_missing()
-    loc.wal_root.mkdir(parents=True, exist_ok=True)
-    return Store(loc)
+    if create:
+        loc.wal_root.mkdir(parents=True, exist_ok=True)
+    return Store(loc)  # create=False writes nothing: readers (query, view) leave the store as they found it
