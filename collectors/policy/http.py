@@ -180,6 +180,12 @@ def completion_body(prompt_ids: list[int], sampling: SamplingParams, model: str 
     }
     if sampling.seed is not None:
         body["seed"] = sampling.seed
+    # the rest only where they differ from vLLM's defaults: the common body stays what it was
+    if sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    for name, default in (("ignore_eos", False), ("skip_special_tokens", True), ("include_stop_str_in_output", False)):
+        if getattr(sampling, name) != default:
+            body[name] = getattr(sampling, name)
     if model is not None:
         body["model"] = model
     return body

@@ -148,8 +148,9 @@ class VLLMServer:
 
 def start_vllm(model_dir: str | Path, *, served_name: str | None = None, port: int | None = None,
                max_model_len: int = 2048, lora_rank: int | None = None, max_queued: int | None = None,
-               log_path: str | Path | None = None, timeout_s: float = 600.0) -> VLLMServer:
-    """Start vLLM on `model_dir` (see the module docstring) and return once it answers /health."""
+               dev_mode: bool = True, log_path: str | Path | None = None, timeout_s: float = 600.0) -> VLLMServer:
+    """Start vLLM on `model_dir` (see the module docstring) and return once it answers /health.
+    `dev_mode=False` leaves out the reload and weight-version routes (a server nobody may reload)."""
     problem = cpu_problem()
     if problem:
         raise VLLMUnavailable(f"vLLM cannot run on this machine: {problem}")
@@ -168,8 +169,9 @@ def start_vllm(model_dir: str | Path, *, served_name: str | None = None, port: i
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs"]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update({"VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"), "VLLM_SERVER_DEV_MODE": "1",
-                "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    env.update({"VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                "VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1"})
     if lora_rank is not None:
         args += ["--enable-lora", "--max-lora-rank", str(lora_rank)]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
