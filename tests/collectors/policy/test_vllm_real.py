@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
-from functools import cache
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,48 +24,11 @@ import torch
 from collectors.errors import WeightLoadError
 from collectors.policy import PolicyServerRejected, PolicyServerUnreachable, Sample, SamplingParams, VLLMClient
 from collectors.policy.vllm_server import VLLMServer, start_vllm
+from tests.collectors.recompute import DIFFER, MATCH, cached_model, fresh_model, max_diff, recompute, recompute_all
 
 pytestmark = pytest.mark.vllm
 
 PROMPT = [50, 51, 52, 53, 54, 55]
-MATCH = 1e-4  # max |vLLM - transformers| per token for "these weights sampled it"
-DIFFER = 5e-3  # mean |difference| per token that tells two checkpoints apart
-
-
-@cache
-def _model(path: str) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def recompute(model: torch.nn.Module, sample: Sample, temperature: float = 1.0, top_k: int = 0) -> list[float]:
-    """Logprobs of the sampled ids under `model`, processed as vLLM's sampler does (temperature, then top-k)."""
-    return recompute_all(model, [sample], temperature, top_k)[0]
-
-
-def recompute_all(model: torch.nn.Module, samples: Sequence[Sample], temperature: float = 1.0,
-                  top_k: int = 0) -> list[list[float]]:
-    """`recompute` for many samples, one forward pass per group of equally long ones."""
-    out: dict[int, list[float]] = {}
-    by_length: dict[tuple[int, int], list[int]] = {}
-    for i, s in enumerate(samples):
-        by_length.setdefault((len(s.prompt_ids), len(s.output_ids)), []).append(i)
-    for (prompt_len, _), members in by_length.items():
-        ids = torch.tensor([samples[i].prompt_ids + samples[i].output_ids for i in members])  # (B, L)
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits[:, prompt_len - 1:-1].float() / temperature  # (B, T, V)
-        if top_k:
-            kth = logits.topk(top_k, dim=-1).values[..., -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        targets = ids[:, prompt_len:, None]  # (B, T, 1)
-        chosen = torch.log_softmax(logits, dim=-1).gather(2, targets)[..., 0]  # (B, T)
-        out.update({i: row.tolist() for i, row in zip(members, chosen, strict=True)})
-    return [out[i] for i in range(len(samples))]
-
-
-def max_diff(a: Sequence[float], b: Sequence[float]) -> float:
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 def run(scenario: Callable[[], object]) -> None:
@@ -85,7 +47,7 @@ def test_processed_logprobs_match_a_transformers_recomputation(vllm_server: VLLM
                     max_tokens=24, temperature=temperature, top_k=top_k, seed=seed)) for seed in range(4)))
                 for s in samples:
                     assert s.policy_version == version and len(s.output_ids) == len(s.output_logprobs) > 0
-                    expected = recompute(_model(str(vllm_model)), s, temperature, top_k)
+                    expected = recompute(cached_model(str(vllm_model)), s, temperature, top_k)
                     assert max_diff(s.output_logprobs, expected) < MATCH, (temperature, top_k)
     run(scenario)
 
@@ -134,7 +96,7 @@ def test_a_reload_under_load_stamps_every_sample_with_the_weights_that_drew_it(
 
     samples = asyncio.run(scenario())
     assert {s.policy_version for s in samples} >= set(weights) - {base + 1}, "samples under every reloaded version"
-    under = {str(path): recompute_all(_model(str(path)), samples) for path in (vllm_model, vllm_model_v2)}
+    under = {str(path): recompute_all(cached_model(str(path)), samples) for path in (vllm_model, vllm_model_v2)}
     for i, s in enumerate(samples):
         mine, other = (under[str(path)][i] for path in sorted((vllm_model, vllm_model_v2),
                                                               key=lambda p: p != weights[s.policy_version]))
@@ -149,7 +111,7 @@ def test_learner_lora_adapters_load_at_runtime_and_sample_as_peft_does(
     from learner.lora import apply_lora
 
     torch.manual_seed(0)
-    peft_model = apply_lora(_fresh(vllm_model), rank=8, alpha=16)
+    peft_model = apply_lora(fresh_model(vllm_model), rank=8, alpha=16)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
@@ -174,12 +136,6 @@ def test_learner_lora_adapters_load_at_runtime_and_sample_as_peft_does(
                 await a.load_weights(str(tmp_path / "missing"), 2)
             assert (await a.complete(PROMPT, SamplingParams(max_tokens=2))).policy_version == 1
     run(scenario)
-
-
-def _fresh(path: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
 
 
 def test_refused_requests_and_checkpoints_leave_the_server_serving(vllm_server: VLLMServer, tiny_model: Path,
