@@ -49,7 +49,8 @@ def learn_args(store: Path, model: Path, ckpts: Path, *extra: str) -> list[str]:
 
 
 def torchrun(*args: str) -> list[str]:
-    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", TRAJSTORE, *args]
+    # `--` ends torchrun's own options: without it torchrun takes `--run` for its `--run-path`
+    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", TRAJSTORE, "--", *args]
 
 
 def final_weights(ckpts: Path) -> dict[str, torch.Tensor]:
