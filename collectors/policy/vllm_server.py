@@ -147,10 +147,11 @@ class VLLMServer:
 
 
 def start_vllm(model_dir: str | Path, *, served_name: str | None = None, port: int | None = None,
-               max_model_len: int = 2048, lora_rank: int | None = None, max_queued: int | None = None,
+               max_model_len: int | None = None, lora_rank: int | None = None, max_queued: int | None = None,
                dev_mode: bool = True, log_path: str | Path | None = None, timeout_s: float = 600.0) -> VLLMServer:
     """Start vLLM on `model_dir` (see the module docstring) and return once it answers /health.
-    `dev_mode=False` leaves out the reload and weight-version routes (a server nobody may reload)."""
+    `max_model_len` defaults to the checkpoint's context; `dev_mode=False` leaves out the reload and
+    weight-version routes (a server nobody may reload)."""
     problem = cpu_problem()
     if problem:
         raise VLLMUnavailable(f"vLLM cannot run on this machine: {problem}")
@@ -167,7 +168,9 @@ def start_vllm(model_dir: str | Path, *, served_name: str | None = None, port: i
     name = served_name or str(model_dir)
     args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-            "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs"]
+            "--logprobs-mode", "processed_logprobs"]
+    if max_model_len is not None:
+        args += ["--max-model-len", str(max_model_len)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env.update({"VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                 "VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
