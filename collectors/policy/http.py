@@ -7,7 +7,10 @@ stop reasons come back as a `Sample`. Nothing is re-tokenized.
 
 Errors are the named `PolicyServerError`s below (unreachable, timeout, 4xx, 5xx, malformed
 response). Connection failures (nothing was sent) are retried on idempotent control routes
-only, never on completions. A 503 is retried with exponential backoff (50 ms doubling to 2 s)
+only, never on completions. A pooled connection the server closed while idle (uvicorn, which
+vLLM runs on, drops keep-alive connections after 5 s) can fail a request before any answer;
+that is retried once on a fresh connection, completions included (an unanswered completion
+was never stored, and a second one is only a new draw). A 503 is retried with exponential backoff (50 ms doubling to 2 s)
 until the call's timeout where the caller allows it (completions do): vLLM answers 503 ("try
 again later") when admitting a request would pass its queue limit (`--max-num-queued-reqs`),
 before the request reaches the engine, so nothing was sampled and a retry is safe.
@@ -132,15 +135,16 @@ class Http:
                          idempotent: bool) -> Reply:
         url = self.base_url + route
         attempts = 1 + (self.connect_retries if idempotent else 0)
-        for attempt in range(attempts):
+        attempt, stale_retried = 0, False
+        while True:
             try:
                 async with self._get_session().request(method, url, json=body, params=params, headers=headers,
                                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                    reply = Reply(resp.status, CIMultiDict(resp.headers), await resp.text(errors="replace"))
-                break
+                    return Reply(resp.status, CIMultiDict(resp.headers), await resp.text(errors="replace"))
             except aiohttp.ClientConnectorError as exc:  # nothing was sent: safe to retry where idempotent
                 if attempt + 1 < attempts:
                     await asyncio.sleep(self.retry_backoff_s * 2**attempt)
+                    attempt += 1
                     continue
                 raise PolicyServerUnreachable(
                     f"cannot connect to the policy server at {self.base_url} ({exc.os_error.strerror or exc}); "
@@ -150,11 +154,17 @@ class Http:
                     f"the policy server at {self.base_url} did not answer {method} {route} within {limit:g} s; "
                     "it may be overloaded or stuck, or the call needs a longer timeout (timeout_s=...)",
                     url=self.base_url) from exc
+            except aiohttp.ServerDisconnectedError as exc:
+                if not stale_retried:  # an idle pooled connection the server had closed: once more (module doc)
+                    stale_retried = True
+                    continue
+                raise PolicyServerUnreachable(
+                    f"the policy server at {self.base_url} closed the connection during {method} {route} "
+                    f"({exc}); {self.hint}", url=self.base_url) from exc
             except aiohttp.ClientError as exc:
                 raise PolicyServerUnreachable(
                     f"the connection to the policy server at {self.base_url} failed during {method} {route} "
                     f"({type(exc).__name__}: {exc}); {self.hint}", url=self.base_url) from exc
-        return reply
 
     def json(self, reply: Reply, route: str) -> Any:
         try:

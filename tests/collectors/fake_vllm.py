@@ -96,6 +96,7 @@ class FakeVLLM:
         self.token_delay_s = 0.0  # per generated token (requests in flight)
         self.fail: tuple[int, str] | None = None  # answer every completion with this error
         self.fail_rpc: str | None = None  # answer /collective_rpc with a 500 saying this
+        self.disconnects = 0  # close this many completions' connections without an answer (a stale keep-alive)
         self.malformed: str | None = None  # "not-json" | "no-logprobs" | "no-choices"
         self.url = ""
         self._resumed = asyncio.Event()
@@ -124,6 +125,11 @@ class FakeVLLM:
         return app
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        if self.disconnects:
+            self.disconnects -= 1
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=500)  # never sent: the connection is gone
         try:
             body = await request.json()
         except ValueError as exc:

@@ -400,6 +400,18 @@ def test_error_a_server_failure_is_a_5xx_error_quoting_the_server() -> None:
     run(scenario)
 
 
+def test_a_connection_the_server_dropped_unanswered_is_retried_once_then_named() -> None:
+    async def scenario() -> None:
+        async with fake_vllm() as fake, VLLMClient(fake.url, reload="lora") as client:
+            fake.disconnects = 1
+            assert len((await client.complete(PROMPT, SamplingParams(max_tokens=3))).output_ids) == 3
+            fake.disconnects = 2
+            with pytest.raises(PolicyServerUnreachable, match="closed the connection"):
+                await client.complete(PROMPT, SamplingParams(max_tokens=3))
+            assert len(fake.served) == 1
+    run(scenario)
+
+
 def test_error_a_slow_server_times_out_with_the_limit_named() -> None:
     async def scenario() -> None:
         async with fake_vllm() as fake, VLLMClient(fake.url, timeout_s=0.1) as client:
