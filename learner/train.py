@@ -61,7 +61,7 @@ from learner.losses import (
     token_logprobs,
     token_mean,
 )
-from learner.settings import LearnSettings
+from learner.settings import LearnSettings, SettingsError
 from trajstore import Metric, Store, Writer, open_store
 from trajstore.shard import Shard
 
@@ -241,8 +241,8 @@ def learn(settings: LearnSettings, *,
     ranks = distributed.start()  # torchrun's process group; one process otherwise
     if ranks.world > 1 and s.lora:
         distributed.stop(ranks)
-        raise checkpoints.CheckpointError("--lora under torchrun is not supported: adapters are small, so train them "
-                                          "in one process (drop torchrun), or train the full model sharded")
+        raise SettingsError(["--lora under torchrun is not supported: adapters are small, so train them in one "
+                             "process (drop torchrun), or train the full model sharded"])
     device = resolve_device(s.device, ranks.local_rank)
     # bfloat16 autocast on CUDA, plain float32 on CPU: one code path
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
