@@ -8,6 +8,7 @@ from pathlib import Path
 from collectors.policy.contract import TOP_K_MAX
 
 DISPLAYS = ("auto", "live", "plain", "off")
+VLLM_RELOADS = ("weights", "follow", "lora")  # collectors.policy.VLLMClient's `reload`
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,8 @@ class CollectSettings:
     tasks: str
     n: int = 4
     server: str | None = None  # policy server URL; None: start the embedded one on `model`
-    vllm: bool = False  # `server` is vLLM (VLLMClient) rather than `trajstore serve`
+    vllm: bool = False  # vLLM (VLLMClient): at `server`, or started here on `model` (its own virtualenv)
+    vllm_reload: str = "weights"  # this collector reloads vLLM's weights, follows another's reloads, or loads LoRA
     model: str | None = None  # checkpoint dir: served in-process, and the proxy's tokenizer
     proxy: str | None = None  # an external capture proxy; None: one in-process
     concurrency: int = 16
@@ -90,11 +92,11 @@ class CollectSettings:
         if self.vllm and self.model is None and self.proxy is None:
             out.append("--vllm needs --model DIR too: the in-process capture proxy renders prompts with its "
                        "tokenizer and chat template")
-        if self.vllm and self.server is None:
-            out.append("--vllm needs --server URL (vLLM cannot run in-process)")
-        if self.vllm and self.proxy is not None:
-            out.append("--vllm with --proxy: the proxy's vLLM client stamps policy versions, so this process cannot "
-                       "reload vLLM behind its back; leave --proxy out")
+        if self.vllm_reload not in VLLM_RELOADS:
+            out.append(f"--vllm-reload must be one of {', '.join(VLLM_RELOADS)}, got {self.vllm_reload!r}")
+        if self.vllm_reload == "follow" and self.vllm and self.server is None:
+            out.append("--vllm-reload follow needs --server URL: it follows the reloads of the collector that owns "
+                       "that vLLM; a vLLM started by this collector has no other owner")
         if self.display not in DISPLAYS:
             out.append(f"display must be one of {', '.join(DISPLAYS)}, got {self.display!r}")
         return out

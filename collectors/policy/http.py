@@ -7,13 +7,20 @@ stop reasons come back as a `Sample`. Nothing is re-tokenized.
 
 Errors are the named `PolicyServerError`s below (unreachable, timeout, 4xx, 5xx, malformed
 response). Connection failures (nothing was sent) are retried on idempotent control routes
-only, never on completions.
+only, never on completions. A pooled connection the server closed while idle (uvicorn, which
+vLLM runs on, drops keep-alive connections after 5 s) can fail a request before any answer;
+that is retried once on a fresh connection, completions included (an unanswered completion
+was never stored, and a second one is only a new draw). A 503 is retried with exponential backoff (50 ms doubling to 2 s)
+until the call's timeout where the caller allows it (completions do): vLLM answers 503 ("try
+again later") when admitting a request would pass its queue limit (`--max-num-queued-reqs`),
+before the request reaches the engine, so nothing was sampled and a retry is safe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,15 +87,19 @@ def server_message(text: str) -> str:
 
 
 
+UNAVAILABLE_BACKOFF_S = (0.05, 2.0)  # first pause after a 503, and the longest
+
+
 class Http:
     """One aiohttp session (created on first use, in the caller's loop); transport failures
-    and HTTP errors become the named errors."""
+    and HTTP errors become the named errors. `unavailable_retries` counts 503s retried."""
 
     def __init__(self, base_url: str, *, hint: str, timeout_s: float, connect_retries: int,
                  retry_backoff_s: float, max_connections: int) -> None:
         self.base_url, self.hint, self.timeout_s = base_url, hint, timeout_s
         self.connect_retries, self.retry_backoff_s = connect_retries, retry_backoff_s
         self.max_connections = max_connections
+        self.unavailable_retries = 0
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -99,34 +110,57 @@ class Http:
 
     async def call(self, method: str, route: str, *, body: Any = None, params: Mapping[str, str] | None = None,
                    headers: Mapping[str, str] | None = None, timeout_s: float | None = None,
-                   idempotent: bool = False) -> Reply:
-        url, timeout = self.base_url + route, timeout_s or self.timeout_s
+                   idempotent: bool = False, retry_unavailable: bool = False) -> Reply:
+        timeout = timeout_s or self.timeout_s
+        deadline, pause = time.monotonic() + timeout, UNAVAILABLE_BACKOFF_S[0]
+        while True:
+            reply = await self._call_once(method, route, body=body, params=params, headers=headers,
+                                          timeout=max(deadline - time.monotonic(), 0.001), limit=timeout,
+                                          idempotent=idempotent)
+            if reply.status != 503 or not retry_unavailable or time.monotonic() + pause > deadline:
+                break
+            self.unavailable_retries += 1
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, UNAVAILABLE_BACKOFF_S[1])
+        if reply.status >= 400:
+            raise self._refused(method, route, reply.status, reply.text)
+        return reply
+
+    async def _call_once(self, method: str, route: str, *, body: Any, params: Mapping[str, str] | None,
+                         headers: Mapping[str, str] | None, timeout: float, limit: float,
+                         idempotent: bool) -> Reply:
+        url = self.base_url + route
         attempts = 1 + (self.connect_retries if idempotent else 0)
-        for attempt in range(attempts):
+        attempt, stale_retried = 0, False
+        while True:
             try:
                 async with self._get_session().request(method, url, json=body, params=params, headers=headers,
                                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                    reply = Reply(resp.status, CIMultiDict(resp.headers), await resp.text(errors="replace"))
-                break
+                    return Reply(resp.status, CIMultiDict(resp.headers), await resp.text(errors="replace"))
             except aiohttp.ClientConnectorError as exc:  # nothing was sent: safe to retry where idempotent
                 if attempt + 1 < attempts:
                     await asyncio.sleep(self.retry_backoff_s * 2**attempt)
+                    attempt += 1
                     continue
                 raise PolicyServerUnreachable(
                     f"cannot connect to the policy server at {self.base_url} ({exc.os_error.strerror or exc}); "
                     f"{self.hint}", url=self.base_url) from exc
             except TimeoutError as exc:
                 raise PolicyServerTimeout(
-                    f"the policy server at {self.base_url} did not answer {method} {route} within {timeout:g} s; "
+                    f"the policy server at {self.base_url} did not answer {method} {route} within {limit:g} s; "
                     "it may be overloaded or stuck, or the call needs a longer timeout (timeout_s=...)",
                     url=self.base_url) from exc
+            except aiohttp.ServerDisconnectedError as exc:
+                if not stale_retried:  # an idle pooled connection the server had closed: once more (module doc)
+                    stale_retried = True
+                    continue
+                raise PolicyServerUnreachable(
+                    f"the policy server at {self.base_url} closed the connection during {method} {route} "
+                    f"({exc}); {self.hint}", url=self.base_url) from exc
             except aiohttp.ClientError as exc:
                 raise PolicyServerUnreachable(
                     f"the connection to the policy server at {self.base_url} failed during {method} {route} "
                     f"({type(exc).__name__}: {exc}); {self.hint}", url=self.base_url) from exc
-        if reply.status >= 400:
-            raise self._refused(method, route, reply.status, reply.text)
-        return reply
 
     def _refused(self, method: str, route: str, status: int, text: str) -> PolicyServerError:
         said = server_message(text)
@@ -210,6 +244,12 @@ def completion_body(prompt_ids: list[int], sampling: SamplingParams, model: str 
     }
     if sampling.seed is not None:
         body["seed"] = sampling.seed
+    # the rest only where they differ from vLLM's defaults: the common body stays what it was
+    if sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    for name, default in (("ignore_eos", False), ("skip_special_tokens", True), ("include_stop_str_in_output", False)):
+        if getattr(sampling, name) != default:
+            body[name] = getattr(sampling, name)
     if model is not None:
         body["model"] = model
     return body
