@@ -13,8 +13,8 @@ Layout (the contract between learner and collectors; they share nothing else but
 
 A version is written under `CKPTS/.partial-v000001-<random>/`, every file and the directory
 fsynced, then renamed into place: a reader sees a whole version or none. A `.partial-*`
-directory is what a crash left behind; `latest` removes it (one learner owns a checkpoint
-directory, so no other process can be writing one).
+directory is what a crash left behind (or a version being written): readers skip it, and the
+learner that owns the directory removes leftovers when it starts (`published(clean=True)`).
 
 The store learns of a version from its Checkpoint event (`checkpoint_event`), appended after
 the rename with the deterministic id `checkpoint:{run}:{version}`: after a crash between the
@@ -165,22 +165,25 @@ def read_info(path: str | Path) -> CheckpointInfo:
     )
 
 
-def published(root: str | Path) -> list[CheckpointInfo]:
-    """Every published version under `root`, oldest first; removes `.partial-*` leftovers."""
+def published(root: str | Path, *, clean: bool = False) -> list[CheckpointInfo]:
+    """Every published version under `root`, oldest first. `clean` removes `.partial-*` leftovers of a
+    crash mid-publish: only the learner that owns `root`, when it starts, may do that (a reader
+    that did would delete a version its learner is writing)."""
     root = Path(root)
     if not root.is_dir():
         return []
     out = []
     for entry in sorted(root.iterdir()):
         if entry.name.startswith(PARTIAL_PREFIX):
-            shutil.rmtree(entry, ignore_errors=True)  # a crash mid-publish; never visible as a version
+            if clean:
+                shutil.rmtree(entry, ignore_errors=True)  # a crash mid-publish; never visible as a version
         elif entry.is_dir() and entry.name.startswith("v") and entry.name[1:].isdigit():
             out.append(read_info(entry))
     return sorted(out, key=lambda info: info.version)
 
 
 def latest(root: str | Path) -> CheckpointInfo | None:
-    """The newest published version under `root`, or None; removes `.partial-*` leftovers."""
+    """The newest published version under `root`, or None (reads only; see `published`)."""
     versions = published(root)
     return versions[-1] if versions else None
 

@@ -300,7 +300,7 @@ def learn(settings: LearnSettings, *,
     torch.manual_seed(s.seed)
 
     # resume point: the newest published version, if any (partial leftovers are removed)
-    infos = checkpoints.published(s.checkpoints)
+    infos = checkpoints.published(s.checkpoints, clean=ranks.main)  # leftovers of a crash mid-publish go
     resume = infos[-1] if infos else None
     if resume is not None and resume.adapter != s.lora:
         raise checkpoints.CheckpointError(

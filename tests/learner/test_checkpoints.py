@@ -62,7 +62,8 @@ def test_publish_writes_a_whole_servable_version(model_dir: Path, tmp_path: Path
     assert not list(tmp_path.glob(".partial-*"))
 
 
-def test_partial_leftovers_are_never_a_version_and_are_removed(model_dir: Path, tmp_path: Path) -> None:
+def test_partial_leftovers_are_never_a_version_and_only_the_owner_removes_them(model_dir: Path,
+                                                                              tmp_path: Path) -> None:
     model, opt = trained(model_dir)
     checkpoints.publish(tmp_path, 1, 1, model, model_dir, opt, info=info(), adapter=False)
     # what a crash mid-publish leaves: a partial directory with some of the files, even the JSON
@@ -71,6 +72,8 @@ def test_partial_leftovers_are_never_a_version_and_are_removed(model_dir: Path, 
     (partial / "model.safetensors").write_bytes(b"torn")
     latest = checkpoints.latest(tmp_path)
     assert latest is not None and latest.version == 1 and latest.consumed == ("r1", "r2")
+    assert partial.exists()  # a reader never deletes: this could be a version its learner is writing
+    assert [i.version for i in checkpoints.published(tmp_path, clean=True)] == [1]  # the learner, starting
     assert not partial.exists()
     assert checkpoints.latest(tmp_path / "nothing-here") is None
 

@@ -43,8 +43,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def learn_args(store: Path, model: Path, ckpts: Path, *extra: str) -> list[str]:
     # 96-token micro-batches: a step of 2 groups packs into an odd number of them, so the ranks' shares differ
-    return ["learn", "--store", str(store), "--model", str(model), "--checkpoints", str(ckpts), "--groups-per-step",
-            "2", "--micro-batch-tokens", "96", "--lr", "1e-3", "--max-staleness", "100", "--device", "cpu",
+    return ["learn", "--store", str(store), "--run", "default", "--model", str(model), "--checkpoints", str(ckpts),
+            "--groups-per-step", "2", "--micro-batch-tokens", "96", "--lr", "1e-3", "--max-staleness", "100", "--device", "cpu",
             "--wait-timeout", "1", "--poll-interval", "0.1", *extra]
 
 
