@@ -398,4 +398,6 @@ def test_kill_during_compaction(tmp_path: Path) -> None:
             check_store(store_location, [ledger])
             finish(store_location, ledger, random.Random(seed))
     assert compactions > 0, "no compaction committed before a kill: the trials did not exercise compaction"
-    assert result.files_after < result.files_before and ledger.acked > 0, (result, ledger.acked)  # it merged
+    # the final pass merges what the killed ones left, unless they had already merged everything into one file
+    assert (result.files_after < result.files_before or result.files_before == 1) and ledger.acked > 0, \
+        (result, ledger.acked)
