@@ -9,8 +9,8 @@ An episode (two model calls, one tool call):
 
 The forecast of each (city, days ahead) comes from a fixed table (`FORECAST`, every weather
 equally often), and each weather has one right item (`ITEM_FOR`: snow -> boots, rain -> coat,
-sun -> hat, fog -> lamp). The reward `correct` is 1 when the final reply names the right item
-and no other item.
+sun -> hat, fog -> lamp). The reward `correct` is 1 when the episode called the forecast and its
+final reply names the right item and no other item.
 
 Why this task for a demo of RL on a CPU (a tiny model, a few minutes):
 - success depends on each episode's input: the forecast differs by city and day, and the
@@ -107,13 +107,18 @@ def named_items(text: str | None) -> set[str]:
 
 
 def reward(task: dict[str, Any], result: Any, rollout: Any = None) -> dict[str, float]:
-    """`{"correct": 1.0}` when the final reply names the task's answer and no other item, else 0.0.
+    """`{"correct": 1.0}` when the episode read the forecast and its final reply names the task's
+    answer and no other item, else 0.0.
 
-    `result` is the tool agent's result (its `text` is the final reply) or the reply as a string.
-    Naming several items is not an answer, so it scores 0.
+    `result` is the tool agent's result: its `tool_calls` must hold a `forecast` call that
+    returned the forecast (a guess made without reading it is not a decision from the forecast,
+    and scoring it would let the policy drift away from the tool while guessing pays as well),
+    and its `text` is the final reply. Naming several items is not an answer, so it scores 0.
     """
-    text = result if isinstance(result, str) else getattr(result, "text", None)
-    return {"correct": 1.0 if named_items(text) == {task["answer"]} else 0.0}
+    calls = getattr(result, "tool_calls", None) or []
+    read = any(name == "forecast" and output in map(hourly, ITEM_FOR) for name, _, output in calls)
+    text = getattr(result, "text", None)
+    return {"correct": 1.0 if read and named_items(text) == {task["answer"]} else 0.0}
 
 
 def answer_text(weather: str, item: str) -> str:
