@@ -8,12 +8,18 @@ of the versions must exceed version 0's by a one-sided two-proportion z-score ab
 noise alone exceeds 3 with probability about 0.0013.
 
 Why it is not flaky: the effect is several times the threshold, not a marginal one. Version 0
-is built to solve 1/4 of the tasks (the warm start names an item at random); the quick loop's
-last quarter solves about PLACEHOLDER_QUICK (README, "The closed loop"). With 64+ rollouts at
-version 0 and 128+ in the last quarter, the z-score of that rise is about PLACEHOLDER_Z; a run
-would have to miss the expected rise by more than half of it to fail. Every sample is seeded
-(per task, slot and attempt) while the learner trains on whatever the collector finished first,
-so reruns differ only in that order.
+is built to solve 1/4 of the tasks (the warm start names an item at random); it measured 0.24-0.29
+in every calibration run (128-192 rollouts each). The quick loop is the demo's first 60 steps; in
+the calibration run of the preset (seed 0) versions 47-61 solved 0.88 (960 rollouts), z = 16
+over version 0's 0.29 (128). The rise does not start at the same version in every run: a run of
+this test's loop cut by an earlier 10-minute limit at 34 steps (load average 13-20) was still at
+0.44 over versions 27-34 (z = 3.2, too close); that is why the loop runs 60 steps, whose last
+quarter (versions 46-60, 960 rollouts) lies after the rise of the calibration run: a last quarter
+at 0.5 gives z = 4.5, at 0.88 z = 16, and noise alone (0.29 both) exceeds 3 with probability
+0.0013. Not measured: a second full run of this 60-step loop (the machine was shared). Every sample is seeded (per
+task, slot and attempt) while the learner trains on whatever the collector finished first, so
+reruns differ only in that order. Cost: the warm start and 60 learner steps, about 4 minutes on
+2 idle cores (the slow marker keeps it out of `make test-fast`).
 """
 
 from __future__ import annotations
@@ -77,10 +83,11 @@ def test_the_preset_is_servable_by_vllm() -> None:
 def test_the_closed_loop_makes_the_model_pack_the_right_item(tmp_path: Path) -> None:
     result = run_demo(DemoSettings.quick(tmp_path / "demo"), say=lambda line: None)
     rows = result.by_version
-    assert result.steps >= DemoSettings.quick(tmp_path).steps - 1, (
-        f"the learner made {result.steps} steps; see {result.directory / 'learn.log'}")
+    # the time limit is a safety net (30 minutes for what takes about 4 on 2 idle cores); a run it cuts short
+    # after 30 steps still has to show the rise
+    assert result.steps >= 30, f"the learner made {result.steps} steps; see {result.directory / 'learn.log'}"
     first, late = rows[0], last_quarter(rows)
-    assert first["version"] == 0 and first["rollouts"] >= 64 and late["rollouts"] >= 128, (first, late)
+    assert first["version"] == 0 and first["rollouts"] >= 64 and late["rollouts"] >= 256, (first, late)
     assert first["correct"] <= 0.4, f"the warm start already solves the task: {first}"
     z = z_rise((first["solved"], first["rollouts"]), (late["correct"] * late["rollouts"], late["rollouts"]))
     assert z > 3, (f"correct did not rise clearly: version 0 {first['correct']:.3f} over {first['rollouts']} "
