@@ -3,7 +3,8 @@
 settings -> model (+ frozen reference, + LoRA) -> optimizer -> resume from the newest
 checkpoint -> `for step in ...`: wait for `groups_per_step` complete groups, pack them,
 forward, loss, backward, clip, step, log a Metric event, and every `publish_every` steps
-publish a version and announce it with a Checkpoint event.
+publish a version (uploaded to the checkpoint URI when there is one, so every host can load
+it) and announce it with a Checkpoint event.
 
 Exactly-once. Rollouts trained since the last published version are held in `pending` and
 excluded from the next shards; a Checkpoint event lists them as `consumed`, after which the
@@ -241,9 +242,13 @@ def announce_missing(store: Store, writer: Writer, s: LearnSettings,
             f"{s.checkpoints} holds versions only up to {newest_here}; resume with that run's checkpoint "
             "directory, or start a new run with another --run")
     missing = checkpoints.missing_events(infos, announced)
-    if missing:
-        writer.append([checkpoints.checkpoint_event(i, s.run, i.metrics, s.groups_per_version, s.max_staleness)
-                       for i in missing])
+    if missing:  # uploaded (again: a crash may have cut the upload short) before they are announced
+        writer.append([checkpoints.checkpoint_event(i, s.run, i.metrics, s.groups_per_version, s.max_staleness,
+                                                    _upload(s, i)) for i in missing])
+
+
+def _upload(s: LearnSettings, info: checkpoints.CheckpointInfo) -> tuple[str, str] | None:
+    return checkpoints.upload(info, s.publish_uri) if s.publish_uri is not None else None
 
 
 def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | None, mb: MicroBatch,
@@ -416,8 +421,9 @@ def _publish(s: LearnSettings, model: torch.nn.Module, optimizer: torch.optim.Op
                 "metrics": dict(metrics), "settings": s.resolved()}
         path = checkpoints.publish(s.checkpoints, version, step, model, s.model, optimizer, info=info,
                                    adapter=s.lora, gathered=gathered)
-        event = checkpoints.checkpoint_event(checkpoints.read_info(path), s.run, metrics, s.groups_per_version,
-                                             s.max_staleness)
+        written = checkpoints.read_info(path)
+        event = checkpoints.checkpoint_event(written, s.run, metrics, s.groups_per_version, s.max_staleness,
+                                             _upload(s, written))
         writer.append([event])  # type: ignore[union-attr]
     distributed.all_ranks(None, ranks)  # a barrier: no rank runs ahead of a version rank 0 is writing
     return version
