@@ -65,7 +65,7 @@ from learner.losses import (
 )
 from learner.errors import LearnerError
 from learner.settings import LearnSettings, SettingsError
-from trajstore import Metric, Store, Writer, open_store
+from trajstore import Metric, Store, Writer, artifacts, open_store
 from trajstore.shard import Shard
 
 # the shard planner's rollout budget: a step is bounded by its group count, not its rollouts
@@ -300,6 +300,8 @@ def learn(settings: LearnSettings, *,
                              "process (drop torchrun), or train the full model sharded"])
     device = resolve_device(s.device, ranks.local_rank)
     store = open_store(s.store, create=s.create_store) if ranks.main else None  # before any work: a wrong --store
+    if ranks.main and s.publish_uri is not None:
+        artifacts.check_destination(s.publish_uri)  # and a checkpoint URI that cannot take uploads
     # bfloat16 autocast on CUDA, plain float32 on CPU: one code path
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     torch.manual_seed(s.seed)

@@ -118,6 +118,23 @@ def upload(local: str | os.PathLike[str], uri: str, *, exclude: Collection[str] 
     return digest(data)
 
 
+def check_destination(uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+    """Raise ArtifactError now, before any work, when `uri` cannot take uploads: no such bucket,
+    no credentials, no server, or a local directory that cannot be made."""
+    try:
+        fs, root = directory(uri, storage_options=dict(storage_options or {}))
+        if isinstance(fs, pafs.LocalFileSystem):
+            fs.create_dir(root, recursive=True)
+            return
+        bucket = root.split("/", 1)[0]
+        found = fs.get_file_info(bucket).type
+    except OSError as exc:
+        raise ArtifactError(f"cannot publish to {uri}: {exc}") from exc
+    if found == pafs.FileType.NotFound:
+        raise ArtifactError(f"cannot publish to {uri}: bucket {bucket!r} does not exist (or these credentials "
+                            "cannot see it); create it, or give another checkpoint URI")
+
+
 def holds(local: str | os.PathLike[str], expect: str) -> bool:
     """True when `local` is a directory whose manifest is the one announced as `expect`."""
     try:

@@ -120,3 +120,25 @@ def test_a_bad_checkpoint_uri_is_refused_before_any_work(tmp_path: Path, value: 
     (line,) = [line for line in out.splitlines() if "checkpoint_uri" in line]
     assert message in line, out
     assert not (tmp_path / "store").exists()
+
+
+def test_a_checkpoint_uri_that_cannot_take_uploads_is_refused_before_training(
+        s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAJSTORE_SPOOL", str(tmp_path / "spool"))
+    model = make_model(tmp_path / "tiny")
+    out = learn(s3_server.new_uri(), model, tmp_path / "ckpts", 1, "--create-store",
+                "--checkpoint-uri", "s3://no-such-bucket/ckpts", code=1)
+    assert "bucket 'no-such-bucket' does not exist" in out.splitlines()[-1], out
+    assert not (tmp_path / "ckpts").exists()
+
+
+def test_a_checkpoint_cache_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": "q1", "prompt": "Hi"}])
+    (tmp_path / "file").write_text("")
+    result = CliRunner().invoke(main, [
+        "collect", "--store", str(tmp_path / "s"), "--run", "r", "--tasks", tasks, "--server", "http://127.0.0.1:9",
+        "--no-reward", "--checkpoint-cache", str(tmp_path / "file")], catch_exceptions=False)
+    assert result.exit_code == 2  # click's usage error
+    (line,) = [line for line in result.output.splitlines() if "--checkpoint-cache" in line]
+    assert "is a file" in line, result.output
+    assert not (tmp_path / "s").exists()

@@ -120,3 +120,18 @@ def test_prune_keeps_the_most_recently_used(tmp_path: Path) -> None:
         os.utime(cache / name, (1000 + i, 1000 + i))
     assert artifacts.prune(cache, 2) == [cache / "a"]
     assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == ["b", "c"]
+
+
+def test_a_directory_every_host_mounts_works_the_same(tmp_path: Path) -> None:
+    local = tmp_path / "learner" / "v000001"
+    local.mkdir(parents=True)
+    (local / "config.json").write_text("{}\n")
+    shared = tmp_path / "nfs" / "ckpts" / "v000001"
+    artifacts.check_destination(str(shared.parent))
+    digest = artifacts.upload(local, str(shared))
+    assert sorted(p.name for p in shared.iterdir()) == ["config.json", artifacts.MANIFEST]
+    copy = artifacts.fetch(str(shared), tmp_path / "cache", expect=digest)
+    assert (copy / "config.json").read_text() == "{}\n"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ArtifactError, match="cannot publish to"):
+        artifacts.check_destination(str(tmp_path / "file" / "ckpts"))
