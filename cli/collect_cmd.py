@@ -72,8 +72,7 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
             seed: int | None, epochs: int,
             forever: bool, follow: bool, max_staleness: int | None, groups_per_version: int | None,
             workdir: str | None, keep_workdirs: bool, checkpoint_cache: str | None, policy_version: int, device: str,
-            max_batch: int,
-            threads: int | None, plain: bool) -> None:
+            max_batch: int, threads: int | None, plain: bool) -> None:
     """Run an agent over a task file, N rollouts per task, every model call stored token-exact.
 
     Each task becomes a group of N rollouts; each rollout goes through the capture proxy,

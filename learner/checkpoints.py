@@ -10,6 +10,8 @@ Layout (the contract between learner and collectors; they share nothing else but
                                                  "consumed", "adapter", "base_model", "metrics", "settings"}
                      learner_state.pt           optimizer state (keyed by parameter name, full: the same
                                                 whatever the number of ranks) and RNG states (learner-private)
+                     trajstore_manifest.json    when uploaded for other hosts: every other file's size and
+                                                sha256 (trajstore.artifacts), the same as in URI/v000001/
 
 A version is written under `CKPTS/.partial-v000001-<random>/`, every file and the directory
 fsynced, then renamed into place: a reader sees a whole version or none. A `.partial-*`
@@ -19,6 +21,8 @@ directory, so no other process can be writing one).
 The store learns of a version from its Checkpoint event (`checkpoint_event`), appended after
 the rename with the deterministic id `checkpoint:{run}:{version}`: after a crash between the
 rename and the append, the resumed learner appends the same event again from the JSON here.
+Version 0 is the initial model, announced by `initial_event` so that collectors know the
+learner's batch size before the first checkpoint.
 
 Other hosts cannot read CKPTS. With a checkpoint URI (`LearnSettings.publish_uri`: by default
 `<store>/checkpoints/<run>` for an `s3://` store), `upload` also publishes each version at
@@ -27,8 +31,6 @@ learner-private learner_state.pt stays here) before the event is appended, and t
 names it: `uri` (where every host finds it) and `digest` (the manifest's sha256) beside `path`
 (this host's directory). A crash mid-upload leaves no manifest: readers ignore it, and the
 resumed learner uploads the version again before announcing it.
-Version 0 is the initial model, announced by `initial_event` so that collectors know the
-learner's batch size before the first checkpoint.
 """
 
 from __future__ import annotations
