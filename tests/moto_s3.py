@@ -1,7 +1,8 @@
 """A loopback S3-compatible server for the tests: moto, with atomic conditional writes.
 
-Run as `python -m tests.moto_s3`; it binds 127.0.0.1 on a free port and prints
-`http://127.0.0.1:<port>` as its first line once it serves. With `--exit-on-eof` it also
+Run as `python -m tests.moto_s3 [--host ADDR] [--port N]`; it binds ADDR (127.0.0.1 by default;
+the multi-host rehearsal binds the object-store host's address inside its sandbox) on port N (a free
+one by default) and prints `http://ADDR:PORT` as its first line once it serves. With `--exit-on-eof` it also
 exits when its stdin closes, so a test session that dies (even by SIGKILL) takes its
 server with it: the parent holds the other end of the pipe.
 
@@ -18,6 +19,7 @@ serialized here; everything else stays concurrent.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import threading
@@ -55,11 +57,16 @@ def _exit_on_eof() -> None:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description="moto's S3 with atomic conditional writes")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--exit-on-eof", action="store_true", help="exit when stdin closes (the parent died)")
+    args = ap.parse_args()
     app = atomic_conditional_writes(DomainDispatcherApplication(create_backend_app))
-    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_QuietHandler)
-    if "--exit-on-eof" in sys.argv[1:]:
+    server = make_server(args.host, args.port, app, threaded=True, request_handler=_QuietHandler)
+    if args.exit_on_eof:
         threading.Thread(target=_exit_on_eof, daemon=True).start()
-    print(f"http://127.0.0.1:{server.server_port}", flush=True)
+    print(f"http://{args.host}:{server.server_port}", flush=True)
     server.serve_forever()
 
 
