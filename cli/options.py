@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import warnings
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import click
@@ -24,6 +28,9 @@ class Commands(click.Group):
             return super().invoke(ctx)
         except DOMAIN_ERRORS as exc:
             raise click.ClickException(str(exc)) from exc
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (see prepare_process): cleanup has run
+            click.echo(str(exc) or "interrupted", err=True)
+            ctx.exit(130)
 
 
 def store_option(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -32,3 +39,22 @@ def store_option(func: Callable[..., Any]) -> Callable[..., Any]:
         "--store", "store_loc", required=True, envvar="TRAJSTORE_STORE", show_envvar=True,
         help="Store location: a directory or s3://bucket/prefix.",
     )(func)
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
+def prepare_process() -> None:
+    """What every command needs before it starts: `kill PID` (SIGTERM) stops it the way Ctrl-C does, so
+    its cleanup runs and its store writers seal what they appended; and library progress bars and
+    deprecation warnings stay out of its output (set before the libraries load, which the commands
+    do lazily)."""
+    signal.signal(signal.SIGTERM, _stop)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bars
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # its warning when an agent command forks
+    for module in ("transformers", "torch", "peft", "huggingface_hub", "accelerate"):
+        warnings.filterwarnings("ignore", category=FutureWarning, module=module)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=module)
+        warnings.filterwarnings("ignore", category=UserWarning, module=module)

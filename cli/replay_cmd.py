@@ -9,27 +9,21 @@ from __future__ import annotations
 
 import json
 from statistics import fmean
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-import trajstore
 from cli.options import store_option
-from collectors.replay import Decode, Episode, ReplayTurn, Span, load_episode, token_rows
+
+if TYPE_CHECKING:
+    from collectors.replay import Decode, Episode, ReplayTurn, Span
 
 STYLES = {"prompt": "dim", "sampled": "bold green", "sampled_masked": "yellow"}
 LABELS = {"prompt": "prompt / tool observation", "sampled": "sampled (trainable)",
           "sampled_masked": "sampled, masked out of the loss"}
-
-
-def tokenizer_decode(model_dir: str) -> Decode:
-    """Decode with the checkpoint's tokenizer, special tokens kept: the template is part of what the model saw."""
-    from transformers import AutoTokenizer  # heavy: loaded only with --model
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
 
 def _span_text(span: Span) -> str:
@@ -48,6 +42,8 @@ def _token_table(turn: ReplayTurn, decode: Decode | None) -> Table:
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
     for name in ("#", "kind", "id", "text", "logprob"):
         table.add_column(name, justify="right" if name in ("#", "id", "logprob") else "left")
+    from collectors.replay import token_rows
+
     for i, row in enumerate(token_rows(turn, decode)):
         logprob = "" if row["logprob"] is None else f"{row['logprob']:.4f}"
         text = "" if row["text"] is None else repr(row["text"])
@@ -107,6 +103,9 @@ def replay(store_loc: str, rollout_id: str, model_dir: str | None, tokens: bool,
       trajstore query --store runs/s "SELECT rollout_id, reward FROM rollouts LIMIT 5"
       trajstore replay --store runs/s ROLLOUT_ID --model tiny-model --tokens
     """
+    import trajstore
+    from collectors.replay import load_episode, token_rows, tokenizer_decode
+
     store = trajstore.open_store(store_loc, create=False)
     decode = tokenizer_decode(model_dir) if model_dir else None
     episode = load_episode(store, rollout_id, decode=decode)

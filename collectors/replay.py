@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from collectors.errors import CollectorError
 from collectors.proxy.toolcalls import ToolCall, parse_output, response_calls
-from trajstore import Store
+from trajstore import Snapshot, Store
 
 Decode = Callable[[list[int]], str]
 SpanKind = Literal["prompt", "sampled", "sampled_masked"]
@@ -63,6 +64,7 @@ class ReplayTurn:
     tool_results: list[ToolResult]
     sampling: Any = None
     time: str | None = None
+    meta: Any = None  # the capture proxy's: protocol, fork reason (template_drift, history_rewrite), ...
 
 
 @dataclass(frozen=True)
@@ -93,23 +95,42 @@ class Episode:
         return {**asdict(self), "reward": self.reward}
 
 
-def load_episode(store: Store, rollout_id: str, *, decode: Decode | None = None) -> Episode:
-    """Read `rollout_id` from `store` (turns, rewards, statuses) and build its `Episode`."""
-    turns = store.query(
-        "SELECT run, group_id, session_id, segment_id, turn_index, policy_version, prompt_ids, output_ids, "
-        "output_logprobs, output_mask, finish_reason, sampling, request, response, time::VARCHAR AS time "
-        "FROM turns WHERE rollout_id = ? ORDER BY time, turn_index", [rollout_id]).to_pylist()
-    others = store.query(
-        "SELECT kind, run, group_id, reward, reward_name, segment_id, status, error FROM events "
-        "WHERE rollout_id = ? AND kind IN ('reward', 'status') ORDER BY time, writer, writer_seq",
-        [rollout_id]).to_pylist()
+def tokenizer_decode(model_dir: str | Path) -> Decode:
+    """Decode with the checkpoint's tokenizer, special tokens kept: the template is part of what the model saw."""
+    from transformers import AutoTokenizer  # heavy: loaded only when asked to decode
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+
+def load_episode(store: Store, rollout_id: str, *, decode: Decode | None = None,
+                 version: int | None = None) -> Episode:
+    """Read `rollout_id` from `store` (turns, rewards, statuses; at table `version`, latest by default)
+    and build its `Episode`. Only the sealed files whose statistics can hold the rollout are read."""
+    with store.snapshot(version) as snap:
+        turns, others = episode_rows(snap, rollout_id)
     if not turns and not others:
         near = store.query("SELECT DISTINCT rollout_id FROM events WHERE starts_with(rollout_id, ?) ORDER BY 1 "
-                           "LIMIT 5", [rollout_id[:4]]).column("rollout_id").to_pylist()
+                           "LIMIT 5", [rollout_id[:4]], version=version).column("rollout_id").to_pylist()
         hint = f" Similar ids: {', '.join(near)}." if near else ""
         raise RolloutNotFound(f"no rollout {rollout_id!r} in the store at {store.location.uri}.{hint} List "
                               f"rollout ids with: {_FIND_IDS.format(loc=store.location.uri)}")
     return build_episode(rollout_id, turns, others, decode=decode)
+
+
+def episode_rows(snap: Snapshot, rollout_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rollout's rows of the `turns` view and its reward and status events, oldest first; the
+    snapshot is narrowed to the rollout's events (see `Snapshot.narrow`)."""
+    snap.narrow("rollout_id", [rollout_id])
+    turns = snap.query(
+        "SELECT run, group_id, session_id, segment_id, turn_index, policy_version, prompt_ids, output_ids, "
+        "output_logprobs, output_mask, finish_reason, sampling, request, response, meta, time::VARCHAR AS time "
+        "FROM turns WHERE rollout_id = ? ORDER BY time, turn_index", [rollout_id]).to_pylist()
+    others = snap.query(
+        "SELECT kind, run, group_id, reward, reward_name, segment_id, status, error, meta, time::VARCHAR AS time "
+        "FROM events WHERE rollout_id = ? AND kind IN ('reward', 'status') ORDER BY time, writer, writer_seq",
+        [rollout_id]).to_pylist()
+    return turns, others
 
 
 def build_episode(rollout_id: str, turns: Sequence[dict[str, Any]], others: Sequence[dict[str, Any]], *,
@@ -152,7 +173,7 @@ def _turn(row: dict[str, Any], decode: Decode | None) -> ReplayTurn:
                       finish_reason=row["finish_reason"], prompt_ids=prompt, output_ids=output,
                       output_logprobs=logprobs, output_mask=mask, spans=spans(prompt, output, logprobs, mask, decode),
                       tool_calls=calls, tool_results=tool_results(request), sampling=_json(row["sampling"]),
-                      time=row.get("time"))
+                      time=row.get("time"), meta=_json(row.get("meta")))
 
 
 def spans(prompt: list[int], output: list[int], logprobs: list[float], mask: list[bool],

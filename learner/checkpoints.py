@@ -8,7 +8,8 @@ Layout (the contract between learner and collectors; they share nothing else but
                      base_model_name_or_path = absolute path of the base model directory)
                      trajstore_checkpoint.json  {"version", "step", "parent", "run", "table_version",
                                                  "consumed", "adapter", "base_model", "metrics", "settings"}
-                     learner_state.pt           optimizer state and RNG states (learner-private)
+                     learner_state.pt           optimizer state (keyed by parameter name, full: the same
+                                                whatever the number of ranks) and RNG states (learner-private)
 
 A version is written under `CKPTS/.partial-v000001-<random>/`, every file and the directory
 fsynced, then renamed into place: a reader sees a whole version or none. A `.partial-*`
@@ -35,6 +36,8 @@ from typing import Any
 
 import torch
 
+from learner import distributed
+from learner.distributed import GatheredState
 from learner.errors import LearnerError
 from trajstore import Checkpoint
 from trajstore.durable import fsync_path, fsync_tree
@@ -92,13 +95,15 @@ def _keep_compat_keys(initial: Path, dest: Path) -> None:
 
 
 def publish(root: str | Path, version: int, step: int, model: torch.nn.Module, tokenizer_dir: str | Path,
-            optimizer: torch.optim.Optimizer, *, info: Mapping[str, Any], adapter: bool) -> Path:
+            optimizer: torch.optim.Optimizer, *, info: Mapping[str, Any], adapter: bool,
+            gathered: GatheredState | None = None) -> Path:
     """Write version `version` atomically under `root` and return its directory.
 
     `model` is the policy (a PeftModel when `adapter`); `tokenizer_dir` the initial model's
     directory, whose tokenizer files (and, for an adapter, weights) the version refers to.
     `info` fills trajstore_checkpoint.json (run, parent, table_version, consumed, metrics,
-    settings, ...); version, step, adapter and base_model are set here.
+    settings, ...); version, step, adapter and base_model are set here. Under FSDP2, `gathered`
+    holds the full weights and optimizer state (`learner.distributed.gather_state`, rank 0).
     """
     root = Path(root)
     final = version_dir(root, version)
@@ -115,10 +120,15 @@ def publish(root: str | Path, version: int, step: int, model: torch.nn.Module, t
 
             save_adapter(model, tmp, base)  # type: ignore[arg-type]
         else:
-            model.save_pretrained(str(tmp), safe_serialization=True)  # type: ignore[operator]
+            weights = {}
+            if gathered is not None:  # a tied copy (lm_head of a tied model) is saved once, as save_pretrained does
+                tied = getattr(model, "all_tied_weights_keys", None) or {}
+                weights = {"state_dict": {k: v for k, v in gathered.weights.items() if k not in tied}}
+            model.save_pretrained(str(tmp), safe_serialization=True, **weights)  # type: ignore[operator]
             _copy_tokenizer(base, tmp)
             _keep_compat_keys(base, tmp)
-        torch.save(_learner_state(optimizer), tmp / STATE_FILE)
+        optimizer_state = gathered.optimizer if gathered is not None else distributed.optimizer_state(model, optimizer)
+        torch.save(_learner_state(optimizer_state), tmp / STATE_FILE)
         record = {**dict(info), "version": version, "step": step, "adapter": adapter, "base_model": str(base),
                   "consumed": list(info.get("consumed", ()))}
         (tmp / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
@@ -131,8 +141,8 @@ def publish(root: str | Path, version: int, step: int, model: torch.nn.Module, t
     return final
 
 
-def _learner_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    state: dict[str, Any] = {"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+def _learner_state(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, Any] = {"optimizer": optimizer_state, "torch_rng": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
     return state
@@ -188,9 +198,10 @@ def load_state(info: CheckpointInfo) -> LearnerState:
     return LearnerState(optimizer=raw["optimizer"], torch_rng=raw["torch_rng"], cuda_rng=raw.get("cuda_rng"))
 
 
-def restore(state: LearnerState, optimizer: torch.optim.Optimizer) -> None:
-    """Put the saved optimizer and RNG states back (after the model's weights are loaded)."""
-    optimizer.load_state_dict(state.optimizer)
+def restore(state: LearnerState, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """Put the saved optimizer and RNG states back (after the model's weights are loaded, and sharded
+    under FSDP2: each rank keeps its part of the optimizer state)."""
+    distributed.load_optimizer_state(model, optimizer, state.optimizer)
     torch.set_rng_state(state.torch_rng)
     if state.cuda_rng is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state.cuda_rng)

@@ -7,6 +7,7 @@ names of the loss and aggregation choices map to functions in one dict each in
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ class LearnSettings:
     """One learner run. Paths may be relative; `resolved()` makes them absolute."""
 
     store: str  # a directory or s3://bucket/prefix
-    run: str = "default"
+    run: str  # the run to train: explicit, so a forgotten name never trains on nothing
     model: str  # the initial policy: a Hugging Face checkpoint directory
     checkpoints: str  # where v000001/, v000002/, ... are published
     max_staleness: int = 1  # train on groups whose oldest tokens are at most this many versions old
@@ -64,6 +65,7 @@ class LearnSettings:
     poll_interval: float = 1.0  # seconds between looks at the store while waiting for groups
     wait_timeout: float = 600.0  # without --follow: stop after this long without a full step of data
     writer: str | None = None  # store writer name; default learner-<run>
+    create_store: bool = False  # create the store when none exists (else: refuse, a mistyped --store waits forever)
 
     def problems(self) -> list[str]:
         """Every problem with these settings, each saying what would fix it."""
@@ -85,8 +87,11 @@ class LearnSettings:
             if getattr(self, name) < 1:
                 out.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         for name in ("lr", "max_grad_norm", "is_cap", "temperature", "poll_interval", "wait_timeout"):
-            if not getattr(self, name) > 0:
-                out.append(f"{name} must be > 0 (got {getattr(self, name)})")
+            if not 0 < getattr(self, name) < math.inf:
+                out.append(f"{name} must be > 0 and finite (got {getattr(self, name)})")
+        for name in ("clip_low", "clip_high", "kl_coef"):
+            if not math.isfinite(getattr(self, name)):
+                out.append(f"{name} must be a finite number (got {getattr(self, name)})")
         if self.max_staleness < 0:
             out.append(f"max_staleness must be >= 0 (got {self.max_staleness})")
         if not 0 <= self.clip_low < 1:

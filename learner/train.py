@@ -24,12 +24,12 @@ staleness plus the inference/training mismatch.
 Precision: float32 weights and optimizer state; the forward runs under bfloat16 autocast on
 CUDA and in float32 on CPU (one code path); log-softmax math is float32 either way.
 
-Several GPUs: under torchrun (WORLD_SIZE > 1) rank 0 alone reads the store and writes
-events and checkpoints; it broadcasts each shard, every rank trains on its share of the
-micro-batches, and the accumulated gradients are summed once per step. That replaces
-DistributedDataParallel on purpose: ranks get unequal numbers of micro-batches, which DDP's
-per-backward all-reduce would deadlock on. This path is not exercised by the tests here
-(one CPU process); it is kept to these few lines.
+Several processes (torchrun, WORLD_SIZE > 1): the same loop on every rank, with the model
+sharded by FSDP2 (parameters, gradients and optimizer state split across ranks). Rank 0 alone
+reads the store, writes events and publishes checkpoints (gathered, the same Hugging Face
+directory as one process writes); it broadcasts each shard, every rank trains on its share of
+the micro-batches (padding passes keep the ranks in step when the shares differ), and the
+ranks' gradients add up to the step's. `learner.distributed` holds all of it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,11 +44,11 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
-import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from learner import checkpoints
+from learner import checkpoints, distributed
 from learner.batching import MicroBatch, StepTotals, pack, step_totals
 from learner.losses import (
     LossStats,
@@ -63,7 +62,8 @@ from learner.losses import (
     token_logprobs,
     token_mean,
 )
-from learner.settings import LearnSettings
+from learner.errors import LearnerError
+from learner.settings import LearnSettings, SettingsError
 from trajstore import Metric, Store, Writer, open_store
 from trajstore.shard import Shard
 
@@ -111,6 +111,7 @@ class LearnSummary:
     resumed_from: int | None  # the version this call started from, None when fresh
     stopped: Literal["steps", "no_data"]  # reached `steps`, or waited `wait_timeout` for data in vain
     last_metrics: dict[str, float] = field(default_factory=dict)
+    waiting: str | None = None  # with "no_data": what it waited for, and what the store held
 
 
 # ---- small pieces the loop reads as one line each --------------------------------------------------
@@ -120,7 +121,8 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("device 'cuda' was asked for but torch sees no GPU; use --device cpu or auto")
+            raise SettingsError([f"device cuda was asked for but torch {torch.__version__} sees no GPU on this "
+                                 "machine; use --device cpu, or auto (a GPU when there is one)"])
         return torch.device("cuda", local_rank)
     return torch.device(name)
 
@@ -154,10 +156,35 @@ def forward_logits(model: torch.nn.Module, mb: MicroBatch, temperature: float) -
     return logits / temperature
 
 
-def wait_for_shard(store: Store, s: LearnSettings, version: int, exclude: Iterable[str]) -> Shard | None:
-    """The next `groups_per_step` complete, fresh, unconsumed groups; None after `wait_timeout` without them."""
+def waiting_for(store: Store, s: LearnSettings, version: int, found: int) -> str:
+    """What the learner waits for and what the store holds of the run, in one line."""
+    lo = version - s.max_staleness
+    row = store.query(
+        """SELECT count(*) AS groups, count(*) FILTER (WHERE complete) AS complete,
+                  count(*) FILTER (WHERE NOT complete) AS open,
+                  count(*) FILTER (WHERE complete AND min_version < $lo) AS stale
+           FROM groups WHERE run = $run""", {"run": s.run, "lo": lo}).to_pylist()[0]
+    want = (f"waiting for {s.groups_per_step} complete, unconsumed groups of run {s.run!r} sampled at version "
+            f">= {max(lo, 0)} (have {found})")
+    if not row["groups"]:
+        runs = store.query("SELECT DISTINCT run FROM rollouts ORDER BY run").column("run").to_pylist()
+        shown = ", ".join(map(repr, runs[:10])) or "none yet"
+        return f"{want}: the store has no rollouts of run {s.run!r} (its runs: {shown}); is --run right?"
+    return (f"{want}: the store holds {row['groups']} group(s) of the run, {row['open']} still collecting, "
+            f"{row['complete']} complete ({row['stale']} of them too stale, the rest consumed or in this shard)")
+
+
+WAIT_REPORT_S = 30.0  # how often a waiting learner says what it waits for
+
+
+def wait_for_shard(store: Store, s: LearnSettings, version: int, exclude: Iterable[str],
+                   say: Callable[[str], None] | None = None) -> Shard | None:
+    """The next `groups_per_step` complete, fresh, unconsumed groups; None after `wait_timeout` without them.
+
+    While it waits, `say` hears what it waits for (at once, then every WAIT_REPORT_S seconds)."""
     exclude = list(exclude)
     deadline = None if s.follow else time.monotonic() + s.wait_timeout
+    report_at = time.monotonic()
     while True:
         shard = store.shard(policy_version=version, max_staleness=s.max_staleness, max_rollouts=_NO_ROLLOUT_LIMIT,
                             estimator=s.estimator, run=s.run, exclude=exclude, max_groups=s.groups_per_step)
@@ -165,7 +192,26 @@ def wait_for_shard(store: Store, s: LearnSettings, version: int, exclude: Iterab
             return shard
         if deadline is not None and time.monotonic() >= deadline:
             return None
+        if say is not None and time.monotonic() >= report_at:
+            say(waiting_for(store, s, version, len(shard.group_ids)))
+            report_at = time.monotonic() + WAIT_REPORT_S
         time.sleep(s.poll_interval)
+
+
+def check_vocabulary(samples: pa.Table, vocab_size: int) -> None:
+    """Every token id of a shard must be one the model has; otherwise say which rollout holds which id."""
+    tokens = samples.column("tokens")
+    flat = pc.list_flatten(tokens)
+    if not len(flat) or pc.max(flat).as_py() < vocab_size:
+        return
+    parents = pc.list_parent_indices(tokens).filter(pc.greater_equal(flat, vocab_size))
+    row = parents[0].as_py()
+    bad = max(t for t in tokens[row].as_py() if t >= vocab_size)
+    raise LearnerError(f"rollout {samples.column('rollout_id')[row].as_py()} (run "
+                       f"{samples.column('run')[row].as_py()}) holds token id {bad}, but the model has "
+                       f"{vocab_size} tokens (ids 0..{vocab_size - 1}): its run was collected with another "
+                       "tokenizer or model. Train it with the model that sampled it (--model), or keep runs of "
+                       "different models apart (--run)")
 
 
 def shard_metrics(samples: pa.Table, version: int) -> dict[str, float]:
@@ -201,9 +247,10 @@ def announce_missing(store: Store, writer: Writer, s: LearnSettings,
 
 
 def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | None, mb: MicroBatch,
-                         totals: StepTotals, s: LearnSettings,
-                         autocast: Callable[[], torch.autocast]) -> tuple[float, float, LossStats]:
-    """Forward one micro-batch, add its share of the step's loss gradient; returns (loss, kl, stats)."""
+                         totals: StepTotals, s: LearnSettings, autocast: Callable[[], torch.autocast],
+                         grad_scale: float = 1.0) -> tuple[float, float, LossStats]:
+    """Forward one micro-batch, add its share of the step's loss gradient (times `grad_scale`, see
+    `learner.distributed.micro_batches`); returns (loss, kl, stats) unscaled."""
     keep = mb.mask.nonzero().squeeze(1)  # only trainable targets enter the loss
     behaviour, advantages, seq, targets = (mb.behaviour_logprobs[keep], mb.advantages[keep], mb.seq[keep],
                                            mb.targets[keep])
@@ -223,47 +270,31 @@ def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | No
         per_token = per_token + s.kl_coef * kl
         kl_value = AGGREGATIONS[s.aggregation](kl.detach(), seq, mb.seq_weight, totals, s).item()
     loss = AGGREGATIONS[s.aggregation](per_token, seq, mb.seq_weight, totals, s)
-    loss.backward()
+    (loss * grad_scale).backward()
     stats = loss_stats(logprobs, behaviour, torch.ones_like(keep, dtype=torch.bool), clipped, entropy(logits))
     return loss.item(), kl_value, stats
-
-
-def _sum_over_ranks(params: list[torch.nn.Parameter], loss: float, kl: float, stats: LossStats,
-                    world: int) -> tuple[float, float, LossStats]:
-    """Sum every rank's accumulated gradients (the normalizers are global already) and statistics."""
-    for p in params:
-        if p.grad is None:  # a rank without micro-batches this step
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad)
-    parts: list[tuple[float, float, LossStats]] = [(0.0, 0.0, LossStats())] * world
-    dist.all_gather_object(parts, (loss, kl, stats))
-    return sum(p[0] for p in parts), sum(p[1] for p in parts), sum((p[2] for p in parts), LossStats())
-
-
-def _broadcast(value: object, world: int) -> object:
-    if world == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
 
 def learn(settings: LearnSettings, *,
-          show: Callable[[int, int, Mapping[str, float]], None] | None = None) -> LearnSummary:
+          show: Callable[[int, int, Mapping[str, float]], None] | None = None,
+          say: Callable[[str], None] | None = None) -> LearnSummary:
     """Train `settings.run` from the store until `settings.steps` (or forever with `follow`).
 
-    `show(step, version, metrics)` is called after every step (the CLI prints a line).
-    Raises SettingsError listing every problem before any work starts.
+    `show(step, version, metrics)` is called after every step (the CLI prints a line), `say(text)`
+    while it waits for data. Raises SettingsError listing every problem before any work starts,
+    and StoreNotFoundError when the store does not exist (unless `create_store`).
     """
     s = settings
     s.check()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    rank = dist.get_rank() if world > 1 else 0
-    device = resolve_device(s.device, int(os.environ.get("LOCAL_RANK", "0")))
+    ranks = distributed.start()  # torchrun's process group; one process otherwise
+    if ranks.world > 1 and s.lora:
+        distributed.stop(ranks)
+        raise SettingsError(["--lora under torchrun is not supported: adapters are small, so train them in one "
+                             "process (drop torchrun), or train the full model sharded"])
+    device = resolve_device(s.device, ranks.local_rank)
+    store = open_store(s.store, create=s.create_store) if ranks.main else None  # before any work: a wrong --store
     # bfloat16 autocast on CUDA, plain float32 on CPU: one code path
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     torch.manual_seed(s.seed)
@@ -279,18 +310,20 @@ def learn(settings: LearnSettings, *,
         raise checkpoints.CheckpointError(
             f"{resume.path} belongs to run {resume.run!r}, not {s.run!r}; give each run its own --checkpoints")
 
-    # model, optional frozen reference (the initial policy), optimizer
-    model = load_policy(s, resume).to(device).eval()  # eval: no dropout, the policy that sampled
+    # model, optional frozen reference (the initial policy), optimizer; sharded by FSDP2 under torchrun
+    model = distributed.shard(load_policy(s, resume), ranks, device).eval()  # eval: no dropout, the sampling policy
     reference = None
     if s.kl_coef > 0 and not s.lora:  # with LoRA the reference is the base, adapter disabled
-        reference = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32).to(device).eval()
+        reference = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32)
         reference.requires_grad_(False)
+        reference = distributed.shard(reference, ranks, device).eval()
+    vocab_size = int(model.get_input_embeddings().num_embeddings)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
     version = step_done = 0
     if resume is not None:
-        checkpoints.restore(checkpoints.load_state(resume), optimizer)
+        checkpoints.restore(checkpoints.load_state(resume), optimizer, model)
         version, step_done = resume.version, resume.step
 
     pending: list[str] = []  # rollouts trained since the last published version
@@ -299,10 +332,10 @@ def learn(settings: LearnSettings, *,
     published: list[int] = []
     metrics: dict[str, float] = {}
     stopped: Literal["steps", "no_data"] = "steps"
+    waiting: str | None = None
     steps_trained = 0
     last_step = step_done
     steps = itertools.count(step_done + 1) if s.steps is None else range(step_done + 1, s.steps + 1)
-    store = open_store(s.store) if rank == 0 else None
     writer = store.writer(s.writer_name) if store is not None else None
     try:
         if store is not None and writer is not None:
@@ -311,30 +344,36 @@ def learn(settings: LearnSettings, *,
                 writer.append([checkpoints.initial_event(s.model, s.run, s.groups_per_version, s.max_staleness,
                                                          s.resolved())])
         for step in steps:
-            shard = wait_for_shard(store, s, version, pending) if store is not None else None
-            shard = _broadcast(shard, world)
+            shard = wait_for_shard(store, s, version, pending, say) if store is not None else None
+            shard = distributed.broadcast(shard, ranks)
             if shard is None:
                 stopped = "no_data"
+                waiting = waiting_for(store, s, version, 0) if store is not None else None
                 break
             started = time.perf_counter()
+            check_vocabulary(shard.samples, vocab_size)
             totals = step_totals(shard.samples)
             batches = pack(shard.samples, s.micro_batch_tokens)
             optimizer.zero_grad(set_to_none=True)
             loss_sum = kl_sum = 0.0
             stats = LossStats()
-            for mb in batches[rank::world]:
-                loss, kl, mb_stats = backward_micro_batch(model, reference, mb.to(device), totals, s, autocast)
-                loss_sum, kl_sum, stats = loss_sum + loss, kl_sum + kl, stats + mb_stats
-            if world > 1:
-                loss_sum, kl_sum, stats = _sum_over_ranks(params, loss_sum, kl_sum, stats, world)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
+            for mb, grad_scale in distributed.micro_batches(batches, ranks):  # as many passes on every rank
+                loss, kl, mb_stats = backward_micro_batch(model, reference, mb.to(device), totals, s, autocast,
+                                                          grad_scale)
+                if grad_scale:  # a padding pass only keeps the ranks in step
+                    loss_sum, kl_sum, stats = loss_sum + loss, kl_sum + kl, stats + mb_stats
+            parts = distributed.all_ranks((loss_sum, kl_sum, stats), ranks)
+            loss_sum, kl_sum, stats = (sum(p[0] for p in parts), sum(p[1] for p in parts),
+                                       sum((p[2] for p in parts), LossStats()))
+            grad_norm = distributed.clip_grad_norm(params, s.max_grad_norm)
             optimizer.step()
             elapsed = time.perf_counter() - started
 
-            metrics = {"loss": loss_sum, "grad_norm": float(grad_norm), "lr": s.lr, **stats.finalize(),
+            metrics = {"loss": loss_sum, "grad_norm": grad_norm, "lr": s.lr, **stats.finalize(),
                        **shard_metrics(shard.samples, version),  # its "tokens" (all of them) replaces the stats'
                        "trainable_tokens": float(totals.trainable_tokens), "micro_batches": float(len(batches)),
-                       "step_time": elapsed}
+                       "step_time": elapsed, "ranks": float(ranks.world),
+                       **distributed.memory(model, optimizer, ranks)}
             if s.kl_coef > 0:
                 metrics["kl_ref"] = kl_sum
             metrics["tokens_per_s"] = metrics["tokens"] / elapsed if elapsed > 0 else 0.0
@@ -346,41 +385,40 @@ def learn(settings: LearnSettings, *,
             if writer is not None:
                 writer.append([Metric(run=s.run, step=step, metrics=metrics, policy_version=version,
                                       table_version=shard.table_version, consumed=list(shard.rollout_ids))])
-            if show is not None and rank == 0:
+            if show is not None and ranks.main:
                 show(step, version, metrics)
 
             if pending_steps == s.publish_every:
                 version = _publish(s, model, optimizer, writer, version + 1, step, pending, table_version,
-                                   metrics, rank, world)
+                                   metrics, ranks)
                 published.append(version)
                 pending, pending_steps = [], 0
         if pending_steps:  # the last steps of a finished run are published too
             version = _publish(s, model, optimizer, writer, version + 1, last_step, pending, table_version,
-                               metrics, rank, world)
+                               metrics, ranks)
             published.append(version)
     finally:
         if writer is not None:
             writer.close()
-        if world > 1:
-            dist.destroy_process_group()
+        distributed.stop(ranks)
     return LearnSummary(run=s.run, step=last_step, version=version, steps_trained=steps_trained,
                         published=tuple(published), resumed_from=resume.version if resume else None,
-                        stopped=stopped, last_metrics=metrics)
+                        stopped=stopped, last_metrics=metrics, waiting=waiting)
 
 
 def _publish(s: LearnSettings, model: torch.nn.Module, optimizer: torch.optim.Optimizer, writer: Writer | None,
              version: int, step: int, consumed: list[str], table_version: int | None,
-             metrics: Mapping[str, float], rank: int, world: int) -> int:
-    """Write version `version` and announce it (rank 0), then let every rank go on."""
-    if rank == 0:
+             metrics: Mapping[str, float], ranks: distributed.Ranks) -> int:
+    """Write version `version` and announce it (rank 0, from the state every rank gathers), then go on together."""
+    gathered = distributed.gather_state(model, optimizer, ranks)
+    if ranks.main:
         info = {"run": s.run, "parent": version - 1, "table_version": table_version, "consumed": consumed,
                 "metrics": dict(metrics), "settings": s.resolved()}
         path = checkpoints.publish(s.checkpoints, version, step, model, s.model, optimizer, info=info,
-                                   adapter=s.lora)
+                                   adapter=s.lora, gathered=gathered)
         event = checkpoints.checkpoint_event(checkpoints.read_info(path), s.run, metrics, s.groups_per_version,
                                              s.max_staleness)
         writer.append([event])  # type: ignore[union-attr]
-    if world > 1:
-        dist.barrier()
+    distributed.all_ranks(None, ranks)  # a barrier: no rank runs ahead of a version rank 0 is writing
     return version
 

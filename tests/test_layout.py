@@ -100,5 +100,5 @@ def test_collectors_are_subsystems_and_modules_stay_small() -> None:
     flat = sorted(p.name for p in (ROOT / "collectors").glob("*.py"))
     assert len(flat) <= 10, f"collectors/ has {len(flat)} flat modules; put them in a subsystem folder: {flat}"
     long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
-            if ".venv" not in p.parts and (n := len(p.read_text().splitlines())) > 600}
+            if not {".venv", ".venv-vllm"} & set(p.parts) and (n := len(p.read_text().splitlines())) > 600}
     assert long == {}, f"modules over 600 lines (split each into modules with one job): {long}"

@@ -5,30 +5,63 @@
         w.append([Turn(...), Reward(...), Status(...)])  # durable when it returns
     store.query("SELECT * FROM rollouts")                # a pyarrow.Table
     shard = store.shard(policy_version=3, max_staleness=2)
+
+The names below load their module on first use (PEP 562), so `import trajstore`, or one of
+its light modules (`trajstore.errors`), costs nothing until the store is used: the CLI's
+`--help` and commands that never open a store do not pay for pyarrow, DuckDB and delta-rs.
 """
 
-from trajstore.errors import (
-    CommitConflictError,
-    CorruptionError,
-    InvalidEventError,
-    QueryError,
-    StoreNotFoundError,
-    TrajstoreError,
-    WriterBusyError,
-    WriterClosedError,
-)
-from trajstore.events import Checkpoint, Event, Metric, Reward, Status, Turn
-from trajstore.ids import new_id
-from trajstore.read import Snapshot
-from trajstore.schema import EVENT_SCHEMA, SCHEMA_VERSION
-from trajstore.shard import Shard
-from trajstore.store import Store, open_store
-from trajstore.views import ESTIMATORS, VIEW_NAMES, Estimator
-from trajstore.writer import AppendResult, Writer
+from __future__ import annotations
 
-__all__ = [
-    "ESTIMATORS", "EVENT_SCHEMA", "SCHEMA_VERSION", "VIEW_NAMES", "AppendResult", "Checkpoint", "CommitConflictError",
-    "CorruptionError", "Estimator", "Event", "InvalidEventError", "Metric", "QueryError", "Reward", "Shard", "Snapshot",
-    "Status", "Store", "StoreNotFoundError", "TrajstoreError", "Turn", "Writer", "WriterBusyError",
-    "WriterClosedError", "new_id", "open_store",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("CommitConflictError", "CorruptionError", "InvalidEventError", "QueryError",
+                     "StoreNotFoundError", "TrajstoreError", "VersionNotFoundError", "WriterBusyError",
+                     "WriterClosedError"), "trajstore.errors"),
+    **dict.fromkeys(("Checkpoint", "Event", "Metric", "Reward", "Status", "Turn"), "trajstore.events"),
+    "new_id": "trajstore.ids",
+    "Snapshot": "trajstore.read",
+    "EVENT_SCHEMA": "trajstore.schema", "SCHEMA_VERSION": "trajstore.schema",
+    "Shard": "trajstore.shard",
+    "Store": "trajstore.store", "open_store": "trajstore.store",
+    "ESTIMATORS": "trajstore.views", "VIEW_NAMES": "trajstore.views", "Estimator": "trajstore.views",
+    "AppendResult": "trajstore.writer", "Writer": "trajstore.writer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trajstore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # loaded once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:
+    from trajstore.errors import (
+        CommitConflictError,
+        CorruptionError,
+        InvalidEventError,
+        QueryError,
+        StoreNotFoundError,
+        TrajstoreError,
+        VersionNotFoundError,
+        WriterBusyError,
+        WriterClosedError,
+    )
+    from trajstore.events import Checkpoint, Event, Metric, Reward, Status, Turn
+    from trajstore.ids import new_id
+    from trajstore.read import Snapshot
+    from trajstore.schema import EVENT_SCHEMA, SCHEMA_VERSION
+    from trajstore.shard import Shard
+    from trajstore.store import Store, open_store
+    from trajstore.views import ESTIMATORS, VIEW_NAMES, Estimator
+    from trajstore.writer import AppendResult, Writer

@@ -44,3 +44,7 @@ class StoreNotFoundError(TrajstoreError):
 
 class QueryError(TrajstoreError):
     """A SQL query failed; the message carries DuckDB's reason."""
+
+
+class VersionNotFoundError(TrajstoreError):
+    """The table version asked for does not exist (or its log was cleaned up)."""

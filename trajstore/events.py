@@ -421,7 +421,15 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
                     converted.append(now)
             values = converted
         elif name in JSON_COLUMNS:
-            values = [_json_text(v) for v in values]
+            texts = []
+            for i, v in enumerate(values):
+                try:
+                    texts.append(_json_text(v))
+                except (RecursionError, ValueError) as exc:  # nested too deeply, or a circular reference
+                    problems.append((i, f"{name} cannot be written as JSON ({exc}); keep it to plain, "
+                                        "moderately nested values"))
+                    texts.append(None)
+            values = texts
         elif name == "metrics":
             values = [None if v is None else [(k, float(x)) for k, x in v.items()] for v in values]
         elif name == "consumed":

@@ -70,6 +70,9 @@ def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             except json.JSONDecodeError as exc:
                 problems.append((number, f"not valid JSON ({exc.msg} at column {exc.colno})"))
                 continue
+            except RecursionError:
+                problems.append((number, "the JSON is nested too deeply to read (hundreds of levels); flatten it"))
+                continue
             if not isinstance(obj, dict):
                 problems.append((number, "each line must be one JSON object (an event)"))
                 continue

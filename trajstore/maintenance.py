@@ -6,13 +6,26 @@
   and the shard planner keeps pruning) into larger ones, committing the removes and the add
   in one Delta commit (data_change=false). A crash before the commit leaves an unreferenced
   file, never a change to the table.
+- `vacuum`: deletes, through delta-rs's vacuum, the files the table no longer references:
+  those compaction replaced (once their removal is older than the retention) and those a
+  crash left unreferenced (a seal or compaction that wrote its file and died before its
+  commit; once the file is older than the retention). The retention is at least
+  `MIN_RETENTION_HOURS`, which no pinned read (a query, a shard, a learner step: seconds to
+  minutes) and no running writer (a file waits at most seconds for its commit) comes near;
+  the default is Delta's own week, so `query --version` can still travel a week back.
+  Versions older than the retention lose the files they listed. External readers (Spark,
+  Polars, DuckDB's delta reader) must read the table through its Delta log, never by
+  globbing `events/*.parquet`: the directory also holds replaced and unreferenced files
+  until a vacuum, which a glob counts twice.
 - `verify`: reads every byte a reader could see (every live segment batch against its
-  CRC, every sealed file's pages against their checksums, the log's file list against the
-  object store) and reports each problem with where it is.
+  CRC, every JSON commit of the Delta log against its digest (`trajstore.deltalog`), every
+  sealed file's listed statistics against its name and its pages against their checksums, the
+  log's file list against the object store) and reports each problem with where it is.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -20,9 +33,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from deltalake import CommitProperties
 from deltalake.transaction import RemoveAction
 
-from trajstore import wal
+from trajstore import deltalog, wal
 from trajstore.errors import CorruptionError
 from trajstore.location import Location
 from trajstore.read import Reader
@@ -107,6 +121,38 @@ def compact(location: Location, table: Table, *, target_bytes: int = 128 << 20, 
     return CompactResult(len(snap.files), after, rewritten, version, orphans)
 
 
+MIN_RETENTION_HOURS = 1
+DEFAULT_RETENTION_HOURS = 168  # Delta's default deleted-file retention: one week
+
+
+@dataclass
+class VacuumResult:
+    files: list[str]  # deleted, or that would be deleted (dry run)
+    bytes: int
+    dry_run: bool
+    retention_hours: float
+
+
+def vacuum(location: Location, table: Table, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
+           dry_run: bool = False) -> VacuumResult:
+    """Delete the files the table no longer references and that are older than the retention."""
+    if not retention_hours >= MIN_RETENTION_HOURS:
+        raise ValueError(f"retention_hours must be at least {MIN_RETENTION_HOURS} (got {retention_hours}): a shorter "
+                         "retention could delete a file a running writer has written but not committed yet, or one "
+                         "a read pinned a moment ago still needs")
+    dt = table.current()
+    hours = int(math.ceil(retention_hours))
+    candidates = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False, full=True)
+    fs = location.filesystem
+    sizes = {p: info.size for p, info in zip(candidates, fs.get_file_info([location.data_path(p) for p in candidates]))
+             if info.type == pafs.FileType.File}
+    if not dry_run and candidates:
+        done = dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True,
+                         commit_properties=CommitProperties(custom_metadata={"trajstore.operation": "vacuum"}))
+        candidates = list(done)
+    return VacuumResult(sorted(candidates), sum(sizes.get(p, 0) for p in candidates), dry_run, hours)
+
+
 @dataclass
 class VerifyReport:
     table_version: int
@@ -143,7 +189,12 @@ def verify(location: Location, table: Table) -> VerifyReport:
                 if read.torn and i < len(paths) - 1:
                     problems.append(f"live segment {path}: {read.total_bytes - read.good_bytes} bytes after the "
                                     "last whole batch in a segment that is not the writer's newest (damaged)")
-    snap = table.snapshot()
+    problems += deltalog.scan(location, None)
+    try:
+        snap = table.snapshot()
+    except CorruptionError as exc:  # the file list cannot be trusted: nothing more to check against it
+        problems.append(str(exc))
+        return VerifyReport(-1, 0, segments, events, problems)
     fs = location.filesystem
     for f in snap.files:
         path = location.data_path(f.path)

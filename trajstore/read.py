@@ -6,6 +6,12 @@ writer, a gap-free prefix of what it appended: acknowledged events are visible a
 whether sealed or not. Segments are listed *before* the table version is read, so a
 segment sealed and deleted in between is already in the table.
 
+Reads are read-only: once a snapshot's views are set up, DuckDB's external access is turned
+off and its configuration locked, so no SQL can write or read files (`COPY ... TO`, `ATTACH`,
+`read_csv`, `EXPORT DATABASE`, extensions), or turn that back on. Results leave the store
+only through the caller (`trajstore query --output`). What a statement can still create
+(a table, a view) lives in the snapshot's own in-memory database and ends with it.
+
 Errors are told apart by what failed, never by the words of a message: a statement DuckDB
 cannot parse, bind or run is a `QueryError` carrying DuckDB's message; a `CorruptionError`
 is raised only when a checksum or a format check of the pinned files says so.
@@ -14,26 +20,49 @@ is raised only when a checksum or a format check of the pinned files says so.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from trajstore import wal
 from trajstore.errors import CorruptionError, QueryError
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
-from trajstore.table import FileInfo, Table, TableSnapshot
+from trajstore.table import FileInfo, Table, TableSnapshot, files_covering
 from trajstore.views import VIEW_NAMES, create_views
 
 # DuckDB errors a statement itself causes, found before or without reading a byte of data.
 _STATEMENT_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
                      duckdb.SyntaxException, duckdb.ConversionException, duckdb.OutOfRangeException,
-                     duckdb.TypeMismatchException, duckdb.NotImplementedException, duckdb.PermissionException,
+                     duckdb.TypeMismatchException, duckdb.NotImplementedException,
                      duckdb.ConstraintException, duckdb.DataError, duckdb.InterruptException)
+
+
+def rows_where(table: Table, files: Sequence[FileInfo], live: pa.Table, column: str, values: Sequence[str],
+               columns: Sequence[str] | None = None) -> pa.Table:
+    """Rows of sealed `files` and `live` rows whose `column` is one of `values`, with every schema
+    column (those not in `columns` are null, so the views still bind). Choose `files` with
+    `files_covering` first: this reads what it is given."""
+    keep = pa.array(list(values), pa.string())
+    sealed = table.open_dataset(list(files)).to_table(filter=pc.field(column).isin(keep),
+                                                      columns=list(columns) if columns is not None else None)
+    return _with_all_columns(sealed, live.filter(pc.is_in(live.column(column), value_set=keep)), columns)
+
+
+def _with_all_columns(sealed: pa.Table, live: pa.Table, columns: Sequence[str] | None) -> pa.Table:
+    if columns is not None:
+        live = live.select(list(columns))
+    data = pa.concat_tables([sealed, live.cast(sealed.schema)])
+    for f in EVENT_SCHEMA:  # views bind every column; unread ones are null
+        if f.name not in data.column_names:
+            data = data.append_column(f, pa.nulls(data.num_rows, f.type))
+    return data.select(EVENT_SCHEMA.names)
 
 
 @dataclass
@@ -41,6 +70,17 @@ class LiveRows:
     """Rows of this machine's write-ahead segments, per writer."""
 
     by_writer: dict[str, list[pa.RecordBatch]]
+
+    def hidden_ids(self, snapshot: TableSnapshot) -> list[str]:
+        """Event ids of live rows that `snapshot` says are sealed (the table must hold them)."""
+        ids: list[str] = []
+        for writer, rows in self.by_writer.items():
+            cut = snapshot.sealed_seq(writer)
+            for batch in rows:
+                if batch.num_rows and batch.column("writer_seq")[0].as_py() <= cut:
+                    seqs = batch.column("writer_seq").to_numpy()
+                    ids += batch.column("event_id").filter(pa.array(seqs <= cut)).to_pylist()
+        return ids
 
     def table(self, snapshot: TableSnapshot) -> pa.Table:
         """The rows `snapshot` has not sealed: each writer's batches cut after its sealed seq."""
@@ -78,14 +118,24 @@ class Snapshot:
 
     def __init__(self, table: Table, pinned: Pinned, *, files: Iterable[FileInfo] | None = None) -> None:
         self._table = table
-        self.table_version = pinned.version
-        self.files = tuple(pinned.table.files if files is None else files)
         self._con = duckdb.connect()
         self._con.execute("SET TimeZone = 'UTC'")
-        self._con.register("_sealed", table.open_dataset(self.files))
+        self.repin(pinned, files=files)
+        create_views(self._con)
+        self._con.execute("SET enable_external_access = false")  # no file or network I/O from SQL ...
+        self._con.execute("SET lock_configuration = true")  # ... and no SQL that turns it back on
+
+    def repin(self, pinned: Pinned, *, files: Iterable[FileInfo] | None = None) -> None:
+        """Point this snapshot's connection and views at another pinned version (and its live rows).
+        Setting up a connection with its views costs ~0.1 s, more than a narrowed query: a server
+        answering many small reads keeps a few snapshots and repins them (the viewer does)."""
+        self.pinned = pinned
+        self.table_version = pinned.version
+        self.files = tuple(pinned.table.files if files is None else files)
+        self._con.execute("DROP VIEW IF EXISTS _raw")
+        self._con.register("_sealed", self._table.open_dataset(self.files))
         self._con.register("_live", pinned.live)
         self._con.execute("CREATE TEMP VIEW _raw AS SELECT * FROM _sealed UNION ALL BY NAME SELECT * FROM _live")
-        create_views(self._con)
 
     def query(self, sql: str, params: Any = None) -> pa.Table:
         """Run SQL over the views; a `pyarrow.Table`."""
@@ -97,6 +147,10 @@ class Snapshot:
                 raise QueryError(f"the statement returned no rows to show: {sql.strip()[:200]!r}. The store is "
                                  "read through SELECT (or WITH ... SELECT) statements over its views")
             return rel.to_arrow_table()
+        except duckdb.PermissionException as exc:
+            raise QueryError(self._query_failed(exc) + "\nQueries over the store are read-only: they cannot write or "
+                             "read files, attach databases or change settings. Export a result with `trajstore query "
+                             "SQL --format csv|json|parquet --output FILE` (or store.query() in Python).") from exc
         except _STATEMENT_ERRORS as exc:
             raise QueryError(self._query_failed(exc)) from exc
         except duckdb.Error as exc:
@@ -121,6 +175,11 @@ class Snapshot:
                 return f"sealed file {f.path} fails its page checksums or cannot be decoded ({exc})"
         return None
 
+    def read_files(self, files: Iterable[FileInfo], *, columns: Sequence[str],
+                   filter: pc.Expression | None = None) -> pa.Table:  # noqa: A002 - pyarrow's name
+        """Columns of some of the pinned version's sealed files, read directly (checksums verified), without the views."""
+        return self._table.open_dataset(list(files)).to_table(columns=list(columns), filter=filter)
+
     def register(self, name: str, data: pa.Table) -> None:
         self._con.register(name, data)
 
@@ -131,6 +190,28 @@ class Snapshot:
         self._con.execute("DROP VIEW IF EXISTS _raw")
         self._con.register("_raw", rows)
         self.files = ()
+
+    def narrow(self, column: str, values: Iterable[str], *, columns: Sequence[str] | None = None) -> pa.Table:
+        """Point the views at the pinned version's events whose `column` is one of `values` (all of
+        them when that is every event of a rollout, group or run, so the views say exactly what they
+        say over the whole store), reading only the sealed files whose statistics can hold them.
+        `columns` limits what is read (the rest are null). Returns the rows."""
+        wanted = sorted(set(values))
+        files = files_covering(self.pinned.table.files, column, wanted)
+        rows = rows_where(self._table, files, self.pinned.live, column, wanted, columns)
+        self.use_rows(rows)
+        self.files = tuple(files)  # what was read
+        return rows
+
+    def project(self, columns: Sequence[str]) -> pa.Table:
+        """Point the views at every event of the pinned version, reading only `columns` (the rest are
+        null): for aggregations over a whole run that need no token lists or JSON. Returns the rows."""
+        files = self.pinned.table.files
+        rows = _with_all_columns(self._table.open_dataset(list(files)).to_table(columns=list(columns)),
+                                 self.pinned.live, columns)
+        self.use_rows(rows)
+        self.files = tuple(files)
+        return rows
 
     def close(self) -> None:
         self._con.close()
@@ -143,7 +224,8 @@ class Snapshot:
 
 
 class Reader:
-    """Reads one store: this machine's live segments (cached by size and mtime) and pinned versions."""
+    """Reads one store: this machine's live segments (cached by size and mtime, growing ones read
+    incrementally) and pinned versions."""
 
     def __init__(self, location: Location, table: Table) -> None:
         self.location = location
@@ -161,8 +243,11 @@ class Reader:
             hit = self._segment_cache.get(path)
         if hit and hit[:2] == key:
             return hit[2]
+        # a growing segment is read from where the last read's whole batches ended (it only ever
+        # grows, or shrinks when recovery cuts a torn tail: then it is read again whole)
+        previous = hit[2] if hit and st.st_size > hit[2].total_bytes else None
         try:
-            read = wal.read_segment(path)
+            read = wal.read_segment(path, previous)
         except FileNotFoundError:
             return None  # sealed and deleted since listing: the table has it
         with self._cache_lock:
@@ -192,6 +277,15 @@ class Reader:
         The segments are read before the version is pinned (see the module docstring)."""
         rows = self.live() if live and version is None else LiveRows({})
         table = self.table.snapshot(version, writers=list(rows.by_writer))
+        hidden = rows.hidden_ids(table)
+        if hidden:  # sealed and not deleted yet (a moment's overlap); only hidden if the table really has them
+            missing = self.table.missing_event_ids(hidden, table.files)
+            if missing:
+                raise CorruptionError(
+                    f"table version {table.version} says writers {sorted(rows.by_writer)} sealed events that it does "
+                    f"not hold ({len(missing)} of them, e.g. {missing[0]}): a writer's transaction version in the Delta "
+                    "log is damaged. They stay in the write-ahead log; restore the log from a backup (`trajstore "
+                    "verify` names the entries)")
         return Pinned(table, rows.table(table))
 
     def snapshot(self, version: int | None = None, *, live: bool = True) -> Snapshot:
@@ -201,3 +295,16 @@ class Reader:
     def query(self, sql: str, params: Any = None, *, version: int | None = None) -> pa.Table:
         with self.snapshot(version) as snap:
             return snap.query(sql, params)
+
+    def holds_rollout(self, rollout_id: str) -> bool:
+        """Whether any event of `rollout_id` is stored (sealed, or live on this machine). Reads only the
+        sealed files whose rollout_id statistics can hold it."""
+        pinned = self.pin()
+        if pc.any(pc.equal(pinned.live.column("rollout_id"), rollout_id)).as_py():
+            return True
+        files = files_covering(pinned.table.files, "rollout_id", [rollout_id])
+        if not files:
+            return False
+        found = self.table.open_dataset(files).to_table(columns=["rollout_id"],
+                                                          filter=ds.field("rollout_id") == rollout_id)
+        return found.num_rows > 0

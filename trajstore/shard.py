@@ -9,7 +9,7 @@ to the store's size, by choosing which sealed files to open from their min/max s
    policy_version reaches lo can hold its turns. A rollout sampled at version v can only be
    consumed by a checkpoint published after it, so consumption is read from checkpoint
    events with version >= lo, which live in the same files.
-2. Whole groups. All events of the candidate groups (older turns that disqualify a group,
+2. Whole groups. A group is (run, group_id). All events of the candidate groups (older turns that disqualify a group,
    rewards, statuses) are read from the files whose group_id range covers a candidate.
    Ids minted by `trajstore.ids.new_id` are time-ordered, so those are the recent files; any
    other ids stay correct and only prune less.
@@ -23,16 +23,15 @@ Each step reads only the rows of the groups it needs, through the same SQL views
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajstore.read import Reader, Snapshot
+from trajstore.read import Reader, Snapshot, rows_where
 from trajstore.schema import EVENT_SCHEMA
-from trajstore.table import FileInfo, Table
+from trajstore.table import files_covering
 from trajstore.views import ESTIMATORS, Estimator
 
 # Step 2 needs scalars only; step 3 the token lists too, never the request/response JSON (training needs none of it).
@@ -53,7 +52,7 @@ class Shard:
 
     samples: pa.Table
     rollout_ids: tuple[str, ...]  # the shard's trainable rollouts, oldest first
-    group_ids: tuple[str, ...]
+    group_ids: tuple[str, ...]  # one per chosen group, in order (a group is (run, group_id))
     table_version: int
     policy_version: int
     max_staleness: int
@@ -69,39 +68,6 @@ class Shard:
 
     def __len__(self) -> int:
         return self.samples.num_rows
-
-
-def files_covering(files: Iterable[FileInfo], column: str, values: list[str]) -> list[FileInfo]:
-    """Files whose [min, max] of `column` contains at least one of the sorted `values`."""
-    out = []
-    for f in files:
-        if not f.min:  # a file without statistics: it may hold anything
-            out.append(f)
-            continue
-        lo, hi = f.min.get(column), f.max.get(column)
-        if lo is None or hi is None:
-            continue  # statistics say the column is all null here
-        i = bisect.bisect_left(values, lo)
-        if i < len(values) and values[i] <= hi:
-            out.append(f)
-    return out
-
-
-def _rows(table: Table, files: list[FileInfo], live: pa.Table, column: str, values: list[str],
-          columns: list[str] | None = None) -> pa.Table:
-    """Rows of sealed `files` and live rows whose `column` is in `values`, all schema columns
-    (those not in `columns` are null)."""
-    keep = pa.array(values, pa.string())
-    expr = pc.field(column).isin(keep)
-    sealed = table.open_dataset(files).to_table(filter=expr, columns=columns)
-    live_part = live.filter(pc.is_in(live.column(column), value_set=keep))
-    if columns is not None:
-        live_part = live_part.select(columns)
-    data = pa.concat_tables([sealed, live_part.cast(sealed.schema)])
-    for f in EVENT_SCHEMA:  # views bind every column; unread ones are null
-        if f.name not in data.column_names:
-            data = data.append_column(f, pa.nulls(data.num_rows, f.type))
-    return data.select(EVENT_SCHEMA.names)
 
 
 def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
@@ -131,45 +97,50 @@ def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_r
         cand = snap.query(
             """
             WITH fresh AS (
-                SELECT DISTINCT group_id, rollout_id FROM _raw
+                SELECT DISTINCT run, group_id, rollout_id FROM _raw
                 WHERE kind = 'turn' AND policy_version >= $lo AND ($run IS NULL OR run = $run)),
             gone AS (
                 SELECT unnest(consumed) AS rollout_id FROM _raw
                 WHERE kind = 'checkpoint' AND policy_version >= $lo
                 UNION ALL SELECT rollout_id FROM _exclude)
-            SELECT DISTINCT group_id FROM fresh
-            EXCEPT SELECT DISTINCT group_id FROM fresh JOIN gone USING (rollout_id)
-            ORDER BY group_id
+            SELECT DISTINCT run, group_id FROM fresh
+            EXCEPT SELECT DISTINCT run, group_id FROM fresh JOIN gone USING (rollout_id)
+            ORDER BY group_id, run
             """,
             {"lo": lo, "run": run},
         )
-        candidates = cand.column("group_id").to_pylist()
-        if not candidates:
+        if not cand.num_rows:
             return empty
+        candidates = sorted(set(cand.column("group_id").to_pylist()))
 
-        # 2. whole candidate groups (scalar columns only): completeness, staleness, order, budget
+        # 2. whole candidate groups (scalar columns only): completeness, staleness, order, budget.
+        # Rows are read by group id, so another run's group of the same id comes along: the views
+        # keep them apart, and `_candidates` keeps only the (run, group_id) pairs found above.
         files = files_covering(table.files, "group_id", candidates)
-        snap.use_rows(_rows(reader.table, files, live, "group_id", candidates, columns=_SCALARS))
+        snap.use_rows(rows_where(reader.table, files, live, "group_id", candidates, columns=_SCALARS))
+        snap.register("_candidates", cand)
         chosen = snap.query(
             """
             WITH ok AS (
-                SELECT group_id, trainable, started FROM groups
+                SELECT run, group_id, trainable, started FROM groups SEMI JOIN _candidates USING (run, group_id)
                 WHERE complete AND trainable > 0 AND min_version >= $lo),
             acc AS (
-                SELECT group_id, row_number() OVER w AS k,
+                SELECT run, group_id, row_number() OVER w AS k,
                        sum(trainable) OVER w AS total
-                FROM ok WINDOW w AS (ORDER BY started, group_id ROWS UNBOUNDED PRECEDING))
-            SELECT group_id FROM acc WHERE (total <= $budget OR k = 1) AND k <= $max_groups ORDER BY k
+                FROM ok WINDOW w AS (ORDER BY started, group_id, run ROWS UNBOUNDED PRECEDING))
+            SELECT run, group_id FROM acc WHERE (total <= $budget OR k = 1) AND k <= $max_groups ORDER BY k
             """,
             {"lo": lo, "budget": max_rollouts, "max_groups": max_groups if max_groups is not None else 2**62},
-        ).column("group_id").to_pylist()
-        if not chosen:
+        )
+        if not chosen.num_rows:
             return empty
 
         # 3. samples of the chosen groups' trainable rollouts, with the rollout's advantage
-        chosen_sorted = sorted(chosen)
+        chosen_sorted = sorted(set(chosen.column("group_id").to_pylist()))
         chosen_files = files_covering(files, "group_id", chosen_sorted)
-        snap.use_rows(_rows(reader.table, chosen_files, live, "group_id", chosen_sorted, columns=_SAMPLE_COLUMNS))
+        snap.use_rows(rows_where(reader.table, chosen_files, live, "group_id", chosen_sorted,
+                                 columns=_SAMPLE_COLUMNS))
+        snap.register("_chosen", chosen)
         samples = snap.query(
             f"""
             SELECT s.run, s.group_id, s.rollout_id, s.segment_id, s.tokens, s.loss_mask, s.logprobs,
@@ -177,8 +148,10 @@ def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_r
                    s.trainable_tokens, s.min_version, s.max_version,
                    count(*) OVER (PARTITION BY s.rollout_id) AS rollout_segments
             FROM samples s JOIN advantages a USING (rollout_id)
+            WHERE (s.run, s.group_id) IN (SELECT (run, group_id) FROM _chosen)
             ORDER BY s.first_time, s.rollout_id, s.segment_id
             """
         )
     rollout_ids = tuple(dict.fromkeys(samples.column("rollout_id").to_pylist()))
-    return Shard(samples, rollout_ids, tuple(chosen), table.version, policy_version, max_staleness, estimator)
+    return Shard(samples, rollout_ids, tuple(chosen.column("group_id").to_pylist()), table.version, policy_version,
+                 max_staleness, estimator)

@@ -5,7 +5,7 @@
     store.query(sql) / store.snapshot()      # trajstore.read: a pinned version plus live rows
     store.shard(...)                         # trajstore.shard: the learner's next batch
     store.ingest(path)                       # trajstore.ingest: a JSON-lines file, validated whole
-    store.compact() / verify() / stats()     # trajstore.maintenance
+    store.compact() / vacuum() / verify() / stats()  # trajstore.maintenance
 
 Nothing inside `trajstore/` imports this module: each part takes the narrow collaborators it
 uses (the location, the table, the reader).
@@ -24,7 +24,7 @@ from trajstore import maintenance
 from trajstore.errors import StoreNotFoundError
 from trajstore.ingest import IngestResult, ingest
 from trajstore.location import Location, resolve
-from trajstore.maintenance import CompactResult, Stats, VerifyReport
+from trajstore.maintenance import CompactResult, Stats, VacuumResult, VerifyReport
 from trajstore.read import LiveRows, Pinned, Reader, Snapshot
 from trajstore.shard import Shard, make_shard
 from trajstore.table import Table
@@ -65,6 +65,10 @@ class Store:
         """Run SQL over the views (events, turns, samples, rollouts, groups, advantages, ...)."""
         return self.reader.query(sql, params, version=version)
 
+    def holds_rollout(self, rollout_id: str) -> bool:
+        """Whether the store holds any event of `rollout_id` (sealed, or live on this machine)."""
+        return self.reader.holds_rollout(rollout_id)
+
     def shard(self, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
               estimator: Estimator = "grpo", run: str | None = None, exclude: Iterable[str] = (),
               max_groups: int | None = None) -> Shard:
@@ -85,6 +89,11 @@ class Store:
         """Seal orphaned segments and rewrite small sealed files into larger ones."""
         return maintenance.compact(self.location, self.table, target_bytes=target_bytes)
 
+    def vacuum(self, *, retention_hours: float = maintenance.DEFAULT_RETENTION_HOURS,
+               dry_run: bool = False) -> VacuumResult:
+        """Delete files the table no longer references once older than the retention (see trajstore.maintenance)."""
+        return maintenance.vacuum(self.location, self.table, retention_hours=retention_hours, dry_run=dry_run)
+
     def verify(self) -> VerifyReport:
         """Check every checksum a reader relies on; the report lists every problem."""
         return maintenance.verify(self.location, self.table)
@@ -101,7 +110,8 @@ class Store:
 def open_store(location: str | os.PathLike[str], *, create: bool = True,
                spool: str | os.PathLike[str] | None = None,
                storage_options: dict[str, str] | None = None) -> Store:
-    """Open (and by default create) the store at a directory or `s3://bucket/prefix`."""
+    """Open (and by default create) the store at a directory or `s3://bucket/prefix`. With
+    `create=False` nothing is written (writers make their own write-ahead directories)."""
     loc = resolve(location, spool=spool, storage_options=storage_options)
     table = Table(loc)
     if not table.exists():
@@ -109,5 +119,6 @@ def open_store(location: str | os.PathLike[str], *, create: bool = True,
             raise StoreNotFoundError(f"no trajstore store at {loc.uri}; create one with `trajstore ingest` "
                                      "or open_store(location) without create=False")
         table.create_if_missing()
-    loc.wal_root.mkdir(parents=True, exist_ok=True)
-    return Store(loc)
+    if create:
+        loc.wal_root.mkdir(parents=True, exist_ok=True)
+    return Store(loc)  # create=False writes nothing: readers (query, view) leave the store as they found it

@@ -13,6 +13,7 @@ recognised on restart and never committed twice. Commits retry on conflicts.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import random
@@ -20,7 +21,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -30,18 +31,18 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
-from trajstore import ids
+from trajstore import deltalog, ids
 from trajstore.durable import fsync_path
-from trajstore.errors import CommitConflictError, CorruptionError, StoreNotFoundError
+from trajstore.errors import CommitConflictError, CorruptionError, StoreNotFoundError, VersionNotFoundError
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
 
 # Columns whose min/max the planner prunes with (cheap scalars; no JSON text, no lists).
 STATS_COLUMNS = (
-    "kind", "time", "writer", "writer_epoch", "writer_seq", "run", "group_id", "rollout_id",
+    "event_id", "kind", "time", "writer", "writer_epoch", "writer_seq", "run", "group_id", "rollout_id",
     "session_id", "segment_id", "turn_index", "policy_version", "reward", "reward_name",
     "status", "step", "table_version", "group_size",
 )
@@ -129,6 +130,7 @@ class Table:
         self._files: tuple[int, tuple[FileInfo, ...]] | None = None
         self._known: dict[str, FileInfo] = {}
         self._verified: set[str] = set()  # sealed files whose footer matched the CRC in their name
+        self._log = deltalog.LogChecker(location)
 
     # ------------------------------------------------------------------ open / create
 
@@ -140,6 +142,8 @@ class Table:
                 self.location.table_uri, EVENT_SCHEMA, mode="ignore", name="trajstore_events",
                 storage_options=self.location.storage_options or None,
                 configuration={"delta.appendOnly": "false"},
+                commit_properties=CommitProperties(custom_metadata={deltalog.OPERATION_KEY: "create",
+                                                                    deltalog.DIGESTS_KEY: "1"}),
             )
         except CommitFailedError:
             # Another process created it between our check and our commit of version 0.
@@ -150,19 +154,41 @@ class Table:
         return DeltaTable.is_deltatable(self.location.table_uri, self.location.storage_options or None)
 
     def _current(self) -> DeltaTable:
-        """The latest table state (cached; brought up to date incrementally)."""
+        """The latest table state (cached; brought up to date incrementally), its new log entries checked."""
         with self._lock:
             if self._dt is None:
                 try:
-                    self._dt = DeltaTable(self.location.table_uri, storage_options=self.location.storage_options or None)
+                    self._dt = self._delta("open", lambda: DeltaTable(
+                        self.location.table_uri, storage_options=self.location.storage_options or None))
                 except TableNotFoundError as exc:
                     raise StoreNotFoundError(
                         f"no trajstore store at {self.location.uri}: create one by appending "
                         f"(`trajstore ingest --store {self.location.uri} FILE`) or check the path"
                     ) from exc
             else:
-                self._dt.update_incremental()
+                self._delta("update", self._dt.update_incremental)
+            self._log.check_through(self._dt.version())
             return self._dt
+
+    def _delta(self, what: str, call: Callable[[], Any]) -> Any:
+        """A delta-rs call whose failure to parse the log becomes a CorruptionError naming the entry."""
+        try:
+            return call()
+        except (TableNotFoundError, CommitFailedError):
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # DeltaError, or a Rust panic (pyo3's PanicException is a BaseException)
+            if not isinstance(exc, DeltaError) and type(exc).__name__ != "PanicException":
+                raise
+            found = deltalog.find_damage(self.location)
+            raise CorruptionError(found or f"delta-rs could not {what} the table at {self.location.table_uri}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; its log may be "
+                                  "damaged (`trajstore verify` checks it)") from exc
+
+    def current(self) -> DeltaTable:
+        """The latest delta-rs table, its log checked (for maintenance that delta-rs does itself)."""
+        return self._current()
 
     def version(self) -> int:
         """The latest version."""
@@ -178,12 +204,38 @@ class Table:
             dt = self._current()
             with self._lock:  # the cached table moves on with the next update; read it whole now
                 if self._files is None or self._files[0] != dt.version():
-                    files = _files_of(dt, self._known)
+                    files = self._delta("list the files of", lambda: _files_of(dt, self.location, self._known))
                     self._known = {f.path: f for f in files}
                     self._files = (dt.version(), tuple(files))
-                return TableSnapshot(self._files[0], self._files[1], {w: sealed_seq(dt, w) for w in writers})
-        dt = DeltaTable(self.location.table_uri, version=version, storage_options=self.location.storage_options or None)
-        return TableSnapshot(dt.version(), tuple(_files_of(dt)), {w: sealed_seq(dt, w) for w in writers})
+                sealed = self._delta("read the writers' progress in", lambda: {w: sealed_seq(dt, w) for w in writers})
+                return TableSnapshot(self._files[0], self._files[1], sealed)
+        latest = self.version()
+        if not 0 <= version <= latest:
+            raise VersionNotFoundError(f"table version {version} does not exist: the versions of {self.location.uri} "
+                                       f"run from 0 to {latest}")
+        try:
+            dt = DeltaTable(self.location.table_uri, version=version,
+                            storage_options=self.location.storage_options or None)
+        except DeltaError as exc:
+            raise VersionNotFoundError(f"table version {version} of {self.location.uri} can no longer be read: its log "
+                                       f"entries were cleaned up ({exc}); query a version from the latest checkpoint "
+                                       "on") from exc
+        return self._delta("read", lambda: TableSnapshot(dt.version(), tuple(_files_of(dt, self.location)),
+                                                         {w: sealed_seq(dt, w) for w in writers}))
+
+    def missing_event_ids(self, event_ids: Iterable[str], files: Iterable[FileInfo] | None = None) -> list[str]:
+        """Those of `event_ids` that no sealed file (of `files`, default: the latest version's) holds;
+        reads only the files whose event_id statistics can hold them."""
+        wanted = sorted(set(event_ids))
+        if not wanted:
+            return []
+        covering = files_covering(self.snapshot().files if files is None else files, "event_id", wanted)
+        found: set[str] = set()
+        if covering:
+            keep = pa.array(wanted, pa.string())
+            found = set(self.open_dataset(covering).to_table(
+                columns=["event_id"], filter=pc.field("event_id").isin(keep)).column("event_id").to_pylist())
+        return [e for e in wanted if e not in found]
 
     # ------------------------------------------------------------------ write / commit
 
@@ -192,21 +244,25 @@ class Table:
 
         Parquet checksums pages but not its footer (the schema, row groups and offsets), so
         the file's name carries the CRC-32 of its footer and of the whole file: readers check
-        the footer before first use, `trajstore verify` checks the whole file.
+        the footer before first use, `trajstore verify` checks the whole file. The name also
+        carries the CRC-32 of the statistics the log records for it (`trajstore.deltalog`).
         """
         data = data.cast(EVENT_SCHEMA) if data.schema != EVENT_SCHEMA else data
         sink = pa.BufferOutputStream()
         pq.write_table(data, sink, compression="zstd", write_page_checksum=True,
                        row_group_size=ROW_GROUP_ROWS, write_statistics=True)
         body = memoryview(sink.getvalue())
-        name = f"{prefix}-{ids.new_id()}-f{zlib.crc32(body[-_footer_span(body):]):08x}c{zlib.crc32(body):08x}.zstd.parquet"
+        stats = file_stats(data)
+        scrc = deltalog.stats_crc(len(body), stats["numRecords"], stats["minValues"], stats["maxValues"])
+        name = (f"{prefix}-{ids.new_id()}-f{zlib.crc32(body[-_footer_span(body):]):08x}c{zlib.crc32(body):08x}"
+                f"s{scrc:08x}.zstd.parquet")
         path = self.location.data_path(name)
         with self.location.filesystem.open_output_stream(path) as out:
             out.write(body)
         if not self.location.remote:
             fsync_path(path)
         self._verified.add(name)
-        return AddAction(name, len(body), {}, int(time.time() * 1000), data_change, json.dumps(file_stats(data)))
+        return AddAction(name, len(body), {}, int(time.time() * 1000), data_change, json.dumps(stats))
 
     def commit(self, actions: list[AddAction | RemoveAction], *, operation: str,
                writer_txn: tuple[str, int] | None = None,
@@ -217,8 +273,9 @@ class Table:
         False the commit is skipped (already done by an earlier, unacknowledged attempt) and
         None is returned.
         """
+        relied = deltalog.commit_actions(actions, writer_txn)
         props = CommitProperties(
-            custom_metadata={"trajstore.operation": operation},
+            custom_metadata={deltalog.OPERATION_KEY: operation, deltalog.DIGEST_KEY: deltalog.digest(relied)},
             app_transactions=[Transaction(writer_txn[0], writer_txn[1])] if writer_txn else None,
         )
 
@@ -263,13 +320,24 @@ class Table:
         return ds.dataset(paths, schema=EVENT_SCHEMA, format=fmt, filesystem=self.location.filesystem)
 
 
-_CRC_NAME = re.compile(r"-f([0-9a-f]{8})c([0-9a-f]{8})\.zstd\.parquet$")
+_CRC_NAME = re.compile(r"-f([0-9a-f]{8})c([0-9a-f]{8})(?:s([0-9a-f]{8}))?\.zstd\.parquet$")
 
 
 def file_crcs(name: str) -> tuple[int, int] | None:
     """(footer CRC-32, whole-file CRC-32) from a sealed file's name; None for names without them."""
     m = _CRC_NAME.search(name)
     return (int(m.group(1), 16), int(m.group(2), 16)) if m else None
+
+
+def _check_stats(f: FileInfo, location: Location) -> None:
+    """The log's size and statistics of a sealed file against the CRC in its name (names since issue 12)."""
+    m = _CRC_NAME.search(f.path)
+    if m and m.group(3) and deltalog.stats_crc(f.size, f.rows, f.min, f.max) != int(m.group(3), 16):
+        raise CorruptionError(
+            f"the Delta log's entry for sealed file {f.path} is damaged: its size, row count or statistics do not "
+            f"match the CRC-32 in the file's name, so the table's file list cannot be trusted (a changed statistic "
+            f"would make training shards skip the file). Restore the log from a backup; `trajstore verify "
+            f"--store {location.uri}` lists every damaged entry")
 
 
 def _footer_span(tail: bytes | memoryview, size: int | None = None) -> int:
@@ -281,8 +349,27 @@ def _footer_span(tail: bytes | memoryview, size: int | None = None) -> int:
     return span if 8 < span <= size else 0
 
 
-def _files_of(dt: DeltaTable, known: dict[str, FileInfo] | None = None) -> list[FileInfo]:
-    """The files of `dt` with their statistics, oldest first; `known` ones are reused, not parsed again."""
+def files_covering(files: Iterable[FileInfo], column: str, values: list[str]) -> list[FileInfo]:
+    """Files whose [min, max] of `column` contains at least one of the sorted `values`."""
+    out = []
+    for f in files:
+        if not f.min:  # a file without statistics: it may hold anything
+            out.append(f)
+            continue
+        lo, hi = f.min.get(column), f.max.get(column)
+        if lo is None or hi is None:
+            if column == "event_id":  # never null: files sealed before its statistics were kept may hold any
+                out.append(f)
+            continue  # statistics say the column is all null here
+        i = bisect.bisect_left(values, lo)
+        if i < len(values) and values[i] <= hi:
+            out.append(f)
+    return out
+
+
+def _files_of(dt: DeltaTable, location: Location, known: dict[str, FileInfo] | None = None) -> list[FileInfo]:
+    """The files of `dt` with their statistics, oldest first; `known` ones are reused, not parsed (nor
+    checked against their names) again."""
     actions = pa.table(dt.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return []
@@ -303,7 +390,8 @@ def _files_of(dt: DeltaTable, known: dict[str, FileInfo] | None = None) -> list[
                         d[c] = value
         for path, size, rows, lo, hi in zip(new.column("path").to_pylist(), new.column("size_bytes").to_pylist(),
                                             new.column("num_records").to_pylist(), mins, maxs):
-            parsed[path] = FileInfo(path, size, rows, lo, hi)
+            parsed[path] = info = FileInfo(path, size, rows, lo, hi)
+            _check_stats(info, location)
     out = [known.get(path) or parsed[path] for path in paths]
     # Oldest first: sealed files are appended in time order, so this keeps scans in log order.
     out.sort(key=_log_order)

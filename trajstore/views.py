@@ -11,13 +11,17 @@ Definitions an RL researcher can rely on:
 - `rollouts`: reward is the sum over reward components (reward_name) of each one's latest
   value, counting rollout-level rewards only (segment rewards are in `samples`); status is
   the latest status event; a rollout is *trainable* when its status is completed or
-  truncated and it has a reward.
-- `groups`: a group is *complete* when every rollout it knows has a terminal status and at
+  truncated and it has a reward. `started`/`ended`/`duration_s` measure the episode: from
+  its first turn or status to its first terminal status (to its latest turn or status
+  while it runs); rewards appended later (`trajstore reward`) do not move them.
+- `groups`: a group is (run, group_id): two runs that reuse a group id (say "g1") are two
+  groups, never one. A group is *complete* when every rollout it knows has a terminal status and at
   least `group_size` of them (the planned size carried by status events; 1 without one) are
   trainable: every slot has a usable rollout, so a failed attempt awaiting its retry, or an
   aborted one awaiting a resumed run, keeps the group out of training.
   Reward statistics are over trainable rollouts.
-- `advantages`: per trainable rollout, with group statistics over trainable rollouts:
+- `advantages`: per trainable rollout, with the statistics of its (run, group_id) group over
+  its trainable rollouts:
   `grpo` = (r - mean) / (std + 1e-6) with the sample std (GRPO), `dr_grpo` = r - mean
   (Dr. GRPO), `rloo` = r - mean of the other rollouts = n/(n-1) (r - mean) (RLOO),
   `batch` = r - mean over the run's trainable rollouts in view (a shard takes the mean
@@ -107,7 +111,10 @@ VIEWS: dict[str, str] = {
         ),
         e AS (
             SELECT rollout_id, any_value(run) AS run, any_value(group_id) AS group_id,
-                   min(time) AS started, max(time) AS ended
+                   min(time) FILTER (WHERE kind <> 'reward') AS started,
+                   coalesce(min(time) FILTER (WHERE kind = 'status'
+                                                AND status IN ('completed', 'truncated', 'aborted', 'failed')),
+                            max(time) FILTER (WHERE kind <> 'reward')) AS ended
             FROM events WHERE kind IN ('turn', 'reward', 'status') GROUP BY rollout_id
         )
         SELECT e.run, e.group_id, e.rollout_id, r.reward, s.status, s.error,
@@ -117,11 +124,12 @@ VIEWS: dict[str, str] = {
                coalesce(t.output_tokens, 0) AS output_tokens,
                coalesce(t.trainable_tokens, 0) AS trainable_tokens,
                t.min_version, t.max_version, coalesce(r.reward_components, 0) AS reward_components,
-               s.group_size, e.started, e.ended, e.ended - e.started AS duration
+               s.group_size, e.started, e.ended,
+               (epoch_us(e.ended) - epoch_us(e.started)) / 1e6 AS duration_s
         FROM e LEFT JOIN t USING (rollout_id) LEFT JOIN r USING (rollout_id) LEFT JOIN s USING (rollout_id)
     """,
     "groups": """
-        SELECT any_value(run) AS run, group_id, count(*) AS size, max(group_size) AS planned_size,
+        SELECT run, group_id, count(*) AS size, max(group_size) AS planned_size,
                count(*) FILTER (WHERE status IN ('completed', 'truncated', 'aborted', 'failed')) AS finished,
                count(*) FILTER (WHERE trainable) AS trainable,
                (count(*) FILTER (WHERE status IN ('completed', 'truncated', 'aborted', 'failed')) = count(*)
@@ -130,13 +138,13 @@ VIEWS: dict[str, str] = {
                coalesce(stddev_samp(reward) FILTER (WHERE trainable), 0) AS reward_std,
                min(min_version) AS min_version, max(max_version) AS max_version,
                min(started) AS started, max(ended) AS ended
-        FROM rollouts GROUP BY group_id
+        FROM rollouts GROUP BY run, group_id
     """,
     "advantages": f"""
         WITH tr AS (SELECT run, group_id, rollout_id, reward FROM rollouts WHERE trainable),
-        g AS (SELECT group_id, count(*) AS n, avg(reward) AS mean,
+        g AS (SELECT run, group_id, count(*) AS n, avg(reward) AS mean,
                      coalesce(stddev_samp(reward), 0) AS std
-              FROM tr GROUP BY group_id),
+              FROM tr GROUP BY run, group_id),
         b AS (SELECT run, avg(reward) AS run_mean FROM tr GROUP BY run)
         SELECT tr.run, tr.group_id, tr.rollout_id, tr.reward, g.n AS group_trainable,
                g.mean AS group_mean, g.std AS group_std,
@@ -144,7 +152,7 @@ VIEWS: dict[str, str] = {
                tr.reward - g.mean AS dr_grpo,
                CASE WHEN g.n > 1 THEN (tr.reward - g.mean) * g.n / (g.n - 1) ELSE 0 END AS rloo,
                tr.reward - b.run_mean AS batch
-        FROM tr JOIN g USING (group_id) JOIN b USING (run)
+        FROM tr JOIN g USING (run, group_id) JOIN b USING (run)
     """,
     "checkpoints": """
         SELECT run, policy_version AS version, step, time, table_version,

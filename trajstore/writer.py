@@ -29,11 +29,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from trajstore import wal
 from trajstore.durable import fsync_path, write_durably
-from trajstore.errors import TrajstoreError, WriterBusyError, WriterClosedError
+from trajstore.errors import CorruptionError, TrajstoreError, WriterBusyError, WriterClosedError
 from trajstore.events import Event, to_columns
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
@@ -113,6 +114,14 @@ def seal_segments(table: Table, name: str, segments: list[Path], *, expected: in
         return SealResult(0, start)
     reads = [wal.read_segment(p) for p in segments]
     batches = [b for r in reads for b in r.batches]
+    sealed_ids = [eid for b in batches if b.first_seq <= start for eid, seq in zip(
+        b.data.column("event_id").to_pylist(), b.data.column("writer_seq").to_pylist()) if seq <= start]
+    missing = table.missing_event_ids(sealed_ids) if sealed_ids else []
+    if missing:  # the table's word that they are sealed is wrong: keep the segments
+        raise CorruptionError(
+            f"writer {name!r}: the table says its events up to seq {start} are sealed, but {len(missing)} of those in "
+            f"its segments are not in the table (e.g. {missing[0]}): the writer's transaction version in the Delta "
+            f"log is damaged. Nothing was deleted from {segments[0].parent}; restore the log from a backup")
     rows = [b.data for b in batches if b.last_seq > start]
     committed = 0
     sealed_through = start
@@ -122,23 +131,36 @@ def seal_segments(table: Table, name: str, segments: list[Path], *, expected: in
             seqs = data.column("writer_seq").to_numpy()
             data = data.filter(pa.array(seqs > start))
         last = batches[-1].last_seq
-        add = table.write_file(data, prefix=f"seal-{name}")
+        data = _not_stored(table, data)
+        adds = [table.write_file(data, prefix=f"seal-{name}")] if data.num_rows else []
 
         def precheck(dt: Any) -> bool:
             current = sealed_seq(dt, name)
             if current == start:
                 return True
-            if current >= last and add.path in pa.table(dt.get_add_actions()).column("path").to_pylist():
+            if current >= last and all(a.path in pa.table(dt.get_add_actions()).column("path").to_pylist()
+                                       for a in adds):
                 return False  # an earlier attempt of this seal landed; its acknowledgement was lost
             raise _name_taken(name, current, start, segments[0].parent)
 
-        done = table.commit([add], operation="seal", writer_txn=(name, last), precheck=precheck)
+        done = table.commit(adds, operation="seal", writer_txn=(name, last), precheck=precheck)
         committed = data.num_rows if done is not None else 0
         sealed_through = last
     for p in segments:
         p.unlink(missing_ok=True)
     fsync_path(segments[0].parent)
     return SealResult(committed, sealed_through)
+
+
+def _not_stored(table: Table, data: pa.Table) -> pa.Table:
+    """`data` without the events the table already holds (appended again through another writer, e.g. by
+    a client that re-sent them after a restart) and without repeats of one event id: each event is
+    sealed once, so a reader of the Delta table alone (Spark, Polars) sees it once too."""
+    ids = data.column("event_id").combine_chunks()
+    keep = pc.is_in(ids, value_set=pa.array(table.missing_event_ids(ids.to_pylist()), pa.string()))
+    first = pc.equal(pc.index_in(ids, value_set=ids), pa.array(np.arange(len(ids), dtype=np.int32)))
+    keep = pc.and_(keep, first)  # index_in finds an id's first row: later rows of the same id are repeats
+    return data if pc.all(keep).as_py() else data.filter(keep)
 
 
 def sealed_event_ids(table: Table, name: str, *, after_seq: int = -1) -> list[str]:

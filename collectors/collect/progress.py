@@ -39,6 +39,7 @@ class CollectSummary:
     forks: int
     orphans_closed: int
     interrupted: bool
+    scored: bool = True  # False with --no-reward: complete groups are collected, not trainable until scored
 
     @property
     def tokens_per_s(self) -> float:
@@ -70,6 +71,7 @@ class Progress:
     orphans_closed: int = 0
     waiting: str | None = None  # why admission waits, when it does
     reload_error: str | None = None
+    scored: bool = True  # rollouts get a reward (else: groups are collected, unscored)
 
     def finished(self, status: str, reward: float | None, version: int | None, output_tokens: int) -> None:
         self.statuses[status] += 1
@@ -93,7 +95,7 @@ class Progress:
             reward_by_version={v: (sum(r) / len(r), len(r)) for v, r in sorted(self.rewards.items()) if r},
             served_version=self.served_version, latest_version=self.latest_version, reloads=self.reloads,
             reload_failures=self.reload_failures, forks=self.forks, orphans_closed=self.orphans_closed,
-            interrupted=interrupted)
+            interrupted=interrupted, scored=self.scored)
 
     def line(self) -> str:
         s = self.statuses
@@ -144,7 +146,9 @@ def summary_table(summary: CollectSummary) -> Table:
     t.add_column("")
     t.add_column("", justify="right")
     rows: list[tuple[str, Any]] = [(f"rollouts {k}", v) for k, v in sorted(summary.rollouts.items())]
-    rows += [("retries", summary.retries), ("groups completed", summary.groups_complete),
+    completed = "groups completed" if summary.scored else \
+        "groups collected, unscored (not trainable until `trajstore reward` scores them)"
+    rows += [("retries", summary.retries), (completed, summary.groups_complete),
              ("groups left incomplete", summary.groups_incomplete),
              ("groups already complete (skipped)", summary.groups_skipped),
              ("output tokens", summary.output_tokens), ("tokens/s", f"{summary.tokens_per_s:.1f}"),

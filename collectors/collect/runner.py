@@ -19,8 +19,12 @@ attempt is retried in the same slot up to `retries` times. Around that:
   the same settings again resumes.
 
 The policy server is `server` (embedded, or vLLM with `vllm=True`) or, without one, an
-embedded server started in-process on `model`; the proxy is `proxy` or one started
-in-process. With an external proxy, it must write to the same store.
+embedded server started in-process on `model`, or with `vllm=True` a vLLM started on `model`
+from its own virtualenv (`collectors.policy.vllm_server`) and stopped at the end. Several
+collectors can share one vLLM: the one with `vllm_reload="weights"` reloads it, the others
+(`"follow"`) stamp each turn with the version vLLM reports (`collectors.policy.vllm_client`).
+The proxy is `proxy` or one started in-process. With an external proxy, it must write to the
+same store.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from trajstore import Store, open_store
 __all__ = ["CollectSettings", "CollectSummary", "collect", "run_collect"]
 
 log = logging.getLogger(__name__)
+LORA_MAX_RANK = 64  # --max-lora-rank of a vLLM started for LoRA reloads: adapters up to this rank load
 
 
 def _sampling(settings: CollectSettings) -> Any:
@@ -89,12 +94,13 @@ def _plugins(settings: CollectSettings) -> tuple[Any, Any, list[str]]:
     return agent, reward, problems
 
 
-async def _start_policy(settings: CollectSettings, stack: AsyncExitStack) -> PolicyClient:
-    from collectors.policy import EmbeddedClient, VLLMClient
+async def _start_policy(settings: CollectSettings, stack: AsyncExitStack, workdir: Path) -> PolicyClient:
+    from collectors.policy import EmbeddedClient
 
+    if settings.vllm:
+        return await _start_vllm_client(settings, stack, workdir)
     if settings.server is not None:
-        return VLLMClient(settings.server, policy_version=settings.policy_version) if settings.vllm \
-            else EmbeddedClient(settings.server)
+        return EmbeddedClient(settings.server)
     from collectors.embedded.app import start_server
     from collectors.embedded.engine import Engine
 
@@ -104,6 +110,26 @@ async def _start_policy(settings: CollectSettings, stack: AsyncExitStack) -> Pol
     runner, url = await start_server(engine)
     stack.push_async_callback(runner.cleanup)
     return EmbeddedClient(url)
+
+
+async def _start_vllm_client(settings: CollectSettings, stack: AsyncExitStack, workdir: Path) -> PolicyClient:
+    """A VLLMClient on `server`, or on a vLLM started here on `model` (LoRA enabled when it reloads adapters)."""
+    from collectors.policy import VLLMClient
+    from collectors.policy.vllm_server import start_vllm
+
+    url = settings.server
+    if url is None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        log.warning("starting vLLM on %s (its log: %s)", settings.model, workdir / "vllm.log")
+        server = await asyncio.to_thread(start_vllm, settings.model,  # type: ignore[arg-type]
+                                         lora_rank=LORA_MAX_RANK if settings.vllm_reload == "lora" else None,
+                                         log_path=workdir / "vllm.log")
+        stack.callback(server.stop)
+        url = server.url
+    client = VLLMClient(url, policy_version=settings.policy_version, reload=settings.vllm_reload)  # type: ignore[arg-type]
+    if settings.vllm_reload != "lora":
+        await client.served_label()  # a follower starts from the version the server serves now
+    return client
 
 
 async def _start_proxy(settings: CollectSettings, store: Store, client: PolicyClient, stack: AsyncExitStack) -> str:
@@ -145,12 +171,13 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
     if problems:
         raise ValueError("cannot collect:\n  - " + "\n  - ".join(problems))
     stop = stop or asyncio.Event()
-    store = open_store(settings.store)
-    progress = Progress(settings.run)
+    progress = Progress(settings.run, scored=reward is not None or settings.reward_cmd is not None)
     workdir = Path(settings.workdir or Path(tempfile.gettempdir()) / f"trajstore-{settings.run}").resolve()
     async with AsyncExitStack() as stack:
-        client = await _start_policy(settings, stack)
+        client = await _start_policy(settings, stack, workdir)
         stack.push_async_callback(client.aclose)
+        await client.models()  # a dead or wrong --server is named now, before any rollout is opened
+        store = open_store(settings.store)
         proxy_url = settings.proxy or await _start_proxy(settings, store, client, stack)
         link = ProxyLink(proxy_url)
         stack.push_async_callback(link.aclose)
@@ -164,8 +191,7 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
                          agent=agent, agent_cmd=settings.agent_cmd, reward=reward, reward_cmd=settings.reward_cmd,
                          keep_workdirs=settings.keep_workdirs, http_client=http)
         reloader = Reloader(client, await served_version(client, settings.policy_version))
-        run = Collection(settings, store, env, reloader, progress, stop,
-                         needs_reward=reward is not None or settings.reward_cmd is not None)
+        run = Collection(settings, store, env, reloader, progress, stop, needs_reward=progress.scored)
         await run.poll_once()  # the learner's newest checkpoint is loaded before the first rollout
         progress.started = time.monotonic()  # rates count collection, not start-up
         done = asyncio.Event()

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors.policy.contract import TOP_K_MAX
+
 DISPLAYS = ("auto", "live", "plain", "off")
+VLLM_RELOADS = ("weights", "follow", "lora")  # collectors.policy.VLLMClient's `reload`
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,8 @@ class CollectSettings:
     tasks: str
     n: int = 4
     server: str | None = None  # policy server URL; None: start the embedded one on `model`
-    vllm: bool = False  # `server` is vLLM (VLLMClient) rather than `trajstore serve`
+    vllm: bool = False  # vLLM (VLLMClient): at `server`, or started here on `model` (its own virtualenv)
+    vllm_reload: str = "weights"  # this collector reloads vLLM's weights, follows another's reloads, or loads LoRA
     model: str | None = None  # checkpoint dir: served in-process, and the proxy's tokenizer
     proxy: str | None = None  # an external capture proxy; None: one in-process
     concurrency: int = 16
@@ -36,6 +40,7 @@ class CollectSettings:
     agent_cmd: str | None = None  # shell command, run per rollout in its directory
     reward: str | None = None  # module:function
     reward_cmd: str | None = None  # shell command: exit 0 = 1.0
+    no_reward: bool = False  # collect unscored rollouts on purpose (`trajstore reward` scores them later)
     retries: int = 2
     max_staleness: int | None = None
     groups_per_version: int | None = None  # default: the learner's announcement
@@ -60,8 +65,9 @@ class CollectSettings:
                 out.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
         if self.rollout_timeout <= 0 or self.poll_interval_s <= 0:
             out.append("--rollout-timeout and the poll interval must be positive")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            out.append("sampling needs --temperature >= 0, 0 < --top-p <= 1 and --top-k 0 (off) or >= 1")
+        if not (0 <= self.temperature <= 2 and 0 < self.top_p <= 1 and 0 <= self.top_k <= TOP_K_MAX):
+            out.append(f"sampling needs 0 <= --temperature <= 2, 0 < --top-p <= 1 and --top-k 0 (off) to {TOP_K_MAX} "
+                       f"(got {self.temperature}, {self.top_p}, {self.top_k})")
         if not self.run:
             out.append("--run must name the run")
         given = [f"--{n.replace('_', '-')}" for n in ("agent", "tools", "agent_cmd") if getattr(self, n)]
@@ -69,6 +75,11 @@ class CollectSettings:
             out.append(f"{' and '.join(given)} are all agents: give one (or none for a single model call per rollout)")
         if self.reward and self.reward_cmd:
             out.append("--reward and --reward-cmd both given: give one")
+        if not (self.reward or self.reward_cmd or self.no_reward):
+            out.append("no reward: give --reward MODULE:FN or --reward-cmd CMD; or --no-reward to collect unscored "
+                       "rollouts on purpose (the store counts them untrainable until `trajstore reward` scores them)")
+        if self.no_reward and (self.reward or self.reward_cmd):
+            out.append("--no-reward with --reward or --reward-cmd: give one or the other")
         if not Path(self.tasks).is_file():
             out.append(f"--tasks {self.tasks} does not exist")
         if self.model is None and self.server is None:
@@ -81,11 +92,11 @@ class CollectSettings:
         if self.vllm and self.model is None and self.proxy is None:
             out.append("--vllm needs --model DIR too: the in-process capture proxy renders prompts with its "
                        "tokenizer and chat template")
-        if self.vllm and self.server is None:
-            out.append("--vllm needs --server URL (vLLM cannot run in-process)")
-        if self.vllm and self.proxy is not None:
-            out.append("--vllm with --proxy: the proxy's vLLM client stamps policy versions, so this process cannot "
-                       "reload vLLM behind its back; leave --proxy out")
+        if self.vllm_reload not in VLLM_RELOADS:
+            out.append(f"--vllm-reload must be one of {', '.join(VLLM_RELOADS)}, got {self.vllm_reload!r}")
+        if self.vllm_reload == "follow" and self.vllm and self.server is None:
+            out.append("--vllm-reload follow needs --server URL: it follows the reloads of the collector that owns "
+                       "that vLLM; a vLLM started by this collector has no other owner")
         if self.display not in DISPLAYS:
             out.append(f"display must be one of {', '.join(DISPLAYS)}, got {self.display!r}")
         return out

@@ -2,7 +2,7 @@
 
 Routes (request and response JSON in `collectors.embedded.protocol`):
 
-    POST /v1/completions    one prompt (text or token ids) -> sampled tokens, logprobs, version
+    POST /v1/completions    one prompt (text or token ids) -> sampled tokens, logprobs, version (streamed too)
     GET  /v1/models         the served model, vLLM's model card shape
     GET  /health            200 while the engine runs
     GET  /stats             the engine's counters (requests, prefill/decode steps, batch peak)
@@ -10,7 +10,13 @@ Routes (request and response JSON in `collectors.embedded.protocol`):
 
 Every response carries `X-Policy-Version`; a completion's is the version that sampled its
 tokens, elsewhere the version being served. Errors are OpenAI-style bodies with a message
-that names the problem; no request can stop the server.
+that names the problem; no request can stop the server, and none can fail another: every
+field is range-checked before a request joins a batch.
+
+Limits: a body of at most `MAX_BODY` bytes (a 100k-token prompt is under 1 MB of JSON),
+decoded, and a long text prompt tokenized, off the event loop (`collectors.serving`);
+`load_weights` takes JSON only, from loopback, no other site's `Origin`, and versions up to
+2^63 - 1 (they are stored as int64 with every turn).
 
 `serve_in_thread` (tests, notebooks) and `start_server` (inside a running event loop) start
 it in-process on a loopback port of the OS's choosing; `run` is the blocking CLI entry.
@@ -19,33 +25,51 @@ it in-process on a loopback port of the OS's choosing; `run` is the blocking CLI
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
 import time
+import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from collectors.embedded.engine import Engine
+from collectors.embedded.engine import Completion, Engine
 from collectors.embedded.protocol import (
+    CompletionJob,
     RequestError,
     check_prompt,
+    completion_logprobs,
     completion_response,
     error_body,
     parse_completion_request,
+    stream_event,
+    usage_event,
 )
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
-from collectors.serving import app_in_thread, run_until_interrupted, start_app
+from collectors.model.detokenize import IncrementalText
+from collectors.policy import MAX_POLICY_VERSION
+from collectors.serving import (
+    BadRequest,
+    ClientGone,
+    app_in_thread,
+    check_control,
+    check_origin,
+    read_json,
+    run_until_interrupted,
+    start_app,
+)
 
 log = logging.getLogger(__name__)
 ENGINE = web.AppKey("engine", Engine)
 MODEL_NAME = web.AppKey("model_name", str)
-MAX_BODY = 64 << 20  # a 100k-token prompt is under 1 MB of JSON
+MAX_BODY = 8 << 20
+TOKENIZE_OFF_LOOP_CHARS = 64 << 10  # longer text prompts are tokenized on a worker thread
 
 
 def _json(data: Any, status: int = 200, version: int | None = None) -> web.Response:
@@ -62,9 +86,15 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Route, size and unexpected failures become OpenAI-style JSON errors; the server keeps serving."""
     version = request.app[ENGINE].policy_version
     try:
+        check_origin(request)
         return await handler(request)
     except RequestError as exc:
         return _error(exc, version)
+    except BadRequest as exc:
+        return _error(RequestError(exc.message, status=exc.status), version)
+    except ClientGone as exc:  # nobody is left to answer
+        log.info("%s", exc)
+        return _error(RequestError(str(exc)), version)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -79,24 +109,20 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
                      status=500, version=version)
 
 
-async def _body(request: web.Request) -> Any:
-    try:
-        return json.loads(await request.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}") from exc
-
-
 async def completions(request: web.Request) -> web.Response:
     engine, model_name = request.app[ENGINE], request.app[MODEL_NAME]
-    job = parse_completion_request(await _body(request))
+    job = parse_completion_request(await read_json(request, MAX_BODY))
     if job.model is not None and job.model != model_name:
         raise RequestError(f"The model `{job.model}` does not exist; this server serves `{model_name}` "
                            "(see GET /v1/models)", param="model", status=404, kind="NotFoundError")
     if isinstance(job.prompt, str):
-        prompt_ids = engine.tokenizer.encode(job.prompt, add_special_tokens=True)
+        encode = functools.partial(engine.tokenizer.encode, job.prompt, add_special_tokens=True)
+        prompt_ids = await asyncio.to_thread(encode) if len(job.prompt) > TOKENIZE_OFF_LOOP_CHARS else encode()
     else:
         prompt_ids = job.prompt
     check_prompt(prompt_ids, job.params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len)
+    if job.stream:
+        return await _stream(request, engine, job, prompt_ids, model_name)
     try:
         result = await engine.agenerate(prompt_ids, job.params)
     except EngineError as exc:
@@ -105,6 +131,77 @@ async def completions(request: web.Request) -> web.Response:
     body = completion_response(job, result, model_name=model_name,
                                decode_one=lambda t: tokenizer.decode([t], skip_special_tokens=False))
     return _json(body, version=result.policy_version)
+
+
+def _sse(data: Any) -> bytes:
+    return f"data: {json.dumps(data, allow_nan=False)}\n\n".encode()
+
+
+async def _stream(request: web.Request, engine: Engine, job: CompletionJob, prompt_ids: list[int],
+                  model_name: str) -> web.StreamResponse:
+    """A streamed completion: one event per token as the engine samples it (see `collectors.embedded.protocol`).
+
+    The response starts with the first token, so its X-Policy-Version header is the version that
+    sampled it. A client that goes away stops the request: the engine drops its row."""
+    params, tokenizer = job.params, engine.tokenizer
+    decode_one = lambda t: tokenizer.decode([t], skip_special_tokens=False)  # noqa: E731
+    detok = IncrementalText(lambda ids: tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens))
+    hold_chars = max(map(len, params.stop), default=1) - 1  # text that may still become a stop string
+    maybe_stop = set(params.stop_token_ids) | (set() if params.ignore_eos else engine.eos_ids)
+    request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    response: web.StreamResponse | None = None
+    sent_text, sent_tokens, sampled = "", 0, []  # sampled: (id, logprob, top) in order
+    pushed = 0  # sampled[:pushed] are in `detok`
+
+    async def send(version: int, text: str, final: Completion | None = None) -> None:
+        nonlocal response, sent_text, sent_tokens
+        first = response is None
+        if response is None:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                   "X-Policy-Version": str(version)})
+            await response.prepare(request)
+        upto = len(sampled)  # ids go out at once; only their text may wait
+        new = sampled[sent_tokens:upto]
+        ids = [t for t, _, _ in new]
+        logprobs = completion_logprobs(ids, [lp for _, lp, _ in new], [top or [] for _, _, top in new], decode_one,
+                                       offset=len(sent_text)) if params.logprobs is not None else None
+        event = stream_event(job, request_id, created, model_name, version, text, ids, logprobs,
+                             prompt_ids=prompt_ids if first else None,
+                             finish_reason=final.finish_reason if final else None,
+                             stop_reason=final.stop_reason if final else None)
+        await response.write(_sse(event))
+        sent_text, sent_tokens = sent_text + text, upto
+
+    try:
+        async with aclosing(engine.astream(prompt_ids, params)) as tokens:
+            async for item in tokens:
+                if isinstance(item, Completion):
+                    rest = item.text[len(sent_text):] if item.text.startswith(sent_text) else ""
+                    await send(item.policy_version, rest, item)
+                    if job.include_usage:
+                        await response.write(_sse(usage_event(request_id, created, model_name, len(prompt_ids),
+                                                              len(item.output_ids))))
+                    break
+                token, logprob, top, version = item
+                sampled.append((token, logprob, top))
+                # the newest token may be the last (a stop token, or the end of a stop string): the next one shows
+                releasable = len(sampled) - (1 if params.stop or token in maybe_stop else 0)
+                for held, _, _ in sampled[pushed:releasable]:
+                    detok.push(held)
+                pushed = releasable
+                text = detok.text[:max(len(sent_text), len(detok.text) - hold_chars)][len(sent_text):]
+                await send(version, text)
+    except EngineError as exc:
+        if response is None:
+            raise RequestError(str(exc), status=503, kind="ServiceUnavailableError") from exc
+        await response.write(_sse(error_body(str(exc), "ServiceUnavailableError", None, 503)))
+    except ConnectionResetError:
+        log.info("the client of a streamed completion went away; its request was stopped")
+        return response or web.Response(status=499)
+    assert response is not None
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
 
 
 async def models(request: web.Request) -> web.Response:
@@ -140,13 +237,15 @@ async def load_weights(request: web.Request) -> web.Response:
     if not _is_loopback(request.remote):
         raise RequestError(f"load_weights is served to loopback callers only (this call came from {request.remote}); "
                            "call it on the server's machine", status=403, kind="PermissionDeniedError")
-    body = await _body(request)
+    check_control(request)
+    body = await read_json(request, MAX_BODY)
     path, version = (body.get("path"), body.get("version")) if isinstance(body, dict) else (None, None)
     if not isinstance(path, str) or not path:
         raise RequestError('`path` must be the checkpoint directory, e.g. {"path": "ckpt/v3", "version": 3}',
                            param="path")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise RequestError(f"`version` must be an integer policy version, got {version!r}", param="version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= MAX_POLICY_VERSION:
+        raise RequestError(f"`version` must be an integer policy version from 0 to {MAX_POLICY_VERSION}, got "
+                           f"{version!r}", param="version")
     try:
         await asyncio.get_running_loop().run_in_executor(None, engine.load_weights, path, version)
     except VersionConflict as exc:

@@ -30,7 +30,7 @@ import logging
 import random
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,9 +38,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from collectors.embedded import kv_batch
-from collectors.embedded.detokenize import IncrementalText
 from collectors.embedded.sampling import find_stop, make_generator, processed_logprobs, sample
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
+from collectors.model.detokenize import IncrementalText
 from collectors.policy import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,10 @@ class EngineStats:
     reloads: int = 0
 
 
+Token = tuple[int, float, list[tuple[int, float]] | None, int]  # id, logprob, top-N (id, logprob) or None, version
+TokenCallback = Callable[[Token], None]
+
+
 @dataclass(eq=False)
 class _Sequence:
     prompt_ids: list[int]
@@ -86,6 +90,7 @@ class _Sequence:
     finish: tuple[str, str | int | None] | None = None
     cancelled: bool = False
     detok: IncrementalText | None = None  # the output's text as it grows, kept only when stop strings are set
+    on_token: TokenCallback | None = None  # streaming: called with each token as it is sampled
 
     def cancel(self) -> None:
         """Stop generating for a caller that went away; the result, if any, is dropped."""
@@ -201,9 +206,16 @@ class Engine:
         return self._swap is not None
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
-               on_done: Callable[[Completion | BaseException], None]) -> _Sequence:
-        """Queue a request; `on_done` is called from the engine thread with the result or an error."""
-        seq = _Sequence(list(prompt_ids), params, on_done)
+               on_done: Callable[[Completion | BaseException], None],
+               on_token: TokenCallback | None = None) -> _Sequence:
+        """Queue a request; `on_done` is called from the engine thread with the result or an error, and
+        `on_token((id, logprob, top, version))` with each token as it is sampled (before `on_done`).
+
+        Parameters out of range are refused here (ValueError), before they can fail a whole batch."""
+        problems = params.problems()
+        if problems:
+            raise ValueError("invalid sampling parameters: " + "; ".join(problems))
+        seq = _Sequence(list(prompt_ids), params, on_done, on_token=on_token)
         with self._cond:
             if self._closed:
                 raise EngineError("the engine is closed; start a new server")
@@ -229,6 +241,26 @@ class Engine:
         except asyncio.CancelledError:
             seq.cancel()
             raise
+
+    async def astream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[Token | Completion]:
+        """Each token as it is sampled, `(id, logprob, top or None, version)`, then the `Completion`.
+
+        The version is fixed when the request is admitted, before its first token. Closing the
+        iterator early (the caller went away) cancels the request: the engine stops sampling it."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Token | Completion | BaseException] = asyncio.Queue()
+        seq = self.submit(prompt_ids, params, lambda r: loop.call_soon_threadsafe(queue.put_nowait, r),
+                          lambda token: loop.call_soon_threadsafe(queue.put_nowait, token))
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, Completion):
+                    return
+        finally:
+            seq.cancel()  # a no-op once finished; otherwise the engine drops the row at its next step
 
     def load_weights(self, path: str | Path, version: int) -> None:
         """Serve the checkpoint at `path` as `version` from the next admitted request on.
@@ -371,6 +403,8 @@ class Engine:
             seq.logprobs.append(chosen_list[r])
             if seq.params.logprobs:
                 seq.top.append(list(zip(top_ids[r][: seq.params.logprobs], top_values[r][: seq.params.logprobs])))
+            if seq.on_token is not None:
+                seq.on_token((ids_list[r], chosen_list[r], seq.top[-1] if seq.params.logprobs else None, seq.version))
             self._check_finished(seq)
         self.stats.generated_tokens += len(seqs)
 

@@ -7,14 +7,20 @@ protocol.py), so a collector cannot tell the embedded server from vLLM:
 - request: `prompt` (a string or a list of token ids), `max_tokens` (default 16),
   `temperature` (1.0), `top_p` (1.0), `top_k` (0 or -1 = off), `seed`, `stop` (a string or a
   list), `stop_token_ids`, `ignore_eos`, `logprobs` (N <= 20), `return_token_ids`,
-  `skip_special_tokens`, `include_stop_str_in_output`, `model`; other fields are ignored, as
-  vLLM ignores unknown ones. `n` > 1, `echo`, `stream`, `best_of`, `use_beam_search` and lists
-  of prompts are refused with a 400 that says what to send instead.
+  `skip_special_tokens`, `include_stop_str_in_output`, `model`, `stream` with
+  `stream_options.include_usage`; other fields are ignored, as vLLM ignores unknown ones.
+  `n` > 1, `echo`, `best_of`, `use_beam_search` and lists of prompts are refused with a 400
+  that says what to send instead.
 - response: `choices[].text`, `finish_reason` (stop | length), `stop_reason` (the stop string
   or stop token id; null for EOS), `logprobs.{tokens, token_logprobs, top_logprobs,
   text_offset}` (top_logprobs holds the sampled token plus the top N, values clamped at
   -9999.0 as vLLM does), `token_ids` and `prompt_token_ids` (with `return_token_ids`),
   `usage`, plus `policy_version`, the checkpoint version that sampled every output token.
+- stream (vLLM's CompletionStreamResponse): one `data:` event per sampled token with its
+  `text` delta, `token_ids`, `logprobs` and `policy_version` (`prompt_token_ids` on the first),
+  the last with `finish_reason` and `stop_reason`, a usage event with empty `choices` when
+  asked, then `data: [DONE]`. Text that may still become a stop string, and a token that may be
+  the stop token, are held back until the next token shows what they are.
 - errors: `{"error": {"message", "type", "param", "code"}}`, vLLM's current error body.
 
 The logprobs are those of the processed distribution each token was drawn from, i.e. what
@@ -23,6 +29,7 @@ vLLM returns under `--logprobs-mode processed_logprobs` (see `collectors.embedde
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,15 +37,13 @@ from typing import Any
 
 from collectors.embedded.engine import Completion
 from collectors.errors import CollectorError
-from collectors.policy import SamplingParams
+from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
-INT64 = (-(2**63), 2**63 - 1)
 REFUSED = {
     "n": (lambda v: v not in (None, 1), "n={v} is not supported: send one request per sample (with different seeds)"),
     "best_of": (lambda v: v not in (None, 1), "best_of={v} is not supported: send one request per sample"),
     "echo": (lambda v: bool(v), "echo is not supported: the prompt is in `prompt_token_ids` with return_token_ids"),
-    "stream": (lambda v: bool(v), "stream is not supported by the embedded server: send stream=false"),
     "use_beam_search": (lambda v: bool(v), "beam search is not supported: sample instead"),
 }
 
@@ -67,6 +72,8 @@ class CompletionJob:
     params: SamplingParams
     return_token_ids: bool
     model: str | None
+    stream: bool = False
+    include_usage: bool = False
 
 
 def _is_int(v: Any) -> bool:
@@ -111,10 +118,11 @@ def parse_completion_request(body: Any) -> CompletionJob:
     else:
         bad("prompt", "`prompt` is required: a non-empty string or a non-empty list of integer token ids")
     max_tokens = get("max_tokens", lambda v: _is_int(v) and v >= 1, 16, "an integer >= 1")
-    temperature = get("temperature", lambda v: _is_number(v) and v >= 0, 1.0, "a number >= 0")
+    temperature = get("temperature", lambda v: _is_number(v) and 0 <= v < math.inf, 1.0, "a finite number >= 0")
     top_p = get("top_p", lambda v: _is_number(v) and 0 < v <= 1, 1.0, "a number in (0, 1]")
-    top_k = get("top_k", lambda v: _is_int(v) and v >= -1, 0, "an integer >= 1, or 0 / -1 for no top-k")
-    seed = get("seed", lambda v: _is_int(v) and INT64[0] <= v <= INT64[1], None, "a 64-bit integer")
+    top_k = get("top_k", lambda v: _is_int(v) and -1 <= v <= TOP_K_MAX, 0,
+                f"an integer from 1 to {TOP_K_MAX}, or 0 / -1 for no top-k")
+    seed = get("seed", lambda v: _is_int(v) and SEED_MIN <= v <= SEED_MAX, None, "a 64-bit integer")
     logprobs = get("logprobs", lambda v: _is_int(v) and 0 <= v <= MAX_LOGPROBS, None,
                    f"an integer from 0 to {MAX_LOGPROBS}")
     stop = body.get("stop")
@@ -131,6 +139,8 @@ def parse_completion_request(body: Any) -> CompletionJob:
              for name, default in (("return_token_ids", False), ("ignore_eos", False),
                                    ("skip_special_tokens", True), ("include_stop_str_in_output", False))}
     model = get("model", lambda v: isinstance(v, str), None, "a string")
+    stream = get("stream", lambda v: isinstance(v, bool), False, "true or false")
+    options = get("stream_options", lambda v: isinstance(v, dict), {}, 'an object such as {"include_usage": true}')
     if problems:
         raise RequestError("; ".join(m for _, m in problems), param=problems[0][0])
     params = SamplingParams(
@@ -138,7 +148,8 @@ def parse_completion_request(body: Any) -> CompletionJob:
         stop=tuple(stop), stop_token_ids=tuple(stop_ids), ignore_eos=flags["ignore_eos"], logprobs=logprobs,
         skip_special_tokens=flags["skip_special_tokens"],
         include_stop_str_in_output=flags["include_stop_str_in_output"])
-    return CompletionJob(prompt=prompt, params=params, return_token_ids=flags["return_token_ids"], model=model)
+    return CompletionJob(prompt=prompt, params=params, return_token_ids=flags["return_token_ids"], model=model,
+                         stream=stream, include_usage=bool(options.get("include_usage")))
 
 
 def check_prompt(prompt_ids: list[int], params: SamplingParams, *, vocab_size: int, max_model_len: int) -> None:
@@ -163,20 +174,21 @@ def _clamp(logprob: float) -> float:
     return max(logprob, -9999.0)
 
 
-def completion_logprobs(result: Completion, decode_one: Any) -> dict[str, Any]:
-    """vLLM's CompletionLogProbs for the output tokens; `decode_one(id) -> str` names a token."""
-    tokens = [decode_one(t) for t in result.output_ids]
-    offsets, at = [], 0
+def completion_logprobs(ids: list[int], logprobs: list[float], top_logprobs: list[list[tuple[int, float]]] | None,
+                        decode_one: Any, offset: int = 0) -> dict[str, Any]:
+    """vLLM's CompletionLogProbs for output tokens (text offsets from `offset`); `decode_one(id) -> str` names one."""
+    tokens = [decode_one(t) for t in ids]
+    offsets, at = [], offset
     for token in tokens:
         offsets.append(at)
         at += len(token)
     top: list[dict[str, float]] = []
-    for i, (token, logprob) in enumerate(zip(tokens, result.logprobs)):
+    for i, (token, logprob) in enumerate(zip(tokens, logprobs)):
         entry = {token: _clamp(logprob)}  # the sampled token first, then the top N
-        for tid, lp in (result.top_logprobs[i] if result.top_logprobs else []):
+        for tid, lp in (top_logprobs[i] if top_logprobs else []):
             entry.setdefault(decode_one(tid), _clamp(lp))
         top.append(entry)
-    return {"text_offset": offsets, "token_logprobs": [_clamp(lp) for lp in result.logprobs], "tokens": tokens,
+    return {"text_offset": offsets, "token_logprobs": [_clamp(lp) for lp in logprobs], "tokens": tokens,
             "top_logprobs": top}
 
 
@@ -184,7 +196,8 @@ def completion_response(job: CompletionJob, result: Completion, *, model_name: s
     choice = {
         "index": 0,
         "text": result.text,
-        "logprobs": completion_logprobs(result, decode_one) if job.params.logprobs is not None else None,
+        "logprobs": completion_logprobs(result.output_ids, result.logprobs, result.top_logprobs, decode_one)
+        if job.params.logprobs is not None else None,
         "finish_reason": result.finish_reason,
         "stop_reason": result.stop_reason,
         "token_ids": result.output_ids if job.return_token_ids else None,
@@ -201,3 +214,22 @@ def completion_response(job: CompletionJob, result: Completion, *, model_name: s
         "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
         "policy_version": result.policy_version,
     }
+
+
+def stream_event(job: CompletionJob, request_id: str, created: int, model_name: str, version: int, text: str,
+                 ids: list[int], logprobs: dict[str, Any] | None, *, prompt_ids: list[int] | None = None,
+                 finish_reason: str | None = None, stop_reason: str | int | None = None) -> dict[str, Any]:
+    """One event of a streamed completion (vLLM's CompletionStreamResponse with one choice)."""
+    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+                              "stop_reason": stop_reason}
+    if job.return_token_ids:
+        choice["token_ids"] = ids
+        if prompt_ids is not None:
+            choice["prompt_token_ids"] = prompt_ids
+    return {"id": request_id, "object": "text_completion", "created": created, "model": model_name,
+            "choices": [choice], "policy_version": version}
+
+
+def usage_event(request_id: str, created: int, model_name: str, n_prompt: int, n_out: int) -> dict[str, Any]:
+    return {"id": request_id, "object": "text_completion", "created": created, "model": model_name, "choices": [],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}

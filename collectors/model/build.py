@@ -11,6 +11,14 @@ tokenizer.json, tokenizer_config.json, chat_template.jinja), so that
 Compatibility decisions, written down here because the files outlive the code:
 - `vocab_size` of the model equals the tokenizer's length, so every id the model can sample
   decodes (Qwen pads its embedding; a random model would then sample undecodable ids).
+- The defaults are servable by vLLM's CPU backend, whose attention takes only some head sizes
+  (32 and up; `collectors.policy.vllm_server.CPU_HEAD_SIZES`): hidden 64 in 2 heads of 32.
+  `ModelSize.vllm_problems()` names what a shape would break there; init-model warns with it.
+- The input embedding and the LM head are separate matrices by default (`tie_embeddings`):
+  vLLM 0.32's in-place weight reload (`/collective_rpc reload_weights`) reloads a tied
+  model's embedding but puts the old LM head back, so a hot-reloaded tied model would sample
+  from a mix of two versions (measured: logprobs matched neither checkpoint). Untied, every
+  reload is whole; `VLLMClient` refuses full-weight reloads of tied checkpoints.
 - generation_config.json holds only bos/eos/pad ids: vLLM takes default sampling parameters
   from it (`--generation-config auto`), and an RL run must sample with exactly the parameters
   it records, not a default hidden in the checkpoint.
@@ -29,25 +37,29 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from collectors.model.chat_template import CHAT_TEMPLATE
+from collectors.policy.vllm_server import model_problems
 
 ROPE_THETA = 10000.0
 
 
 @dataclass(frozen=True)
 class ModelSize:
-    """Shape of the generated model; the defaults make a ~0.4M-parameter model that is fast on CPU."""
+    """Shape of the generated model; the defaults make a ~0.6M-parameter model that is fast on CPU and
+    that vLLM's CPU backend serves and hot-reloads (see the module docstring)."""
 
     vocab_size: int = 4096
     hidden_size: int = 64
     layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
+    heads: int = 2
+    kv_heads: int = 1
     intermediate_size: int = 192
     max_positions: int = 4096
+    tie_embeddings: bool = False
 
     def problems(self) -> list[str]:
         """Every invalid setting at once, each with what would fix it."""
-        out = [f"{name} must be >= 1 (got {value})" for name, value in asdict(self).items() if value < 1]
+        out = [f"{name} must be >= 1 (got {value})" for name, value in asdict(self).items()
+               if not isinstance(value, bool) and value < 1]
         if out:
             return out
         if self.hidden_size % self.heads:
@@ -58,6 +70,14 @@ class ModelSize:
             out.append(f"heads {self.heads} must be divisible by kv_heads {self.kv_heads} (grouped-query attention)")
         return out
 
+    def vllm_problems(self) -> list[str]:
+        """Why vLLM (CPU) could not serve or hot-reload this shape; the embedded server takes any valid shape."""
+        out = model_problems({"hidden_size": self.hidden_size, "num_attention_heads": self.heads})
+        if self.tie_embeddings:
+            out.append("tied embeddings: vLLM's in-place weight reload keeps a tied LM head's old weights, so "
+                       "collectors could hot-reload this model into vLLM only as LoRA adapters")
+        return out
+
 
 @dataclass(frozen=True)
 class InitModelResult:
@@ -65,6 +85,7 @@ class InitModelResult:
     parameters: int
     vocab_size: int
     config: dict
+    warnings: tuple[str, ...] = ()  # what vLLM could not do with this model (ModelSize.vllm_problems)
 
 
 def init_model(path: str | Path, size: ModelSize = ModelSize(), seed: int = 0, overwrite: bool = False) -> InitModelResult:
@@ -86,7 +107,7 @@ def init_model(path: str | Path, size: ModelSize = ModelSize(), seed: int = 0, o
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=size.hidden_size, intermediate_size=size.intermediate_size,
         num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
-        max_position_embeddings=size.max_positions, tie_word_embeddings=True,
+        max_position_embeddings=size.max_positions, tie_word_embeddings=size.tie_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
     )
@@ -101,7 +122,8 @@ def init_model(path: str | Path, size: ModelSize = ModelSize(), seed: int = 0, o
     tokenizer.save_pretrained(path)
     _add_compat_keys(path)
     return InitModelResult(path=path, parameters=sum(p.numel() for p in model.parameters()),
-                           vocab_size=len(tokenizer), config=json.loads((path / "config.json").read_text()))
+                           vocab_size=len(tokenizer), config=json.loads((path / "config.json").read_text()),
+                           warnings=tuple(size.vllm_problems()))
 
 
 def _add_compat_keys(path: Path) -> None:

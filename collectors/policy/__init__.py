@@ -5,7 +5,18 @@ embedded server (`trajstore serve`), `VLLMClient` a vLLM server. Both speak vLLM
 `/v1/completions` with token-id prompts (`http`) and raise the named `PolicyServerError`s.
 """
 
-from collectors.policy.contract import SAMPLING_EPS, PolicyClient, Sample, SamplingParams
+from collectors.policy.contract import (
+    MAX_POLICY_VERSION,
+    SAMPLING_EPS,
+    SEED_MAX,
+    SEED_MIN,
+    TOP_K_MAX,
+    Chunk,
+    PolicyClient,
+    Sample,
+    SamplingParams,
+    StreamedSample,
+)
 from collectors.policy.embedded_client import EmbeddedClient
 from collectors.policy.http import (
     PolicyServerBadResponse,
@@ -15,13 +26,15 @@ from collectors.policy.http import (
     PolicyServerTimeout,
     PolicyServerUnreachable,
     completion_body,
+    parse_chunk,
     parse_completion,
     server_message,
 )
 from collectors.policy.vllm_client import VLLMClient
 
 __all__ = [
-    "SAMPLING_EPS", "EmbeddedClient", "PolicyClient", "PolicyServerBadResponse", "PolicyServerError", "PolicyServerFailed",
-    "PolicyServerRejected", "PolicyServerTimeout", "PolicyServerUnreachable", "Sample", "SamplingParams", "VLLMClient",
-    "completion_body", "parse_completion", "server_message",
+    "MAX_POLICY_VERSION", "SAMPLING_EPS", "SEED_MAX", "SEED_MIN", "TOP_K_MAX", "Chunk", "EmbeddedClient",
+    "PolicyClient", "PolicyServerBadResponse", "PolicyServerError", "PolicyServerFailed", "PolicyServerRejected",
+    "PolicyServerTimeout", "PolicyServerUnreachable", "Sample", "SamplingParams", "StreamedSample", "VLLMClient",
+    "completion_body", "parse_chunk", "parse_completion", "server_message",
 ]

@@ -4,16 +4,24 @@
 speaking vLLM's `/v1/completions` with token-id prompts. A collector never re-tokenizes
 what the model returned: `Sample.output_ids` are the engine's ids, `Sample.output_logprobs`
 the logprobs of the distribution each was drawn from, and `Sample.policy_version` the
-checkpoint version that produced all of them.
+checkpoint version that produced all of them. `stream` yields the same tokens as they are
+sampled (`Chunk`s, joined by `StreamedSample` into the `Sample` that `complete` would return).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
+
+# The ranges every edge checks (the embedded server, the proxy's wire protocols), so a value that
+# would overflow a tensor or a stored column is refused with a 400 and never reaches a batch.
+TOP_K_MAX = 2**31 - 1  # far above any vocabulary: top_k beyond the vocabulary keeps every token
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's: a 64-bit integer
+MAX_POLICY_VERSION = 2**63 - 1  # versions are stored as int64 with every turn
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,21 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
+    def problems(self) -> list[str]:
+        """Values outside the ranges above (the edges refuse them first; the engine checks again)."""
+        out = []
+        if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+            out.append(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            out.append(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            out.append(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not 0 <= self.top_k <= TOP_K_MAX:
+            out.append(f"top_k must be 0 (off) to {TOP_K_MAX}, got {self.top_k!r}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            out.append(f"seed must be a 64-bit integer, got {self.seed!r}")
+        return out
+
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
@@ -58,6 +81,55 @@ class Sample:
     finish_reason: str  # stop | length | abort
     policy_version: int
     stop_reason: str | int | None = None
+    # per output token, when `SamplingParams.logprobs` asked for N: the top N alternatives and the sampled
+    # token, {token text: logprob} as vLLM returns them (tokens with the same text share one entry)
+    top_logprobs: list[dict[str, float]] | None = None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a streamed sample: the tokens sampled since the previous piece, in order.
+
+    The last piece of a stream has `finish_reason` set (and may hold no tokens)."""
+
+    output_ids: list[int]
+    output_logprobs: list[float]
+    text: str
+    policy_version: int
+    top_logprobs: list[dict[str, float]] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class StreamedSample:
+    """The chunks of one stream joined into the `Sample` they make up (`add` each, then `sample()`)."""
+
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[str, float]] | None = None
+    text: str = ""
+    policy_version: int | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        self.output_ids.extend(chunk.output_ids)
+        self.output_logprobs.extend(chunk.output_logprobs)
+        if chunk.top_logprobs is not None:
+            self.top_logprobs = (self.top_logprobs or []) + chunk.top_logprobs
+        self.text += chunk.text
+        self.policy_version = chunk.policy_version
+        if chunk.finish_reason is not None:
+            self.finish_reason, self.stop_reason = chunk.finish_reason, chunk.stop_reason
+
+    def sample(self) -> Sample:
+        """The joined sample; a stream that ended without a finish reason was cut short: `abort`."""
+        return Sample(prompt_ids=self.prompt_ids, output_ids=self.output_ids, output_logprobs=self.output_logprobs,
+                      text=self.text, finish_reason=self.finish_reason or "abort",
+                      policy_version=self.policy_version if self.policy_version is not None else -1,
+                      stop_reason=self.stop_reason, top_logprobs=self.top_logprobs)
 
 
 @runtime_checkable
@@ -70,6 +142,12 @@ class PolicyClient(Protocol):
                        session_id: str | None = None) -> Sample:
         """Sample a continuation of `prompt_ids`. `session_id` keeps a session on one server
         behind vLLM's router (the X-Session-ID header)."""
+        ...
+
+    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
+               session_id: str | None = None) -> AsyncIterator[Chunk]:
+        """Sample like `complete`, yielding the tokens as the server produces them; the last chunk has
+        the finish reason. Closing the iterator early (`aclose`) stops the request on the server."""
         ...
 
     async def models(self) -> list[str]:

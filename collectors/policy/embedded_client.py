@@ -7,10 +7,13 @@ The server answers each completion with the policy version that sampled all of i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from multidict import CIMultiDict
 
 from collectors.errors import VersionConflict, WeightLoadError
-from collectors.policy.contract import Sample, SamplingParams
+from collectors.policy.contract import MAX_POLICY_VERSION, Chunk, Sample, SamplingParams
 from collectors.policy.http import (
     Http,
     PolicyServerBadResponse,
@@ -18,6 +21,7 @@ from collectors.policy.http import (
     PolicyServerRejected,
     completion_body,
     list_models,
+    parse_chunk,
     parse_completion,
     port_of,
     prompt_list,
@@ -49,15 +53,35 @@ class EmbeddedClient:
         reply = await self._http.call("POST", "/v1/completions", body=completion_body(ids, sampling, self._model),
                                       headers=session_headers(session_id))
         body = self._http.json(reply, "/v1/completions")
+        version = self._version(body, reply.headers)
+        return parse_completion(body, ids, policy_version=version, url=self.base_url,
+                                top_logprobs=bool(sampling.logprobs))
+
+    async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
+                     session_id: str | None = None) -> AsyncIterator[Chunk]:
+        ids = prompt_list(prompt_ids)
+        body = {**completion_body(ids, sampling, self._model), "stream": True}
+        async for head, event in self._http.events("/v1/completions", body=body, headers=session_headers(session_id)):
+            chunk = parse_chunk(event, ids, policy_version=self._version(event, head), url=self.base_url,
+                                top_logprobs=bool(sampling.logprobs))
+            if chunk is not None:
+                yield chunk
+
+    def _version(self, body: Any, headers: CIMultiDict[str]) -> int:
+        """The version that sampled a response: its `policy_version` field, else its X-Policy-Version header."""
         version = body.get("policy_version") if isinstance(body, dict) else None
-        if version is None and reply.headers.get("X-Policy-Version", "").isdigit():
-            version = int(reply.headers["X-Policy-Version"])
+        if version is None and headers.get("X-Policy-Version", "").isdigit():
+            version = int(headers["X-Policy-Version"])
         if not isinstance(version, int) or isinstance(version, bool):
             raise PolicyServerBadResponse(
                 f"the policy server at {self.base_url} reported no policy version (field `policy_version`, header "
                 "X-Policy-Version); is it `trajstore serve`? For vLLM use VLLMClient", url=self.base_url)
+        if not 0 <= version <= MAX_POLICY_VERSION:
+            raise PolicyServerBadResponse(
+                f"the policy server at {self.base_url} reported policy version {version}, outside 0..."
+                f"{MAX_POLICY_VERSION} (the versions a turn can be stored with)", url=self.base_url)
         self.policy_version = max(version, self.policy_version or 0)
-        return parse_completion(body, ids, policy_version=version, url=self.base_url)
+        return version
 
     async def models(self) -> list[str]:
         return await list_models(self._http)

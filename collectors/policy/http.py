@@ -7,14 +7,21 @@ stop reasons come back as a `Sample`. Nothing is re-tokenized.
 
 Errors are the named `PolicyServerError`s below (unreachable, timeout, 4xx, 5xx, malformed
 response). Connection failures (nothing was sent) are retried on idempotent control routes
-only, never on completions.
+only, never on completions. A pooled connection the server closed while idle (uvicorn, which
+vLLM runs on, drops keep-alive connections after 5 s) can fail a request before any answer;
+that is retried once on a fresh connection, completions included (an unanswered completion
+was never stored, and a second one is only a new draw). A 503 is retried with exponential backoff (50 ms doubling to 2 s)
+until the call's timeout where the caller allows it (completions do): vLLM answers 503 ("try
+again later") when admitting a request would pass its queue limit (`--max-num-queued-reqs`),
+before the request reaches the engine, so nothing was sampled and a retry is safe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,7 +30,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from collectors.errors import CollectorError
-from collectors.policy.contract import Sample, SamplingParams
+from collectors.policy.contract import Chunk, Sample, SamplingParams
 
 
 class PolicyServerError(CollectorError):
@@ -80,15 +87,19 @@ def server_message(text: str) -> str:
 
 
 
+UNAVAILABLE_BACKOFF_S = (0.05, 2.0)  # first pause after a 503, and the longest
+
+
 class Http:
     """One aiohttp session (created on first use, in the caller's loop); transport failures
-    and HTTP errors become the named errors."""
+    and HTTP errors become the named errors. `unavailable_retries` counts 503s retried."""
 
     def __init__(self, base_url: str, *, hint: str, timeout_s: float, connect_retries: int,
                  retry_backoff_s: float, max_connections: int) -> None:
         self.base_url, self.hint, self.timeout_s = base_url, hint, timeout_s
         self.connect_retries, self.retry_backoff_s = connect_retries, retry_backoff_s
         self.max_connections = max_connections
+        self.unavailable_retries = 0
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -99,38 +110,115 @@ class Http:
 
     async def call(self, method: str, route: str, *, body: Any = None, params: Mapping[str, str] | None = None,
                    headers: Mapping[str, str] | None = None, timeout_s: float | None = None,
-                   idempotent: bool = False) -> Reply:
-        url, timeout = self.base_url + route, timeout_s or self.timeout_s
+                   idempotent: bool = False, retry_unavailable: bool = False) -> Reply:
+        timeout = timeout_s or self.timeout_s
+        deadline, pause = time.monotonic() + timeout, UNAVAILABLE_BACKOFF_S[0]
+        while True:
+            reply = await self._call_once(method, route, body=body, params=params, headers=headers,
+                                          timeout=max(deadline - time.monotonic(), 0.001), limit=timeout,
+                                          idempotent=idempotent)
+            if reply.status != 503 or not retry_unavailable or time.monotonic() + pause > deadline:
+                break
+            self.unavailable_retries += 1
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, UNAVAILABLE_BACKOFF_S[1])
+        if reply.status >= 400:
+            raise self._refused(method, route, reply.status, reply.text)
+        return reply
+
+    async def _call_once(self, method: str, route: str, *, body: Any, params: Mapping[str, str] | None,
+                         headers: Mapping[str, str] | None, timeout: float, limit: float,
+                         idempotent: bool) -> Reply:
+        url = self.base_url + route
         attempts = 1 + (self.connect_retries if idempotent else 0)
-        for attempt in range(attempts):
+        attempt, stale_retried = 0, False
+        while True:
             try:
                 async with self._get_session().request(method, url, json=body, params=params, headers=headers,
                                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                    reply = Reply(resp.status, CIMultiDict(resp.headers), await resp.text(errors="replace"))
-                break
+                    return Reply(resp.status, CIMultiDict(resp.headers), await resp.text(errors="replace"))
             except aiohttp.ClientConnectorError as exc:  # nothing was sent: safe to retry where idempotent
                 if attempt + 1 < attempts:
                     await asyncio.sleep(self.retry_backoff_s * 2**attempt)
+                    attempt += 1
                     continue
                 raise PolicyServerUnreachable(
                     f"cannot connect to the policy server at {self.base_url} ({exc.os_error.strerror or exc}); "
                     f"{self.hint}", url=self.base_url) from exc
             except TimeoutError as exc:
                 raise PolicyServerTimeout(
-                    f"the policy server at {self.base_url} did not answer {method} {route} within {timeout:g} s; "
+                    f"the policy server at {self.base_url} did not answer {method} {route} within {limit:g} s; "
                     "it may be overloaded or stuck, or the call needs a longer timeout (timeout_s=...)",
                     url=self.base_url) from exc
+            except aiohttp.ServerDisconnectedError as exc:
+                if not stale_retried:  # an idle pooled connection the server had closed: once more (module doc)
+                    stale_retried = True
+                    continue
+                raise PolicyServerUnreachable(
+                    f"the policy server at {self.base_url} closed the connection during {method} {route} "
+                    f"({exc}); {self.hint}", url=self.base_url) from exc
             except aiohttp.ClientError as exc:
                 raise PolicyServerUnreachable(
                     f"the connection to the policy server at {self.base_url} failed during {method} {route} "
                     f"({type(exc).__name__}: {exc}); {self.hint}", url=self.base_url) from exc
-        if reply.status >= 400:
-            said = server_message(reply.text)
-            kind = PolicyServerFailed if reply.status >= 500 else PolicyServerRejected
-            what = "failed" if reply.status >= 500 else "refused"
-            raise kind(f'the policy server at {self.base_url} {what} {method} {route} ({reply.status}): "{said}"',
-                       url=self.base_url, status=reply.status, server_message=said)
-        return reply
+
+    def _refused(self, method: str, route: str, status: int, text: str) -> PolicyServerError:
+        said = server_message(text)
+        kind = PolicyServerFailed if status >= 500 else PolicyServerRejected
+        what = "failed" if status >= 500 else "refused"
+        return kind(f'the policy server at {self.base_url} {what} {method} {route} ({status}): "{said}"',
+                    url=self.base_url, status=status, server_message=said)
+
+    async def events(self, route: str, *, body: Any,
+                     headers: Mapping[str, str] | None = None) -> AsyncIterator[tuple[CIMultiDict[str], Any]]:
+        """POST a streamed request; yield (response headers, JSON of each `data:` event) until `data: [DONE]`.
+
+        Each read waits at most the client's timeout (a long generation is fine while tokens keep coming).
+        Closing the iterator closes the connection, which stops the request on vLLM and the embedded server.
+        A `data: {"error": ...}` event (vLLM's mid-stream failure) raises `PolicyServerFailed`."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s)
+        try:
+            async with self._get_session().post(self.base_url + route, json=body, headers=headers,
+                                                timeout=timeout) as resp:
+                if resp.status >= 400:
+                    raise self._refused("POST", route, resp.status, await resp.text(errors="replace"))
+                head, pending = CIMultiDict(resp.headers), b""
+                async for received in resp.content.iter_any():  # whatever arrived: often several events at once
+                    *lines, pending = (pending + received).split(b"\n")
+                    for raw in lines:
+                        if not raw.startswith(b"data:"):
+                            continue
+                        data = raw[5:].strip().decode("utf-8", errors="replace")
+                        if data == "[DONE]":
+                            return
+                        yield head, self._event(route, data)
+        except aiohttp.ClientConnectorError as exc:
+            raise PolicyServerUnreachable(
+                f"cannot connect to the policy server at {self.base_url} ({exc.os_error.strerror or exc}); "
+                f"{self.hint}", url=self.base_url) from exc
+        except TimeoutError as exc:
+            raise PolicyServerTimeout(f"the policy server at {self.base_url} sent nothing on POST {route} for "
+                                      f"{self.timeout_s:g} s; it may be overloaded or stuck",
+                                      url=self.base_url) from exc
+        except aiohttp.ClientError as exc:
+            raise PolicyServerUnreachable(
+                f"the connection to the policy server at {self.base_url} failed during the stream of POST {route} "
+                f"({type(exc).__name__}: {exc}); {self.hint}", url=self.base_url) from exc
+        raise PolicyServerUnreachable(f"the stream of POST {route} from the policy server at {self.base_url} ended "
+                                      "without `data: [DONE]` (the server went away mid-stream?)", url=self.base_url)
+
+    def _event(self, route: str, data: str) -> Any:
+        """One streamed event's JSON; vLLM's mid-stream failure `{"error": ...}` raises `PolicyServerFailed`."""
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise PolicyServerBadResponse(f"the policy server at {self.base_url} streamed an event that is not JSON "
+                                          f"on {route}: {data[:200]!r}", url=self.base_url) from None
+        if isinstance(event, dict) and event.get("error") is not None:
+            said = server_message(data)
+            raise PolicyServerFailed(f'the policy server at {self.base_url} failed during the stream of POST {route}: '
+                                     f'"{said}"', url=self.base_url, server_message=said)
+        return event
 
     def json(self, reply: Reply, route: str) -> Any:
         try:
@@ -152,33 +240,37 @@ def completion_body(prompt_ids: list[int], sampling: SamplingParams, model: str 
     body: dict[str, Any] = {
         "prompt": prompt_ids, "max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
         "top_p": sampling.top_p, "top_k": sampling.top_k, "stop": list(sampling.stop),
-        "logprobs": 0, "return_token_ids": True,
+        "logprobs": sampling.logprobs or 0, "return_token_ids": True,
     }
     if sampling.seed is not None:
         body["seed"] = sampling.seed
+    # the rest only where they differ from vLLM's defaults: the common body stays what it was
+    if sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    for name, default in (("ignore_eos", False), ("skip_special_tokens", True), ("include_stop_str_in_output", False)):
+        if getattr(sampling, name) != default:
+            body[name] = getattr(sampling, name)
     if model is not None:
         body["model"] = model
     return body
 
 
-def parse_completion(body: Any, prompt_ids: list[int], *, policy_version: int, url: str) -> Sample:
-    """A `Sample` from a /v1/completions response, or `PolicyServerBadResponse` naming what is missing."""
+def _tokens(choice: dict[str, Any], url: str,
+            top: bool) -> tuple[list[int], list[float], list[dict[str, float]] | None]:
+    """The sampled ids, their logprobs and (when asked) the top alternatives of one choice, checked."""
     def bad(problem: str) -> PolicyServerBadResponse:
         return PolicyServerBadResponse(f"the policy server at {url} {problem}", url=url)
 
-    choices = body.get("choices") if isinstance(body, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise bad(f"returned a completion without choices: {json.dumps(body)[:200]}")
-    choice = choices[0]
     ids = choice.get("token_ids")
     if ids is None:
         raise bad("returned no `token_ids` although the request set `return_token_ids: true`; vLLM returns them "
                   "from version 0.10.2 on (older servers ignore the field): pip install -U 'vllm>=0.10.2'")
     lp = choice.get("logprobs")
     logprobs = lp.get("token_logprobs") if isinstance(lp, dict) else None
-    if logprobs is None:
-        raise bad("returned no `logprobs.token_logprobs` although the request set `logprobs: 0`; a policy server "
+    if logprobs is None and ids:
+        raise bad("returned no `logprobs.token_logprobs` although the request set `logprobs`; a policy server "
                   "must return the logprob of every sampled token (run vLLM with --logprobs-mode processed_logprobs)")
+    logprobs = logprobs or []
     if not (isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
         raise bad(f"returned `token_ids` that are not a list of integers: {str(ids)[:200]}")
     if not (isinstance(logprobs, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
@@ -186,15 +278,59 @@ def parse_completion(body: Any, prompt_ids: list[int], *, policy_version: int, u
         raise bad(f"returned `token_logprobs` that are not a list of numbers: {str(logprobs)[:200]}")
     if len(ids) != len(logprobs):
         raise bad(f"returned {len(ids)} token ids but {len(logprobs)} logprobs; they must pair up one to one")
+    alternatives = lp.get("top_logprobs") if top and isinstance(lp, dict) else None
+    if top and ids and not (isinstance(alternatives, list) and len(alternatives) == len(ids)
+                            and all(isinstance(a, dict) for a in alternatives)):
+        raise bad("returned no `logprobs.top_logprobs` (one {token: logprob} per sampled token) although the "
+                  "request asked for the top alternatives")
+    tops = [{str(k): float(v) for k, v in a.items()} for a in alternatives or []] if top else None
+    return ids, [float(x) for x in logprobs], tops
+
+
+def _check_echo(choice: dict[str, Any], prompt_ids: list[int], url: str) -> None:
     echoed = choice.get("prompt_token_ids")
     if echoed is not None and echoed != prompt_ids:
-        raise bad(f"sampled from a different prompt than it was sent ({len(echoed)} tokens echoed, "
-                  f"{len(prompt_ids)} sent); the stored turn would not match what the model saw")
+        raise PolicyServerBadResponse(
+            f"the policy server at {url} sampled from a different prompt than it was sent ({len(echoed)} tokens "
+            f"echoed, {len(prompt_ids)} sent); the stored turn would not match what the model saw", url=url)
+
+
+def _first_choice(body: Any, url: str) -> dict[str, Any]:
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise PolicyServerBadResponse(f"the policy server at {url} returned a completion without choices: "
+                                      f"{json.dumps(body)[:200]}", url=url)
+    return choices[0]
+
+
+def parse_completion(body: Any, prompt_ids: list[int], *, policy_version: int, url: str,
+                     top_logprobs: bool = False) -> Sample:
+    """A `Sample` from a /v1/completions response, or `PolicyServerBadResponse` naming what is missing."""
+    choice = _first_choice(body, url)
+    ids, logprobs, tops = _tokens(choice, url, top_logprobs)
+    _check_echo(choice, prompt_ids, url)
     text, finish = choice.get("text"), choice.get("finish_reason")
     if not isinstance(text, str) or not isinstance(finish, str):
-        raise bad(f"returned a choice without `text` or `finish_reason`: {json.dumps(choice)[:200]}")
-    return Sample(prompt_ids=prompt_ids, output_ids=ids, output_logprobs=[float(x) for x in logprobs], text=text,
-                  finish_reason=finish, policy_version=policy_version, stop_reason=choice.get("stop_reason"))
+        raise PolicyServerBadResponse(f"the policy server at {url} returned a choice without `text` or "
+                                      f"`finish_reason`: {json.dumps(choice)[:200]}", url=url)
+    return Sample(prompt_ids=prompt_ids, output_ids=ids, output_logprobs=logprobs, text=text,
+                  finish_reason=finish, policy_version=policy_version, stop_reason=choice.get("stop_reason"),
+                  top_logprobs=tops)
+
+
+def parse_chunk(event: Any, prompt_ids: list[int], *, policy_version: int, url: str,
+                top_logprobs: bool = False) -> Chunk | None:
+    """A `Chunk` from one event of a streamed /v1/completions response (vLLM's CompletionStreamResponse);
+    None for the usage event, which has no choices."""
+    if isinstance(event, dict) and event.get("choices") == []:
+        return None
+    choice = _first_choice(event, url)
+    ids, logprobs, tops = _tokens(choice, url, top_logprobs)
+    _check_echo(choice, prompt_ids, url)
+    finish = choice.get("finish_reason")
+    return Chunk(output_ids=ids, output_logprobs=logprobs, text=str(choice.get("text") or ""),
+                 policy_version=policy_version, top_logprobs=tops, finish_reason=finish,
+                 stop_reason=choice.get("stop_reason"))
 
 
 def prompt_list(prompt_ids: Sequence[int]) -> list[int]:

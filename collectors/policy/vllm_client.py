@@ -1,107 +1,103 @@
-"""`VLLMClient`: vLLM's OpenAI-compatible server, with exact version stamping across reloads.
+"""`VLLMClient`: vLLM's OpenAI-compatible server, every sample stamped with the version that produced it.
 
-vLLM reports no policy version, so `VLLMClient` stamps the version it loaded last. That is exact because of how it
-reloads:
+vLLM's completions do not say which weights sampled them, so the version comes from what the
+server reports beside them. Three ways to reload, one per role (`reload=`):
 
-- full weights (`reload="weights"`; vLLM started with VLLM_SERVER_DEV_MODE=1): the client
-  stops sending, waits for its own in-flight completions, then POST /pause?mode=wait (vLLM
-  drains every other caller's in-flight requests and schedules no new ones),
-  /collective_rpc `reload_weights`, /reset_prefix_cache, /resume, and only then stamps the
-  new version and sends again. No completion stamped N ever ran on weights other than N.
-  One `VLLMClient` must own the reloads of a server: a reload from elsewhere would happen
-  behind its back.
-- runtime LoRA (`reload="lora"`; VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, --enable-lora): each
-  version is loaded as its own adapter `{lora_prefix}-v{N}` and every request names its
-  adapter in `model`, so the version is part of the request: in-flight requests keep
-  sampling from their adapter while the next one loads, nothing is paused, and vLLM echoes
-  the adapter name back, which the client checks.
+- `"weights"` (vLLM with VLLM_SERVER_DEV_MODE=1): this client reloads the server's full
+  weights: POST /pause?mode=wait (vLLM finishes every caller's in-flight requests and holds new
+  ones), /collective_rpc `reload_weights`, /update_weight_version with the new version, then
+  /reset_prefix_cache and /resume. The server's weight-version label (vLLM's own, GET
+  /weight_info) therefore changes only while nothing is sampled, and always together with
+  the weights. One client per server reloads; a second would pause it behind the first one's back.
+- `"follow"`: another process (the collector with `reload="weights"`) reloads this server;
+  `load_weights(path, N)` only waits until the server's label reaches N.
+- `"lora"` (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, --enable-lora): each version is its own
+  adapter `{lora_prefix}-v{N}`, loaded by whichever client gets there first (a second load of
+  the same name is a no-op), and every request names its adapter in `model`; vLLM echoes the
+  name back, which fixes the version exactly. Nothing is paused.
+
+Stamping in "weights" and "follow": a completion is stamped with the label read after it
+finished, if that equals the label known before it was sent (the last one read); labels only go
+up, so the label was constant for the whole request, and with it the weights. If the label
+moved meanwhile, the sample's version cannot be known, so it is dropped and the completion
+sent again (counted in `resampled`); this happens only to requests that overlapped a reload.
+A streamed completion cannot be drawn again once its tokens went out: it fails instead (`stream`).
+A label of "default" (a server nobody reloaded yet) is the `policy_version` the client was
+given; a server without the dev routes cannot be reloaded, so its version is that one too.
+
+Retries: a 503 (vLLM's queue limit, `--max-num-queued-reqs`; also hit while a reload holds
+requests) is retried with backoff, see `collectors.policy.http`. While paused for a reload,
+vLLM 0.32 holds new requests until /resume rather than refusing them (measured), so callers
+ride through a reload on either path.
+
+Full-weight reloads check the checkpoint on this machine before vLLM sees it, because vLLM
+0.32 does not survive a bad one: a `reload_weights` that fails (a missing directory, no
+weights) kills its engine, and every later request fails with 500 (measured). So the path must
+be a checkpoint directory here too (collectors and their vLLM share the checkpoint directory),
+with config.json and safetensors weights. A checkpoint whose config ties the LM head to the
+input embedding is refused as well: vLLM 0.32's in-place reload loads the embedding but puts
+the old LM head back (measured on its CPU backend; read in its layerwise reload code, which is
+not CPU-specific), so the server would sample from a mix of two versions. Reload such models
+as LoRA adapters.
 
 Run vLLM >= 0.10.2 (`return_token_ids`) with `--logprobs-mode processed_logprobs`: by default
 vLLM returns logprobs of the raw model output, not of the temperature/top-k/top-p
 distribution the token was drawn from, and no HTTP route reveals the mode, so the client
-cannot check it.
-
-Reload failures are `WeightLoadError` / `VersionConflict`.
+cannot check it. `collectors.policy.vllm_server.start_vllm` starts one configured this way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 from collectors.errors import VersionConflict, WeightLoadError
-from collectors.policy.contract import Sample, SamplingParams
+from collectors.policy.contract import Chunk, Sample, SamplingParams
 from collectors.policy.http import (
     Http,
     PolicyServerBadResponse,
     PolicyServerError,
     PolicyServerFailed,
     PolicyServerRejected,
-    Reply,
     completion_body,
     list_models,
+    parse_chunk,
     parse_completion,
     port_of,
     prompt_list,
     session_headers,
 )
 
-
-class _DrainGate:
-    """Completions run together; a reload runs alone. `reloading()` closes the gate to new
-    completions and waits until the running ones are done. Cancellation-safe: no awaits on exit."""
-
-    def __init__(self) -> None:
-        self._open, self._idle, self._running = asyncio.Event(), asyncio.Event(), 0
-        self._open.set()
-        self._idle.set()
-
-    @asynccontextmanager
-    async def sampling(self) -> AsyncIterator[None]:
-        while not self._open.is_set():
-            await self._open.wait()
-        self._running += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self._running -= 1
-            if self._running == 0:
-                self._idle.set()
-
-    @asynccontextmanager
-    async def reloading(self) -> AsyncIterator[None]:
-        self._open.clear()
-        try:
-            await self._idle.wait()
-            yield
-        finally:
-            self._open.set()
-
-
-_DEV_ROUTES = ("/pause", "/resume", "/collective_rpc", "/reset_prefix_cache")
+Reload = Literal["weights", "follow", "lora"]
+_DEV_ROUTES = ("/pause", "/resume", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version")
+_RESAMPLE_LIMIT = 8  # a completion overlapping this many reloads in a row is an error, not bad luck
 
 
 class VLLMClient:
     """vLLM's OpenAI-compatible server. See the module docstring for how versions are stamped.
 
         policy = VLLMClient("http://127.0.0.1:8000", model="Qwen/Qwen3-8B", policy_version=0)
-        await policy.load_weights("ckpt/v1", 1)   # pause, reload_weights, reset_prefix_cache, resume
+        await policy.load_weights("ckpt/v1", 1)   # pause, reload_weights, label, reset_prefix_cache, resume
     """
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, model: str | None = None, policy_version: int = 0,
-                 reload: Literal["weights", "lora"] = "weights", lora_prefix: str = "policy",
-                 timeout_s: float = 600.0, reload_timeout_s: float = 1800.0, connect_retries: int = 2,
+                 reload: Reload = "weights", lora_prefix: str = "policy", timeout_s: float = 600.0,
+                 reload_timeout_s: float = 1800.0, follow_timeout_s: float = 30.0, connect_retries: int = 2,
                  retry_backoff_s: float = 0.25, max_connections: int = 0) -> None:
-        if reload not in ("weights", "lora"):
-            raise ValueError(f"reload must be 'weights' or 'lora', got {reload!r}")
+        if reload not in ("weights", "follow", "lora"):
+            raise ValueError(f"reload must be 'weights', 'follow' or 'lora', got {reload!r}")
         self.base_url = base_url.rstrip("/")
-        self.policy_version = policy_version  # the version every completion sent from now on is stamped with
+        self.policy_version = policy_version  # the newest version this client has seen the server serve
         self.reload = reload
-        self._model, self._lora_prefix, self._reload_timeout_s = model, lora_prefix, reload_timeout_s
-        self._gate = _DrainGate()
+        self.resampled = 0  # completions dropped because a reload overlapped them (see the module docstring)
+        self._initial, self._model, self._lora_prefix = policy_version, model, lora_prefix
+        self._reload_timeout_s, self._follow_timeout_s = reload_timeout_s, follow_timeout_s
+        self._label: int | None = None  # the server's weight-version label as last read
+        self._labelled = True  # False once the server showed it has no /weight_info (no dev routes)
         self._reload_lock = asyncio.Lock()
         self._broken: str | None = None  # set when a reload failed half-way: the server stays paused
         self._http = Http(self.base_url, hint=f"check that vLLM is running there (`vllm serve MODEL --port "
@@ -109,65 +105,162 @@ class VLLMClient:
                            timeout_s=timeout_s, connect_retries=connect_retries, retry_backoff_s=retry_backoff_s,
                            max_connections=max_connections)
 
+    @property
+    def unavailable_retries(self) -> int:
+        """How many 503s ("try again later") this client has retried."""
+        return self._http.unavailable_retries
+
     async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
         if self._broken:
             raise WeightLoadError(self._broken)
         ids = prompt_list(prompt_ids)
+        body = completion_body(ids, sampling, self._model)
         if self.reload == "lora":  # the adapter named in the request fixes the version
             model, version = self._model, self.policy_version
-            reply = await self._post_completion(ids, sampling, model, session_id)
-        else:
-            async with self._gate.sampling():
-                if self._broken:  # the reload this call waited for failed: the server is paused
-                    raise WeightLoadError(self._broken)
-                model, version = self._model, self.policy_version
-                reply = await self._post_completion(ids, sampling, model, session_id)
-        body = self._http.json(reply, "/v1/completions")
+            return self._sample(await self._post_completion(body, session_id), ids, model, version, sampling)
+        for _ in range(_RESAMPLE_LIMIT):
+            before = self._label if self._label is not None else await self.served_label()
+            reply = await self._post_completion(body, session_id)
+            after = await self.served_label()
+            if after == before:
+                return self._sample(reply, ids, self._model, after, sampling)
+            self.resampled += 1
+        raise PolicyServerError(f"vLLM at {self.base_url} changed its weights during each of {_RESAMPLE_LIMIT} "
+                                f"attempts at one completion; something reloads it continuously", url=self.base_url)
+
+    async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
+                     session_id: str | None = None) -> AsyncIterator[Chunk]:
+        """Like `complete`, streamed (`stream: true`, each event's `token_ids` and `logprobs`). Chunks carry the
+        label known before the request; if the label moved by the time the stream ended, the tokens already
+        went out and cannot be drawn again, so the stream fails (PolicyServerError) instead of ending, and
+        nothing of it is stored (see the module docstring on stamping)."""
+        if self._broken:
+            raise WeightLoadError(self._broken)
+        ids = prompt_list(prompt_ids)
+        body = {**completion_body(ids, sampling, self._model), "stream": True}
+        lora = self.reload == "lora"
+        before = self.policy_version if lora else (
+            self._label if self._label is not None else await self.served_label())
+        async for _, event in self._http.events("/v1/completions", body=body, headers=session_headers(session_id)):
+            self._check_model(event, self._model)
+            chunk = parse_chunk(event, ids, policy_version=before, url=self.base_url,
+                                top_logprobs=bool(sampling.logprobs))
+            if chunk is not None:
+                yield chunk
+        if not lora and await self.served_label() != before:
+            self.resampled += 1
+            raise PolicyServerError(f"vLLM at {self.base_url} reloaded its weights while this stream sampled, so the "
+                                    "version of its tokens is unknown; nothing of it is stored: send the call again",
+                                    url=self.base_url)
+
+    async def _post_completion(self, body: dict[str, Any], session_id: str | None) -> Any:
+        reply = await self._http.call("POST", "/v1/completions", body=body, headers=session_headers(session_id),
+                                      retry_unavailable=True)
+        return self._http.json(reply, "/v1/completions")
+
+    def _sample(self, body: Any, ids: list[int], model: str | None, version: int, sampling: SamplingParams) -> Sample:
+        self._check_model(body, model)
+        return parse_completion(body, ids, policy_version=version, url=self.base_url,
+                                top_logprobs=bool(sampling.logprobs))
+
+    def _check_model(self, body: Any, model: str | None) -> None:
         if model is not None and isinstance(body, dict) and body.get("model") != model:
             raise PolicyServerBadResponse(f"the policy server at {self.base_url} answered for model "
                                           f"{body.get('model')!r} but the request named {model!r}", url=self.base_url)
-        return parse_completion(body, ids, policy_version=version, url=self.base_url)
 
-    async def _post_completion(self, ids: list[int], sampling: SamplingParams, model: str | None,
-                               session_id: str | None) -> Reply:
-        return await self._http.call("POST", "/v1/completions", body=completion_body(ids, sampling, model),
-                                     headers=session_headers(session_id))
+    async def served_label(self) -> int:
+        """The version whose weights vLLM serves now, from its weight-version label (GET /weight_info)."""
+        if not self._labelled:
+            return self._initial
+        try:
+            reply = await self._http.call("GET", "/weight_info", idempotent=True)
+        except PolicyServerRejected as exc:
+            if exc.status != 404:
+                raise
+            self._labelled = False  # no dev routes: nobody can reload these weights through the API
+            return self._initial
+        body = self._http.json(reply, "/weight_info")
+        label = body.get("weight_version") if isinstance(body, dict) else None
+        if label == "default":
+            version = self._initial
+        elif isinstance(label, str) and label.isdigit():
+            version = int(label)
+        else:
+            raise PolicyServerBadResponse(
+                f"vLLM at {self.base_url} labels its weights {label!r}, which is not a policy version; something "
+                "other than trajstore's collectors reloads this server: give the collectors a vLLM of their own",
+                url=self.base_url)
+        self._label = version if self._label is None else max(self._label, version)
+        self.policy_version = max(self.policy_version, version)
+        return version
 
     async def models(self) -> list[str]:
         return await list_models(self._http)
 
     async def load_weights(self, path: str, version: int) -> None:
-        """Load checkpoint (or LoRA adapter) `path` as `version`; later completions are stamped `version`."""
+        """Load checkpoint (or LoRA adapter) `path` as `version` (in "follow": wait for it to be loaded)."""
         async with self._reload_lock:
             if version <= self.policy_version:
                 raise VersionConflict(f"cannot load {path} as policy version {version}: this client already serves "
                                       f"version {self.policy_version} and versions only go up")
             if self.reload == "lora":
                 await self._load_adapter(str(path), version)
+            elif self.reload == "follow":
+                await self._await_version(str(path), version)
             else:
                 await self._reload_weights(str(path), version)
 
     async def _reload_weights(self, path: str, version: int) -> None:
-        async with self._gate.reloading():
-            await self._control("/pause", params={"mode": "wait", "wait_for_inflight_requests": "true",
-                                                  "clear_cache": "true"})
-            try:  # reload_weights(weights_path=...) points the model config at `path` and loads it layer by layer
-                await self._control("/collective_rpc", body={"method": "reload_weights",
-                                                             "kwargs": {"weights_path": path}},
-                                    timeout_s=self._reload_timeout_s)
-            except (PolicyServerError, WeightLoadError) as exc:
-                self._broken = (f"reloading {path} into vLLM at {self.base_url} failed ({exc}); the server stays "
-                                "paused so that no token is sampled from partly loaded weights: call load_weights "
-                                "again with a good checkpoint, or restart vLLM")
-                raise WeightLoadError(self._broken) from exc
-            self.policy_version, self._broken = version, None
-            await self._control("/reset_prefix_cache")
-            await self._control("/resume")
+        _check_checkpoint(path)
+        try:
+            served = await self.served_label()
+        except PolicyServerError as exc:
+            raise WeightLoadError(f"cannot ask vLLM at {self.base_url} which version it serves: {exc}") from exc
+        if self._labelled and served >= version:
+            raise VersionConflict(f"vLLM at {self.base_url} already serves version {served}; not loading {path} "
+                                  f"as version {version}")
+        await self._control("/pause", params={"mode": "wait"})
+        try:  # reload_weights(weights_path=...) points the model config at `path` and loads it layer by layer
+            await self._control("/collective_rpc", body={"method": "reload_weights", "kwargs": {"weights_path": path}},
+                                timeout_s=self._reload_timeout_s)
+            await self._control("/update_weight_version", body={"new_version": str(version)})
+        except (PolicyServerError, WeightLoadError) as exc:
+            self._broken = (f"reloading {path} into vLLM at {self.base_url} failed ({exc}); the server stays "
+                            "paused so that no token is sampled from partly loaded weights: call load_weights "
+                            "again with a good checkpoint, or restart vLLM")
+            raise WeightLoadError(self._broken) from exc
+        self._broken, self._label, self.policy_version = None, version, version
+        await self._control("/reset_prefix_cache")
+        await self._control("/resume")
+
+    async def _await_version(self, path: str, version: int) -> None:
+        deadline = time.monotonic() + self._follow_timeout_s
+        while True:
+            try:
+                served = await self.served_label()
+            except PolicyServerError as exc:
+                raise WeightLoadError(f"cannot ask vLLM at {self.base_url} which version it serves: {exc}") from exc
+            if served >= version:
+                return
+            if not self._labelled:
+                raise WeightLoadError(f"vLLM at {self.base_url} has no GET /weight_info, so this client cannot "
+                                      "follow another collector's reloads: start vLLM with VLLM_SERVER_DEV_MODE=1")
+            if time.monotonic() > deadline:
+                raise WeightLoadError(
+                    f"vLLM at {self.base_url} still serves version {served}, not {version} ({path}), after "
+                    f"{self._follow_timeout_s:g} s; this client follows the reloads of the collector that owns the "
+                    "server (reload='weights'): is it running and does it see the checkpoint?")
+            await asyncio.sleep(0.2)
 
     async def _load_adapter(self, path: str, version: int) -> None:
         name = f"{self._lora_prefix}-v{version}"
-        await self._control("/v1/load_lora_adapter", body={"lora_name": name, "lora_path": path}, idempotent=False)
+        try:
+            await self._control("/v1/load_lora_adapter", body={"lora_name": name, "lora_path": path},
+                                idempotent=False)
+        except WeightLoadError as exc:  # another collector on this server loaded the same version first
+            if "has already been loaded" not in str(exc):
+                raise
         # vLLM keys cached prefixes by adapter, so a new adapter never reuses old KV; reset when the route exists
         await self._control("/reset_prefix_cache", missing_ok=True)
         self._model, self.policy_version = name, version  # together: a request sees both or neither
@@ -203,3 +296,23 @@ class VLLMClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _check_checkpoint(path: str) -> None:
+    """WeightLoadError for a directory vLLM could not reload, or would reload only in part (module docstring)."""
+    directory = Path(path)
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise WeightLoadError(
+            f"{path} is not a checkpoint directory on this machine ({exc}); a failed reload_weights kills vLLM's "
+            "engine, so the client only passes it directories it can check: config.json and safetensors weights, "
+            "at the same path the vLLM server reads") from exc
+    if not any(directory.glob("*.safetensors")):
+        raise WeightLoadError(f"{path} has no *.safetensors weights; vLLM reloads full weights from safetensors "
+                              "files (a LoRA adapter checkpoint needs VLLMClient(reload='lora'))")
+    if config.get("tie_word_embeddings"):
+        raise WeightLoadError(
+            f"{path} ties its LM head to its input embedding (tie_word_embeddings), and vLLM's in-place weight "
+            "reload reloads the embedding but keeps the old LM head, so the server would sample from a mix of two "
+            "versions; train LoRA adapters and reload with VLLMClient(reload='lora'), or untie the embeddings")

@@ -1,9 +1,10 @@
 """The capture proxy (`trajstore proxy`): chat APIs in front of a policy server, every call stored exactly.
 
 `app` serves the routes; each wire protocol is one adapter in `wire/`; `capture` runs a call
-through (render with `render`, segment with `segmenter`, sample, parse with `toolcalls`,
-append through `appender`); `sessions` holds rollouts, keys and sessions; `chat` the
-protocol-neutral request and reply.
+through (reconcile the history with `reconcile`, render with `render`, segment with
+`segmenter`, sample, parse with `toolcalls`, stream with `streaming`, append through
+`appender`); `sessions` holds rollouts, keys and sessions; `chat` the protocol-neutral
+request and reply.
 """
 
 from collectors.proxy.app import ProxyConfig, RunningProxy, create_app, run_proxy, serve_proxy_in_thread, start_proxy

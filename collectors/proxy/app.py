@@ -8,10 +8,16 @@ token-exact `turn` event (`collectors.proxy.capture`). Routes:
                                         group_id, run, api_key, base_urls: {openai, anthropic}, session_header}
     POST /rollouts/{id}/close           {status, reward? | rewards? {name: value}, error?, meta?}; the rollout's key
     GET  /rollouts/{id}                 its sessions, segments, turns and forks; the rollout's key
-    POST /v1/chat/completions           OpenAI Chat Completions (stream too)      \\ also under /r/{key}/...
-    POST /v1/messages                   Anthropic Messages (stream too)           /
-    GET  /v1/models                     the accepted model names (OpenAI and Anthropic list shapes in one)
-    GET  /stats                         counters: turns, forks by reason, drift, errors, rollouts
+    POST /v1/chat/completions           OpenAI Chat Completions (stream too)      \\
+    POST /v1/responses                  OpenAI Responses (stream too)              |
+    POST /v1/responses/input_tokens     its input token count                      | also under /r/{key}/...
+    POST /v1/messages                   Anthropic Messages (stream too)            |
+    POST /v1/messages/count_tokens      its input token count                      |
+    GET  /v1/models                     the accepted model names (OpenAI and      /
+                                        Anthropic list shapes in one)
+    GET|HEAD /, /r/{key}                 200 (agents such as Claude Code probe their base URL)
+    GET  /stats                         counters: turns, forks by reason, histories by how they were
+                                        reconciled, streams the agent left, errors, rollouts
     GET  /health
 
 Point an SDK at one rollout with what `POST /rollouts` returned (see `collectors.proxy.sessions` for
@@ -22,9 +28,16 @@ keys and sub-agent sessions):
     OPENAI_BASE_URL=... OPENAI_API_KEY=... / ANTHROPIC_BASE_URL=... ANTHROPIC_API_KEY=...  (agent CLIs)
 
 The rollout routes are for the orchestrator: bind the proxy to loopback or a private network.
-Streaming answers are sent after the upstream sample is complete and the turn is durable
-(the upstream is not streamed), so a stream never ends in an error and never leaves a
-partial event.
+They take JSON only and no other site's `Origin` (no browser page can open or close a
+rollout), and check a whole request before changing anything: a close with a NaN reward or
+an empty reward name is a 400 and the rollout stays open for a valid close. Bodies are at most
+`MAX_BODY` bytes, decoded off the event loop when large (`collectors.serving`).
+A streamed call streams from the policy server: its tokens reach the agent as they are
+sampled, and its last event is sent once the turn is durable (see `collectors.proxy.capture`
+for what happens when the agent leaves mid-stream). Every failure under a rollout's base URL,
+unknown routes included, is answered in the protocol's own error shape (Anthropic's under
+/v1/messages or for a client that sends `anthropic-version`, OpenAI's otherwise), and no
+message ever repeats a key from the URL.
 """
 
 from __future__ import annotations
@@ -32,9 +45,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import re
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,12 +61,23 @@ from collectors.proxy.capture import Capture
 from collectors.proxy.chat import ChatError, is_int
 from collectors.proxy.render import ChatRenderer
 from collectors.proxy.sessions import SESSION_HEADER, Rollout, split_key
-from collectors.proxy.wire import WIRES, OpenAIChat, WireProtocol
-from collectors.serving import app_in_thread, run_until_interrupted, start_app
+from collectors.proxy.wire import WIRES, AnthropicMessages, OpenAIChat, WireProtocol
+from collectors.serving import (
+    BadRequest,
+    ClientGone,
+    app_in_thread,
+    check_control,
+    check_origin,
+    read_json,
+    run_until_interrupted,
+    start_app,
+)
 from trajstore import Store, open_store
+from trajstore.schema import TERMINAL_STATUSES
+from trajstore.tokens import INT32_MAX as MAX_GROUP_SIZE  # stored as int32 with every status event
 
 log = logging.getLogger(__name__)
-MAX_BODY = 64 << 20
+MAX_BODY = 16 << 20  # a whole 128k-token conversation with its tools is a few MB of JSON
 
 
 @dataclass(frozen=True)
@@ -114,42 +140,60 @@ async def _served_names(client: PolicyClient) -> list[str]:
 
 
 WIRE = web.RequestKey("wire", WireProtocol)  # the protocol of the route serving a request
-_DEFAULT_WIRE = OpenAIChat()  # errors of routes that belong to no protocol (rollouts, stats)
+_OPENAI, _ANTHROPIC = OpenAIChat(), AnthropicMessages()
+_KEY_IN_PATH = re.compile(r"/r/[^/]+")
+
+
+def _wire_of(request: web.Request) -> WireProtocol:
+    """The protocol a failure is answered in: the route's, else Anthropic's for its paths and clients."""
+    if WIRE in request:
+        return request[WIRE]
+    path = _KEY_IN_PATH.sub("", request.path, count=1)
+    if path.startswith("/v1/messages") or "anthropic-version" in request.headers:
+        return _ANTHROPIC
+    return _OPENAI
+
+
+def shown_path(request: web.Request) -> str:
+    """The request's path as a message may show it: a rollout key in the URL is never repeated."""
+    return _KEY_IN_PATH.sub("/r/{key}", request.path, count=1)
 
 
 def _error(request: web.Request, err: ChatError) -> web.Response:
     if STATE in request.app:
         request.app[STATE].capture.stats.errors[err.status] += 1
-    return web.json_response(request.get(WIRE, _DEFAULT_WIRE).error_body(err), status=err.status)
+    return web.json_response(_wire_of(request).error_body(err), status=err.status)
 
 
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure answers in the protocol of the route: OpenAI's error shape, Anthropic's on /v1/messages."""
     try:
+        check_origin(request)
         return await handler(request)
     except ChatError as err:
         return _error(request, err)
+    except BadRequest as exc:
+        kind = {403: "permission", 413: "invalid_request", 415: "invalid_request"}.get(exc.status, "invalid_request")
+        return _error(request, ChatError(exc.message, status=exc.status, kind=kind))
+    except ClientGone as exc:  # nobody is left to answer: one line in the log, no traceback
+        log.info("%s", exc)
+        return _error(request, ChatError(str(exc)))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         kind = {401: "authentication", 404: "not_found"}.get(exc.status, "invalid_request")
-        return _error(request, ChatError(f"{request.method} {request.path}: {exc.reason}", status=exc.status,
-                                         kind=kind))
+        hint = "; the routes under a rollout's base URL are " + ", ".join(
+            f"POST {w.path}" for w in WIRES) + " and GET /v1/models" if exc.status in (404, 405) else ""
+        return _error(request, ChatError(f"{request.method} {shown_path(request)}: {exc.reason}{hint}",
+                                         status=exc.status, kind=kind))
     except Exception as exc:  # noqa: BLE001 - one bad call must not stop the proxy
-        log.exception("unexpected error serving %s %s", request.method, request.path)
+        log.exception("unexpected error serving %s %s", request.method, shown_path(request))
         return _error(request, ChatError(f"internal error: {type(exc).__name__}: {exc}", status=500, kind="internal"))
 
 
 async def _body(request: web.Request) -> Any:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise ChatError(f"the request body is over {MAX_BODY >> 20} MiB", status=413) from exc
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ChatError(f"the request body is not valid JSON: {exc}") from exc
+    return await read_json(request, MAX_BODY)
 
 
 def _header_keys(request: web.Request) -> list[str]:
@@ -162,11 +206,11 @@ def _header_keys(request: web.Request) -> list[str]:
     return keys
 
 
-def chat_route(wire: WireProtocol) -> Callable[[web.Request], Any]:
-    """The handler of `wire`'s route: its errors are answered in its own shape."""
+def chat_route(wire: WireProtocol, *, count: bool = False) -> Callable[[web.Request], Any]:
+    """The handler of `wire`'s route (or of its token-counting route): errors come in its own shape."""
     async def handler(request: web.Request) -> web.StreamResponse:
         request[WIRE] = wire
-        return await chat(request, wire)
+        return await (count_tokens(request, wire) if count else chat(request, wire))
     return handler
 
 
@@ -177,19 +221,33 @@ async def chat(request: web.Request, wire: WireProtocol) -> web.StreamResponse:
     rollout, session = capture.registry.resolve(request.match_info.get("key"), _header_keys(request),
                                                 request.headers.get(SESSION_HEADER))
     body = await _body(request)
-    req = wire.parse_request(body, rollout.raw_arguments)
+    req = wire.parse_request(body)
     await state.check_model(req.model)
-    reply, answer = await capture.turn(rollout, session, req, body, wire)
     if not req.stream:
+        _, answer = await capture.turn(rollout, session, req, body, wire)
         return web.json_response(answer)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    try:
-        await response.prepare(request)
-        await response.write(wire.stream_body(reply, req.options))
-        await response.write_eof()
-    except ConnectionResetError:  # the agent left; the turn is stored, as the model did sample it
-        log.info("the client of rollout %s disconnected before its stream was sent", rollout.rollout_id)
+    async with aclosing(capture.stream_turn(rollout, session, req, body, wire)) as events:
+        try:  # a ChatError before the first event is an ordinary error response (the middleware's)
+            async for data in events:
+                if not response.prepared:
+                    await response.prepare(request)
+                await response.write(data)
+        except ConnectionResetError:  # the agent left: closing `events` stops the upstream, nothing is stored
+            return response
+    await response.write_eof()
     return response
+
+
+async def count_tokens(request: web.Request, wire: WireProtocol) -> web.Response:
+    """The input tokens of a request as it would be sent in its session now (Anthropic's count_tokens,
+    the Responses API's input_tokens); nothing is sampled or stored."""
+    state = request.app[STATE]
+    rollout, session = state.capture.registry.resolve(request.match_info.get("key"), _header_keys(request),
+                                                      request.headers.get(SESSION_HEADER))
+    req = wire.parse_count(await _body(request))
+    await state.check_model(req.model)
+    return web.json_response(wire.count_response(state.capture.count_tokens(rollout, session, req)))
 
 
 async def models(request: web.Request) -> web.Response:
@@ -211,16 +269,21 @@ def _optional(body: dict[str, Any], name: str, check: Callable[[Any], bool], exp
     return value
 
 
+_TEXT = (lambda v: isinstance(v, str) and 0 < len(v) <= 200, "a string of 1 to 200 characters")
+
+
 async def open_rollout(request: web.Request) -> web.Response:
     capture = request.app[STATE].capture
+    if request.can_read_body:
+        check_control(request)
     body = await _body(request) if request.can_read_body else {}
     if not isinstance(body, dict):
         raise ChatError("the body must be a JSON object such as {\"group_id\": \"task-7\", \"group_size\": 8}")
-    text = (lambda v: isinstance(v, str) and 0 < len(v) <= 200, "a non-empty string")
     rollout = await capture.open_rollout(
-        run=_optional(body, "run", *text), group_id=_optional(body, "group_id", *text),
-        rollout_id=_optional(body, "rollout_id", *text),
-        group_size=_optional(body, "group_size", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+        run=_optional(body, "run", *_TEXT), group_id=_optional(body, "group_id", *_TEXT),
+        rollout_id=_optional(body, "rollout_id", *_TEXT),
+        group_size=_optional(body, "group_size", lambda v: is_int(v) and 1 <= v <= MAX_GROUP_SIZE,
+                             f"an integer from 1 to {MAX_GROUP_SIZE}"),
         meta=_optional(body, "meta", lambda v: isinstance(v, dict), "a JSON object"))
     origin = f"{request.scheme}://{request.host}"
     return web.json_response({
@@ -240,7 +303,13 @@ def _owned_rollout(request: web.Request) -> Rollout:
                     status=401, kind="authentication")
 
 
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 async def close_rollout(request: web.Request) -> web.Response:
+    """Validate the whole close first: nothing about the rollout changes for a request that is refused."""
+    check_control(request)
     rollout = _owned_rollout(request)
     if rollout.closed:
         raise ChatError(f"rollout {rollout.rollout_id} is already closed (status {rollout.status})", status=409,
@@ -248,14 +317,18 @@ async def close_rollout(request: web.Request) -> web.Response:
     body = await _body(request)
     if not isinstance(body, dict):
         raise ChatError('the body must be a JSON object such as {"status": "completed", "reward": 1.0}')
-    number = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number")
     rewards = dict(_optional(body, "rewards", lambda v: isinstance(v, dict) and all(
-        isinstance(k, str) and number[0](x) for k, x in v.items()), "an object of reward name -> number") or {})
-    reward = _optional(body, "reward", *number)
+        _TEXT[0](k) and _finite(x) for k, x in v.items()),
+        "an object of reward name (1 to 200 characters) -> finite number") or {})
+    reward = _optional(body, "reward", _finite, "a finite number")
     if reward is not None:
         rewards["reward"] = reward
+    status = body.get("status")
+    if status not in TERMINAL_STATUSES:
+        raise ChatError(f"`status` must be one of {', '.join(sorted(TERMINAL_STATUSES))}, got {status!r}",
+                        param="status")
     summary = await request.app[STATE].capture.close_rollout(
-        rollout, status=str(body.get("status")), rewards={k: float(v) for k, v in rewards.items()},
+        rollout, status=status, rewards={k: float(v) for k, v in rewards.items()},
         error=_optional(body, "error", lambda v: isinstance(v, str), "a string"),
         meta=_optional(body, "meta", lambda v: isinstance(v, dict), "a JSON object"))
     return web.json_response(summary)
@@ -274,6 +347,11 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def base_url(request: web.Request) -> web.Response:
+    """GET or HEAD on a base URL: agents probe it before their first call (Claude Code sends HEAD)."""
+    return web.json_response({"status": "ok", "service": "trajstore capture proxy"})
+
+
 def create_app(client_factory: Callable[[], PolicyClient], store: Store, config: ProxyConfig) -> web.Application:
     """The proxy's aiohttp app; the upstream client is made inside the serving event loop."""
     from transformers import AutoTokenizer
@@ -288,7 +366,7 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
         client = client_factory()
         writer = store.writer(config.writer)
         capture = Capture(client, renderer, writer, run=config.run, max_model_len=max_len,
-                          default_max_tokens=config.default_max_tokens)
+                          default_max_tokens=config.default_max_tokens, stored=store.holds_rollout)
         names = [*config.model_names, *await _served_names(client)]
         app[STATE] = ProxyState(capture, config, names)
 
@@ -302,7 +380,10 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
     for prefix in ("", "/r/{key}"):
         for wire in WIRES:
             app.router.add_post(prefix + wire.path, chat_route(wire))
+            if wire.count_path:
+                app.router.add_post(prefix + wire.count_path, chat_route(wire, count=True))
         app.router.add_get(prefix + "/v1/models", models)
+        app.router.add_get(prefix or "/", base_url)
     app.router.add_post("/rollouts", open_rollout)
     app.router.add_post("/rollouts/{rollout_id}/close", close_rollout)
     app.router.add_get("/rollouts/{rollout_id}", get_rollout)

@@ -1,42 +1,60 @@
 """The capture proxy's core: one agent call -> one policy sample -> one durable `turn` event.
 
-`Capture.turn` runs a call through, holding its session's lock:
+`Capture.turn` (and `Capture.stream_turn`, which answers while the upstream samples) runs a
+call through, holding its session's lock:
 
-1. render the conversation with the chat template (`collectors.proxy.render`);
+1. reconcile the agent's history with what the session sampled (`collectors.proxy.reconcile`)
+   and render it with the chat template (`collectors.proxy.render`);
 2. decide the segment (`collectors.proxy.segmenter`): continue it with the prompt delta, or fork;
-3. sample from the upstream policy server with the full token ids (`PolicyClient.complete`);
+3. sample from the upstream policy server with the full token ids (`PolicyClient.complete`, or
+   `PolicyClient.stream` for a streamed call, whose pieces reach the agent as they are sampled,
+   see `collectors.proxy.streaming`);
 4. decode and parse the reply, build the protocol response;
 5. append the turn event (exact prompt delta, sampled ids, logprobs, policy version) and wait
-   until it is durable; only then advance the session and answer the agent. Concurrent
-   calls' events share one append (`collectors.proxy.appender`).
+   until it is durable; only then advance the session and answer the agent (a stream's last
+   event is sent after the append). Concurrent calls' events share one append
+   (`collectors.proxy.appender`).
 
-A failure at any step leaves the session as it was and writes nothing: no partial event.
+A failure at any step leaves the session as it was and writes nothing: no partial event. A
+streamed call whose agent disconnects mid-stream closes the upstream stream (the policy server
+stops sampling it) and stores nothing: the agent never received that reply, so no later call
+of its can extend it; it is counted in /stats (`stream_disconnects`). An upstream failure
+before the first token is an HTTP error; after it, the protocol's error event ends the stream.
 `max_tokens` above the room left in the context is lowered to that room (finish `length`
-says so); a prompt that leaves no room at all is refused. Rollout open and close write
-`status` (and `reward`) events.
+says so); a prompt that leaves no room at all is refused. A long prompt is tokenized on a
+worker thread, so the event loop keeps serving others. Rollout open and close write
+`status` (and `reward`) events; a rollout id the caller chooses is refused when the store
+already holds it (opened by another proxy, or by this one before a restart): a rollout is
+opened once, so nobody can overwrite another's reward or status.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.errors import CollectorError
-from collectors.policy import PolicyClient, Sample
+from collectors.policy import PolicyClient, Sample, StreamedSample
 from collectors.proxy.appender import BatchAppender
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
+from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
-from collectors.proxy.segmenter import plan_turn, record_turn
-from collectors.proxy.sessions import Registry, Rollout
-from collectors.proxy.wire import WireProtocol
-from trajstore import Reward, Status, Turn, Writer, new_id
+from collectors.proxy.segmenter import TurnPlan, plan_turn, record_turn
+from collectors.proxy.sessions import Registry, Rollout, SessionSlot
+from collectors.proxy.streaming import ReplyStream, TextStream
+from collectors.proxy.wire import WireProtocol, stream_body
+from trajstore import InvalidEventError, Reward, Status, Turn, Writer, new_id
 from trajstore.schema import TERMINAL_STATUSES
 
 log = logging.getLogger(__name__)
+TOKENIZE_OFF_LOOP_CHARS = 64 << 10
 
 
 @dataclass
@@ -46,7 +64,9 @@ class ProxyStats:
     requests: int = 0
     turns: int = 0
     streamed: int = 0
+    stream_disconnects: int = 0  # streams whose agent left before the end (nothing stored)
     forks: Counter[str] = field(default_factory=Counter)
+    history: Counter[str] = field(default_factory=Counter)  # how each turn's history was reconciled
     retokenize_mismatches: int = 0  # outputs whose text re-tokenizes to other ids (spliced, so no fork)
     upstream_failures: int = 0
     errors: Counter[int] = field(default_factory=Counter)
@@ -55,7 +75,8 @@ class ProxyStats:
 
     def as_json(self, open_rollouts: int) -> dict[str, Any]:
         return {"requests": self.requests, "turns": self.turns, "streamed": self.streamed,
-                "forks": {"total": sum(self.forks.values()), **self.forks},
+                "stream_disconnects": self.stream_disconnects,
+                "forks": {"total": sum(self.forks.values()), **self.forks}, "history": dict(self.history),
                 "retokenize_mismatches": self.retokenize_mismatches, "upstream_failures": self.upstream_failures,
                 "errors": {str(k): v for k, v in sorted(self.errors.items())},
                 "rollouts": {"open": open_rollouts, "opened": self.rollouts_opened, "closed": self.rollouts_closed}}
@@ -65,12 +86,50 @@ def _hex_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
+@dataclass(frozen=True)
+class Step:
+    """What a streamed call has to send after a chunk from the upstream: pieces, token logprobs, or the end."""
+
+    version: int
+    pieces: list[Any]  # collectors.proxy.streaming events
+    tokens: tuple[list[str], list[float], list[dict[str, float]] | None] | None  # texts, logprobs, top, when asked
+    final: ChatReply | None = None  # the stored reply: the stream ends with it
+
+
+@dataclass
+class Prepared:
+    """A call ready to sample: its reconciled, rendered prompt and its place in the session."""
+
+    rollout: Rollout
+    session: str
+    slot: SessionSlot
+    req: ChatRequest
+    wire: WireProtocol
+    messages: list[Message]  # what was rendered (reconciled)
+    history: str  # how: first | exact | reserialized | rewritten
+    prompt_text: str
+    plan: TurnPlan
+    max_tokens: int
+    reply_id: str
+    created: int  # the reply's time stamp, streamed and stored alike
+
+    def head(self, policy_version: int) -> ChatReply:
+        """The reply before anything is sampled (what a stream starts with)."""
+        return ChatReply(self.reply_id, self.req.model or "", self.created, "", None, (), "", None,
+                         len(self.plan.full_ids), [], [], [], policy_version, self.info(policy_version))
+
+    def info(self, policy_version: int) -> dict[str, Any]:
+        return {"rollout_id": self.rollout.rollout_id, "session_id": self.session, "segment_id": self.plan.segment_id,
+                "turn_index": self.plan.turn_index, "policy_version": policy_version, "fork": self.plan.fork}
+
+
 class Capture:
     """Shared state of a proxy: upstream client, renderer, store writer, rollouts, counters."""
 
     def __init__(self, client: PolicyClient, renderer: ChatRenderer, writer: Writer, *, run: str,
-                 max_model_len: int, default_max_tokens: int) -> None:
-        self.client, self.renderer, self.writer = client, renderer, writer
+                 max_model_len: int, default_max_tokens: int,
+                 stored: Callable[[str], bool] = lambda rollout_id: False) -> None:
+        self.client, self.renderer, self.writer, self.stored = client, renderer, writer, stored
         self.run, self.max_model_len, self.default_max_tokens = run, max_model_len, default_max_tokens
         self.registry = Registry()
         self.stats = ProxyStats()
@@ -79,6 +138,8 @@ class Capture:
     async def _append(self, events: list[Any]) -> None:
         try:
             await self._appender.append(events)
+        except InvalidEventError as exc:  # values the request carried that the store cannot take
+            raise ChatError(f"nothing was recorded: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - the agent must hear why nothing was recorded
             log.exception("appending %d event(s) failed", len(events))
             raise ChatError(f"the trajectory store refused the event(s): {type(exc).__name__}: {exc}; nothing was "
@@ -91,19 +152,81 @@ class Capture:
                             "shorten or compact the conversation", param="messages")
         return min(req.max_tokens or self.default_max_tokens, room)
 
-    async def _sample(self, ids: list[int], req: ChatRequest, max_tokens: int, session_id: str) -> Sample:
-        try:
-            sample = await self.client.complete(ids, req.sampling_for(max_tokens), session_id=session_id)
-        except Exception as exc:  # noqa: BLE001 - any upstream failure becomes a 502 that names it
-            self.stats.upstream_failures += 1
-            reason = str(exc) if isinstance(exc, CollectorError) else (
-                f"the policy server at {self.client.base_url} failed: {type(exc).__name__}: {exc}")
-            raise ChatError(reason, status=502, kind="upstream") from exc
-        if sample.finish_reason == "abort":  # ids, logprobs and the echoed prompt are checked by the client
-            self.stats.upstream_failures += 1
-            raise ChatError(f"the policy server at {self.client.base_url} aborted the request (shutting down?)",
-                            status=502, kind="upstream")
-        return sample
+    async def _prepare(self, rollout: Rollout, session: str, slot: SessionSlot, req: ChatRequest,
+                       wire: WireProtocol) -> Prepared:
+        if rollout.closed:
+            raise ChatError(f"rollout {rollout.rollout_id} was closed while this call waited", status=401,
+                            kind="authentication")
+        messages, history = reconcile(req.messages, slot.state.answered)
+        prompt_text = self.renderer.prompt_text(req, messages)
+        if len(prompt_text) > TOKENIZE_OFF_LOOP_CHARS:  # tokenizing megabytes would stall every other call
+            plan = await asyncio.to_thread(plan_turn, slot.state, prompt_text, self.renderer.encode, new_id)
+        else:
+            plan = plan_turn(slot.state, prompt_text, self.renderer.encode, new_id)
+        return Prepared(rollout, session, slot, req, wire, messages, history, prompt_text, plan,
+                        self._max_tokens(req, len(plan.full_ids)), _hex_id(wire.reply_prefix), int(time.time()))
+
+    def _failed(self, exc: Exception) -> ChatError:
+        self.stats.upstream_failures += 1
+        if isinstance(exc, ChatError):
+            return exc
+        reason = str(exc) if isinstance(exc, CollectorError) else (
+            f"the policy server at {self.client.base_url} failed: {type(exc).__name__}: {exc}")
+        return ChatError(reason, status=502, kind="upstream")
+
+    def _aborted(self) -> ChatError:
+        return ChatError(f"the policy server at {self.client.base_url} aborted the request (shutting down?)",
+                         status=502, kind="upstream")
+
+    def _reply(self, prep: Prepared, sample: Sample) -> tuple[ChatReply, dict[str, Any], str]:
+        """The parsed reply, its response body (as stored), and the text it was parsed from."""
+        renderer, req = self.renderer, prep.req
+        body_ids = text_ids(sample)  # the output, less the stop token that ended it
+        body_text = renderer.decode(body_ids)  # decoded once: the reply, the drift check and the stats read it
+        reply = renderer.reply(sample, req, body_text, prompt_tokens=len(prep.plan.full_ids), model=req.model or "",
+                               reply_id=prep.reply_id, call_id=lambda: _hex_id(prep.wire.call_prefix),
+                               created=prep.created, trajstore=prep.info(sample.policy_version))
+        return reply, prep.wire.response(reply, req.options), body_text
+
+    async def _store(self, prep: Prepared, sample: Sample, reply: ChatReply, response: dict[str, Any],
+                     body_text: str, body: Any) -> None:
+        """Append the turn and wait until it is durable; then advance the session."""
+        renderer, req, plan, state = self.renderer, prep.req, prep.plan, prep.slot.state
+        retokenizes = renderer.encode(body_text) == text_ids(sample)
+        meta = {"protocol": prep.wire.name, "stream": req.stream, "fork": plan.fork, "history": prep.history,
+                "previous_segment": plan.previous_segment, "output_retokenizes": retokenizes,
+                "forks_in_session": sum(state.forks.values()) + (plan.fork is not None)}
+        sampling = {**req.sampling_for(prep.max_tokens).as_json(), "requested_max_tokens": req.max_tokens}
+        rollout = prep.rollout
+        await self._append([Turn(
+            run=rollout.run, group_id=rollout.group_id, rollout_id=rollout.rollout_id, session_id=prep.session,
+            segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
+            prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
+            output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
+            request=body, response=response, meta=meta)])
+        sampled_text = body_text + renderer.decode(sample.output_ids[len(text_ids(sample)):])
+        record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)
+        prefill = (req.messages[-1].get("content") or "") if req.continue_final else ""
+        state.answered = Answered(
+            messages=req.messages, prompt_messages=prep.messages, continue_final=req.continue_final,
+            reply=reply_message(prefill + reply.content, reply.reasoning, [(c.name, c.arguments)
+                                                                          for c in reply.tool_calls]),
+            sampled={"role": "assistant", "content": prefill + body_text})
+        rollout.tally.add(prep.session, reply.finish, len(sample.output_ids), sample.policy_version)
+        stats = self.stats
+        stats.turns += 1
+        stats.streamed += req.stream
+        stats.retokenize_mismatches += not retokenizes
+        stats.history[prep.history] += 1
+        if plan.fork is not None:
+            stats.forks[plan.fork] += 1
+            log.info("fork (%s) in rollout %s session %s: segment %s starts whole after %s", plan.fork,
+                     rollout.rollout_id, prep.session, plan.segment_id, plan.previous_segment)
+
+    def _empty(self, prep: Prepared) -> ChatReply:
+        """Anthropic's cache warm-up (max_tokens 0): nothing to sample, so nothing to store."""
+        return ChatReply(prep.reply_id, prep.req.model or "", prep.created, "", None, (), "length", None,
+                         len(prep.plan.full_ids), [], [], [], -1, {"rollout_id": prep.rollout.rollout_id})
 
     async def turn(self, rollout: Rollout, session: str, req: ChatRequest, body: Any,
                    wire: WireProtocol) -> tuple[ChatReply, dict[str, Any]]:
@@ -112,58 +235,102 @@ class Capture:
         Returns the reply and its response body in `wire`'s protocol (as stored)."""
         slot = rollout.session(session)
         async with slot.lock:
-            if rollout.closed:
-                raise ChatError(f"rollout {rollout.rollout_id} was closed while this call waited", status=401,
-                                kind="authentication")
-            renderer, state = self.renderer, slot.state
-            prompt_text = renderer.prompt_text(req)
-            plan = plan_turn(state, prompt_text, renderer.encode, new_id)
-            max_tokens = self._max_tokens(req, len(plan.full_ids))
-            if req.max_tokens == 0:  # Anthropic's cache warm-up: nothing to sample, so nothing to store
-                empty = ChatReply(_hex_id(wire.reply_prefix), req.model or "", int(time.time()), "", None, (),
-                                  "length", None, len(plan.full_ids), [], [], [], -1, {"rollout_id": rollout.rollout_id})
-                return empty, wire.response(empty)
-            sample = await self._sample(plan.full_ids, req, max_tokens, f"{rollout.rollout_id}/{session}")
-            info = {"rollout_id": rollout.rollout_id, "session_id": session, "segment_id": plan.segment_id,
-                    "turn_index": plan.turn_index, "policy_version": sample.policy_version, "fork": plan.fork}
-            body_ids = text_ids(sample)  # the output, less the stop token that ended it
-            body_text = renderer.decode(body_ids)  # decoded once: the reply, the drift check and the stats read it
-            sampled_text = body_text + renderer.decode(sample.output_ids[len(body_ids):])
-            reply = renderer.reply(sample, req, body_text, prompt_tokens=len(plan.full_ids), model=req.model or "",
-                                   reply_id=_hex_id(wire.reply_prefix), call_id=lambda: _hex_id(wire.call_prefix),
-                                   created=int(time.time()), trajstore=info)
-            retokenizes = renderer.encode(body_text) == body_ids
-            meta = {"protocol": wire.name, "stream": req.stream, "fork": plan.fork,
-                    "previous_segment": plan.previous_segment,
-                    "output_retokenizes": retokenizes, "forks_in_session": sum(state.forks.values())
-                    + (plan.fork is not None)}
-            sampling = {**req.sampling_for(max_tokens).as_json(), "requested_max_tokens": req.max_tokens}
-            response = wire.response(reply)
-            await self._append([Turn(
-                run=rollout.run, group_id=rollout.group_id, rollout_id=rollout.rollout_id, session_id=session,
-                segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
-                prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
-                output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
-                request=body, response=response, meta=meta)])
-            record_turn(state, plan, prompt_text, sample.output_ids, sampled_text)
-            rollout.tally.add(session, reply.finish, len(sample.output_ids), sample.policy_version)
-            rollout.raw_arguments.update((c.id, c.arguments) for c in reply.tool_calls)
-        self._count(rollout, session, plan.fork, plan.previous_segment, plan.segment_id, retokenizes, req.stream)
+            prep = await self._prepare(rollout, session, slot, req, wire)
+            if req.max_tokens == 0:
+                empty = self._empty(prep)
+                return empty, wire.response(empty, req.options)
+            try:
+                sample = await self.client.complete(prep.plan.full_ids, req.sampling_for(prep.max_tokens),
+                                                    session_id=f"{rollout.rollout_id}/{session}")
+            except Exception as exc:  # noqa: BLE001 - any upstream failure becomes a 502 that names it
+                raise self._failed(exc) from exc
+            if sample.finish_reason == "abort":  # ids, logprobs and the echoed prompt are checked by the client
+                raise self._failed(self._aborted())
+            reply, response, body_text = self._reply(prep, sample)
+            await self._store(prep, sample, reply, response, body_text, body)
         return reply, response
 
-    def _count(self, rollout: Rollout, session: str, fork: str | None, previous: str | None, segment: str,
-               retokenizes: bool, streamed: bool) -> None:
-        stats = self.stats
-        stats.turns += 1
-        stats.streamed += streamed
-        stats.retokenize_mismatches += not retokenizes
-        if fork is not None:
-            stats.forks[fork] += 1
-            log.info("fork (%s) in rollout %s session %s: segment %s starts whole after %s", fork,
-                     rollout.rollout_id, session, segment, previous)
+    async def stream_turn(self, rollout: Rollout, session: str, req: ChatRequest, body: Any,
+                          wire: WireProtocol) -> AsyncIterator[bytes]:
+        """Serve one streamed call: yields the protocol's server-sent events as the upstream samples.
+
+        Everything that fails before the first yield raises `ChatError` (an HTTP error); the stream ends
+        with the protocol's error event after that. Closing the iterator early (the agent left) stops the
+        upstream request and stores nothing."""
+        slot = rollout.session(session)
+        async with slot.lock:
+            prep = await self._prepare(rollout, session, slot, req, wire)
+            if req.max_tokens == 0:
+                yield stream_body(wire, self._empty(prep), req.options)
+                return
+            writer, done = None, False
+            try:
+                async with aclosing(self._stream(prep, body)) as steps:
+                    async for step in steps:
+                        out = b""
+                        if writer is None:
+                            writer = wire.stream_writer(prep.head(step.version), req.options)
+                            out = writer.start()
+                        out += b"".join(writer.piece(e) for e in step.pieces)
+                        if step.tokens is not None:
+                            out += writer.tokens(*step.tokens)
+                        yield out + (writer.finish(step.final) if step.final is not None else b"")
+                done = True
+            except ChatError as err:
+                if writer is None:
+                    raise
+                yield writer.error(err)
+                done = True
+            finally:
+                if not done:
+                    self.stats.stream_disconnects += 1
+                    log.info("the agent of rollout %s session %s left mid-stream; the upstream request was stopped "
+                             "and nothing stored", rollout.rollout_id, session)
+
+    async def _stream(self, prep: Prepared, body: Any) -> AsyncIterator[Step]:
+        """The steps of a streamed call as the upstream samples; the last one after the turn is durable."""
+        renderer, req = self.renderer, prep.req
+        joined = StreamedSample(prep.plan.full_ids)
+        texts = TextStream(renderer.decode, renderer.special_ids, req.sampling.stop)
+        pieces = ReplyStream(parse_tools=req.parse_tools and bool(req.tools))
+        logprobs = bool(req.options.get("logprobs"))
+        upstream = self.client.stream(prep.plan.full_ids, req.sampling_for(prep.max_tokens),
+                                      session_id=f"{prep.rollout.rollout_id}/{prep.session}")
+        try:
+            async with aclosing(upstream) as chunks:
+                async for chunk in chunks:
+                    first = joined.policy_version is None
+                    joined.add(chunk)
+                    events = pieces.feed(texts.push(chunk.output_ids))
+                    tokens = ([renderer.decode([t]) for t in chunk.output_ids], chunk.output_logprobs,
+                              chunk.top_logprobs) if logprobs and chunk.output_ids else None
+                    if events or tokens or first:  # the first token starts the stream
+                        yield Step(chunk.policy_version, events, tokens)
+        except ChatError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any upstream failure becomes a 502 (or the stream's error event)
+            raise self._failed(exc) from exc
+        sample = joined.sample()
+        if sample.finish_reason == "abort":
+            raise self._failed(self._aborted())
+        reply, response, body_text = self._reply(prep, sample)
+        rest = pieces.finish(reply)
+        await self._store(prep, sample, reply, response, body_text, body)
+        yield Step(sample.policy_version, rest, None, reply)
+
+    def count_tokens(self, rollout: Rollout, session: str, req: ChatRequest) -> int:
+        """The prompt tokens `req` would be sent with in `session` now (its history reconciled); samples nothing."""
+        state = rollout.session(session).state
+        messages, _ = reconcile(req.messages, state.answered)
+        return len(plan_turn(state, self.renderer.prompt_text(req, messages), self.renderer.encode, new_id).full_ids)
 
     async def open_rollout(self, *, run: str | None, group_id: str | None, rollout_id: str | None,
                            group_size: int | None, meta: dict[str, Any] | None) -> Rollout:
+        if rollout_id is not None and rollout_id not in self.registry.by_id and \
+                await asyncio.to_thread(self.stored, rollout_id):
+            raise ChatError(f"rollout {rollout_id!r} is already in the store (opened by another proxy, or by this one "
+                            "before a restart); a rollout is opened once: leave rollout_id out to get a fresh one",
+                            status=409, kind="conflict", param="rollout_id")
         rollout_id = rollout_id or new_id()
         rollout = self.registry.open(run=run or self.run, group_id=group_id or rollout_id, rollout_id=rollout_id,
                                      group_size=group_size, meta=meta)
@@ -197,7 +364,6 @@ class Capture:
             raise
         rollout.status = status
         for slot in rollout.sessions.values():
-            slot.state.held = None  # keep the counts, free the tokens
-        rollout.raw_arguments.clear()
+            slot.state.held = slot.state.answered = None  # keep the counts, free the tokens and messages
         self.stats.rollouts_closed += 1
         return rollout.summary()

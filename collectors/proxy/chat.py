@@ -1,8 +1,8 @@
 """The capture proxy's protocol-neutral chat request and reply, and its error. Pure.
 
-`collectors.proxy.wire.openai_chat` and `collectors.proxy.wire.anthropic_messages` translate their wire formats to a
-`ChatRequest` (messages and tools in the chat template's format) and build their responses
-from a `ChatReply`; the proxy in between only deals with these.
+The wire adapters (`collectors.proxy.wire`) translate their formats to a `ChatRequest`
+(messages and tools in the chat template's format) and build their responses from a
+`ChatReply`; the proxy in between only deals with these.
 
 Template message format (what `collectors.model.chat_template` renders):
     {"role": "system" | "user" | "assistant" | "tool", "content": str | None,
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from collectors.errors import CollectorError
-from collectors.policy import SamplingParams
+from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 from collectors.proxy.toolcalls import ToolCall
 
 Message = dict[str, Any]
@@ -31,8 +32,8 @@ Message = dict[str, Any]
 class ChatError(CollectorError):
     """A request the proxy refuses or cannot serve; each protocol renders it in its own error shape.
 
-    `kind` is one of: invalid_request (400, 413), authentication (401), not_found (404),
-    conflict (409), upstream (502), internal (500).
+    `kind` is one of: invalid_request (400, 413, 415), authentication (401), permission (403),
+    not_found (404), conflict (409), upstream (502), internal (500).
     """
 
     def __init__(self, message: str, *, status: int = 400, kind: str = "invalid_request",
@@ -45,7 +46,7 @@ class ChatError(CollectorError):
 class ChatRequest:
     """A validated chat call in the template's terms."""
 
-    protocol: str  # openai | anthropic
+    protocol: str  # openai | anthropic | responses
     model: str | None
     messages: list[Message]
     tools: list[dict[str, Any]] | None
@@ -55,7 +56,7 @@ class ChatRequest:
     sampling: SamplingParams = SamplingParams()
     stream: bool = False
     continue_final: bool = False  # the last message is an assistant prefill to continue
-    options: dict[str, Any] = field(default_factory=dict)  # protocol-specific (include_usage, logprobs)
+    options: dict[str, Any] = field(default_factory=dict)  # protocol-specific (include_usage, logprobs, top_logprobs)
 
     def sampling_for(self, max_tokens: int) -> SamplingParams:
         """The sampling parameters of this call, sampling at most `max_tokens`."""
@@ -80,6 +81,8 @@ class ChatReply:
     token_texts: list[str]  # the decoded text of each output token (OpenAI logprobs)
     policy_version: int
     trajstore: dict[str, Any] = field(default_factory=dict)  # rollout, segment, turn: echoed to the agent
+    top_logprobs: list[dict[str, float]] | None = None  # per output token, when asked: {token text: logprob}
+    top_n: int = 0  # how many alternatives per token the agent asked for
 
     @property
     def completion_tokens(self) -> int:
@@ -116,14 +119,38 @@ class Problems:
             return default
         return float(value)
 
-    def integer(self, body: dict[str, Any], name: str, low: int, default: int | None) -> int | None:
+    def integer(self, body: dict[str, Any], name: str, low: int, default: int | None,
+                high: int | None = None) -> int | None:
         value = body.get(name)
         if value is None:
             return default
-        if not is_int(value) or value < low:
-            self.add(name, f"`{name}` must be an integer >= {low}, got {value!r}")
+        if not is_int(value) or value < low or (high is not None and value > high):
+            bound = f"from {low} to {high}" if high is not None else f">= {low}"
+            self.add(name, f"`{name}` must be an integer {bound}, got {value!r}")
             return default
         return int(value)
+
+    def sampling(self, body: dict[str, Any], *, temperature_max: float, top_k_low: int) -> SamplingParams:
+        """temperature, top_p, top_k and seed, each checked against the range every edge uses
+        (`collectors.policy.contract`), so no value fails upstream or in someone else's batch."""
+        temperature = self.number(body, "temperature", 0.0, temperature_max, 1.0)
+        top_p = self.number(body, "top_p", 0.0, 1.0, 1.0)
+        if top_p == 0:
+            self.add("top_p", "`top_p` must be above 0")
+        top_k = self.integer(body, "top_k", top_k_low, 0, TOP_K_MAX) or 0
+        seed = self.integer(body, "seed", SEED_MIN, None, SEED_MAX)
+        return SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed)
+
+
+def start_request(body: Any) -> tuple[Problems, str]:
+    """The checks every protocol's request starts with: a JSON object naming a `model`."""
+    if not isinstance(body, dict):
+        raise ChatError(f"the request body must be a JSON object, not {type(body).__name__}")
+    problems = Problems()
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        problems.add("model", "`model` is required: the served model's name (see GET /v1/models)")
+    return problems, model
 
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -153,3 +180,29 @@ def template_tool(name: Any, description: Any, schema: Any, problems: Problems, 
                                     f"(at {'/'.join(map(str, exc.path)) or 'the top level'})")
         function["parameters"] = schema
     return {"type": "function", "function": function}
+
+
+# (name, description, schema, where the definition is) of a tool a protocol supports; None for one it does not
+ToolFields = Callable[[dict[str, Any], str], "tuple[Any, Any, Any, str] | None"]
+
+
+def template_tools(tools: Any, problems: Problems, fields: ToolFields, refusal: Callable[[str, Any], str],
+                   schema_field: str, *, schema_required: bool = False) -> list[dict[str, Any]] | None:
+    """Validate a request's tool list into template tools; `refusal(where, type)` says what is supported."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        problems.add("tools", "`tools` must be a list of tools")
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        got = fields(tool, where) if isinstance(tool, dict) else None
+        if got is None:
+            problems.add(where, refusal(where, tool.get("type") if isinstance(tool, dict) else type(tool).__name__))
+            continue
+        name, description, schema, at = got
+        if schema_required and schema is None:
+            problems.add(where, f"{at}.{schema_field} is required (a JSON Schema object)")
+        out.append(template_tool(name, description, schema, problems, at, schema_field))
+    return out or None

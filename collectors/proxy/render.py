@@ -66,9 +66,15 @@ class ChatRenderer:
         except (TemplateError, ValueError, TypeError, KeyError) as exc:
             raise ChatError(f"the chat template cannot render this conversation: {exc}", param="messages") from exc
 
-    def prompt_text(self, req: ChatRequest) -> str:
-        return self._render(req.messages, req.tools, generation_prompt=not req.continue_final,
-                            continue_final=req.continue_final)
+    def prompt_text(self, req: ChatRequest, messages: list[dict[str, Any]] | None = None) -> str:
+        """The prompt of `req`, rendering `messages` in place of its own when given (reconciled ones)."""
+        return self._render(req.messages if messages is None else messages, req.tools,
+                            generation_prompt=not req.continue_final, continue_final=req.continue_final)
+
+    @property
+    def special_ids(self) -> set[int]:
+        """Ids of the tokenizer's special tokens: any of them may be the token that ends a reply."""
+        return set(self.tokenizer.all_special_ids)
 
     def reply(self, sample: Sample, req: ChatRequest, text: str, *, prompt_tokens: int, reply_id: str,
               call_id: Any, model: str, created: int, trajstore: dict[str, Any]) -> ChatReply:
@@ -87,4 +93,5 @@ class ChatRenderer:
                          reasoning=parsed.reasoning, tool_calls=calls, finish=finish, stop_sequence=stop_string,
                          prompt_tokens=prompt_tokens, output_ids=ids,
                          output_logprobs=list(sample.output_logprobs), token_texts=texts,
-                         policy_version=sample.policy_version, trajstore=trajstore)
+                         policy_version=sample.policy_version, trajstore=trajstore,
+                         top_logprobs=sample.top_logprobs, top_n=int(req.options.get("top_logprobs") or 0))

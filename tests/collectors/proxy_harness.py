@@ -5,15 +5,18 @@
   parsed them from the server's JSON (which checks the echoed prompt ids), to compare with what
   the proxy stored.
 - `Scripted`: an honest fake upstream that "samples" given texts (tokenized, plus `<|im_end|>`),
-  for tool-call replies a random tiny model will not write.
+  for tool-call replies a random tiny model will not write; it streams them token by token
+  (optionally paced), and counts the streams its caller closed before their end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +26,7 @@ import anthropic
 import openai
 import pytest
 
-from collectors.policy import PolicyClient, Sample, SamplingParams
+from collectors.policy import Chunk, PolicyClient, Sample, SamplingParams, StreamedSample
 from collectors.proxy.app import ProxyConfig, RunningProxy, serve_proxy_in_thread
 from tests.collectors import http
 from trajstore import Store, open_store
@@ -48,6 +51,14 @@ class Recording:
         self.calls.append((list(prompt_ids), sample))
         return sample
 
+    async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
+                     session_id: str | None = None) -> AsyncIterator[Chunk]:
+        joined = StreamedSample(list(prompt_ids))
+        async for chunk in self.inner.stream(prompt_ids, sampling, session_id=session_id):
+            joined.add(chunk)
+            yield chunk
+        self.calls.append((list(prompt_ids), joined.sample()))
+
     async def models(self) -> list[str]:
         return await self.inner.models()
 
@@ -66,14 +77,41 @@ class Scripted:
     replies: list[str] = field(default_factory=list)
     base_url: str = "scripted://"
     version: int = 7
+    token_delay_s: float = 0.0  # between streamed tokens
+    sent: list[list[int]] = field(default_factory=list)  # the prompt ids of every call, in order
+    streams_closed_early: int = 0
+    yielded: int = 0  # tokens streamed so far, all calls
+    gate: threading.Event | None = None  # when set up: a stream holds after `gate_after` tokens until it is set
+    gate_after: int = 0
 
     async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
+        self.sent.append(list(prompt_ids))
         text = self.replies.pop(0) if self.replies else "ok"
         end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [end]
-        return Sample(prompt_ids=list(prompt_ids), output_ids=ids, output_logprobs=[-0.25] * len(ids), text=text,
-                      finish_reason="stop", policy_version=self.version)
+        ids = (self.tokenizer.encode(text, add_special_tokens=False) + [end])[:sampling.max_tokens]
+        finish = "stop" if len(ids) and ids[-1] == end else "length"
+        return Sample(prompt_ids=list(prompt_ids), output_ids=ids, output_logprobs=[-0.25] * len(ids),
+                      text=self.tokenizer.decode(ids, skip_special_tokens=True), finish_reason=finish,
+                      policy_version=self.version)
+
+    async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
+                     session_id: str | None = None) -> AsyncIterator[Chunk]:
+        sample = await self.complete(prompt_ids, sampling, session_id=session_id)
+        finished = False
+        try:
+            for i, token in enumerate(sample.output_ids):
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                while self.gate is not None and i == self.gate_after and not self.gate.is_set():
+                    await asyncio.sleep(0.005)
+                self.yielded += 1
+                last = i == len(sample.output_ids) - 1
+                yield Chunk([token], [sample.output_logprobs[i]], self.tokenizer.decode([token]), sample.policy_version,
+                            finish_reason=sample.finish_reason if last else None)
+            finished = True
+        finally:
+            self.streams_closed_early += not finished
 
     async def models(self) -> list[str]:
         return ["scripted"]

@@ -32,7 +32,7 @@ from trajstore import Reward, Status, Turn  # noqa: E402
 
 # tests.collectors.conftest.TINY, restated: importing that conftest loads the server and both SDKs
 TINY = ModelSize(vocab_size=2048, hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128,
-                 max_positions=2048)
+                 max_positions=2048, tie_embeddings=True)
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 

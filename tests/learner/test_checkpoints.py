@@ -94,7 +94,7 @@ def test_resume_restores_weights_optimizer_and_rng(model_dir: Path, tmp_path: Pa
     resumed = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     opt2 = torch.optim.AdamW(resumed.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
     torch.manual_seed(999)
-    checkpoints.restore(checkpoints.load_state(checkpoints.read_info(path)), opt2)
+    checkpoints.restore(checkpoints.load_state(checkpoints.read_info(path)), opt2, resumed)
     assert torch.equal(torch.rand(3), rng_after_publish)
     for group, group2 in zip(opt.state_dict()["state"].values(), opt2.state_dict()["state"].values()):
         for key in ("exp_avg", "exp_avg_sq", "step"):

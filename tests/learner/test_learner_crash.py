@@ -34,7 +34,8 @@ KILL_AFTER = (1, 2, 3)  # attempt k is killed once it has logged this many steps
 
 
 def settings(store: Path, model: Path, ckpts: Path) -> LearnSettings:
-    return LearnSettings(store=str(store), model=str(model), checkpoints=str(ckpts), groups_per_step=PER_STEP,
+    return LearnSettings(store=str(store), run="default", model=str(model), checkpoints=str(ckpts),
+                         groups_per_step=PER_STEP,
                          steps=STEPS, publish_every=PUBLISH_EVERY, max_staleness=100, lr=1e-3, micro_batch_tokens=96,
                          device="cpu", poll_interval=0.05, wait_timeout=30)
 

@@ -17,7 +17,7 @@ from collectors.model.build import ModelSize, init_model  # noqa: E402
 from learner.lora import DEFAULT_TARGET_MODULES, TOKENIZER_FILES, apply_lora, load_adapter_for_training, save_adapter  # noqa: E402
 
 SIZE = ModelSize(vocab_size=2048, hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128,
-                 max_positions=2048)
+                 max_positions=2048, tie_embeddings=True)
 
 
 @pytest.fixture(scope="module")

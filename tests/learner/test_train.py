@@ -45,7 +45,8 @@ def fresh_store(template: Path, where: Path) -> Path:
 
 
 def settings(store_dir: Path, model_dir: Path, **over: Any) -> LearnSettings:
-    base = LearnSettings(store=str(store_dir), model=str(model_dir), checkpoints=str(store_dir.parent / "ckpts"),
+    base = LearnSettings(store=str(store_dir), run="default", model=str(model_dir),
+                         checkpoints=str(store_dir.parent / "ckpts"),
                          groups_per_step=2, steps=1, lr=1e-3, max_staleness=100, micro_batch_tokens=96,
                          wait_timeout=0.2, poll_interval=0.05, device="cpu")
     return replace(base, **over)
@@ -205,7 +206,8 @@ def test_the_learn_command(template: Path, model_dir: Path, tmp_path: Path) -> N
     from cli.main import main
 
     store_dir = fresh_store(template, tmp_path)
-    common = ["learn", "--store", str(store_dir), "--model", str(model_dir), "--checkpoints", str(tmp_path / "ck"),
+    common = ["learn", "--store", str(store_dir), "--run", "default", "--model", str(model_dir),
+              "--checkpoints", str(tmp_path / "ck"),
               "--groups-per-step", "2", "--max-staleness", "100", "--device", "cpu", "--wait-timeout", "1"]
     result = CliRunner().invoke(main, [*common, "--steps", "1", "--lr", "1e-3"])
     assert result.exit_code == 0, result.output
@@ -216,7 +218,8 @@ def test_the_learn_command(template: Path, model_dir: Path, tmp_path: Path) -> N
 
 
 def test_settings_report_every_problem_at_once(tmp_path: Path) -> None:
-    bad = LearnSettings(store=str(tmp_path / "s"), model=str(tmp_path / "missing"), checkpoints=str(tmp_path),
+    bad = LearnSettings(store=str(tmp_path / "s"), run="default", model=str(tmp_path / "missing"),
+                        checkpoints=str(tmp_path),
                         groups_per_step=0, lr=0.0, clip_low=1.5, loss="dpo", steps=None)  # type: ignore[arg-type]
     with pytest.raises(SettingsError) as info:
         learn(bad)
@@ -230,3 +233,85 @@ def test_settings_report_every_problem_at_once(tmp_path: Path) -> None:
 def test_each_choice_maps_to_one_function() -> None:
     assert set(LOSSES) == set(get_args(LossName))
     assert set(AGGREGATIONS) == set(get_args(AggregationName))
+
+
+def test_learn_needs_an_explicit_run_and_an_existing_store(template: Path, model_dir: Path, tmp_path: Path) -> None:
+    """Issue 12.16: a mistyped --store used to create an empty store and wait for 10 minutes, and a
+    forgotten --run trained the run "default": nothing, with exit status 0."""
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    common = ["learn", "--model", str(model_dir), "--checkpoints", str(tmp_path / "ck"), "--device", "cpu",
+              "--steps", "1", "--wait-timeout", "0.5", "--poll-interval", "0.05"]
+    missing = CliRunner().invoke(main, [*common, "--store", str(tmp_path / "typo"), "--run", "default"])
+    assert missing.exit_code == 1 and "no trajstore store at" in missing.output, missing.output
+    assert not (tmp_path / "typo").exists()
+    no_run = CliRunner().invoke(main, [*common, "--store", str(template)])
+    assert no_run.exit_code == 2 and "Missing option '--run'" in no_run.output
+    store_dir = fresh_store(template, tmp_path)
+    wrong = CliRunner().invoke(main, [*common, "--store", str(store_dir), "--run", "exp1"])
+    assert wrong.exit_code == 1, wrong.output
+    assert "waiting for 8 complete, unconsumed groups of run 'exp1'" in wrong.output
+    assert "the store has no rollouts of run 'exp1' (its runs: 'default'); is --run right?" in wrong.output
+    assert "trained nothing in 0.5 s" in wrong.output
+    created = CliRunner().invoke(main, [*common, "--store", str(tmp_path / "new"), "--run", "x", "--create-store"])
+    assert created.exit_code == 1 and "trained nothing" in created.output and (tmp_path / "new" / "events").is_dir()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cuda_without_a_gpu_is_a_settings_error(template: Path, model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="sees no GPU on this machine; use --device cpu"):
+        learn(settings(fresh_store(template, tmp_path), model_dir, device="cuda"))
+
+
+def test_token_ids_beyond_the_models_vocabulary_are_named(model_dir: Path, tmp_path: Path) -> None:
+    """Issue 12.15: a run collected with a bigger tokenizer failed deep inside the embedding with an
+    IndexError; the learner names the rollout and the id instead."""
+    from learner.errors import LearnerError
+
+    store = trajstore.open_store(tmp_path / "store")
+    with store.writer("w") as w:
+        for i, ids in enumerate(([5, 6], [7, 9000])):
+            rid = f"big-{i}"
+            w.append([trajstore.Turn(run="default", group_id="g", rollout_id=rid, segment_id=rid, turn_index=0,
+                                     policy_version=0, prompt_ids=[1, 2], output_ids=ids, output_logprobs=[-1.0, -1.0]),
+                      trajstore.Reward(run="default", group_id="g", rollout_id=rid, reward=float(i)),
+                      trajstore.Status(run="default", group_id="g", rollout_id=rid, status="completed",
+                                       group_size=2)])
+    with pytest.raises(LearnerError, match="rollout big-1 .* holds token id 9000, but the model has 2048 tokens"):
+        learn(settings(tmp_path / "store", model_dir, groups_per_step=1))
+
+
+def test_sigterm_stops_learn_cleanly_and_seals_and_its_output_is_its_own(template: Path, model_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    """Issue 12.13 and 12.18: `kill PID` ends `trajstore learn` as Ctrl-C does (its checkpoint event is
+    sealed: a reader of the Delta table alone sees it), and the output holds the learner's own lines,
+    no library progress bars or warnings."""
+    import signal
+    import subprocess
+    import sys
+
+    from deltalake import DeltaTable
+
+    from tests.conftest import REPO
+
+    store_dir = fresh_store(template, tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "learn", "--store", str(store_dir), "--run", "default",
+                             "--model", str(model_dir), "--checkpoints", str(tmp_path / "ck"), "--groups-per-step",
+                             "2", "--max-staleness", "100", "--device", "cpu", "--follow", "--lr", "1e-3",
+                             "--poll-interval", "0.1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        first = proc.stdout.readline()  # type: ignore[union-attr]
+        assert first.startswith("step 1 v0 | loss"), first + proc.stderr.read()  # type: ignore[union-attr]
+        while "waiting for 2 complete" not in proc.stdout.readline():  # type: ignore[union-attr]
+            assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert err.strip() == "stopped by SIGTERM", err
+    sealed = DeltaTable(str(store_dir / "events")).to_pyarrow_table(columns=["kind", "run"]).to_pylist()
+    assert sum(r["kind"] == "checkpoint" for r in sealed) == 1 + GROUPS // 2  # version 0, then one per step
+    assert sum(r["kind"] == "metric" for r in sealed) == GROUPS // 2

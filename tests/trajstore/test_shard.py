@@ -179,6 +179,25 @@ def test_live_and_sealed_shards_are_identical(store: trajstore.Store) -> None:
         assert a.to_pylist() == b.to_pylist()
 
 
+def test_a_shard_of_one_run_never_takes_another_runs_group_of_the_same_id(tmp_path: Any) -> None:
+    """Issue 12.1: runs "a" and "b" reuse group id "g"; a shard of run "a" holds run a's rollouts
+    with advantages computed within run a's group, and a shard over all runs holds both groups."""
+    store = trajstore.open_store(tmp_path / "s")
+    fill(store, [rollout_events("g", "a1", 5, 1.0, "completed", size=2, t=1, run="a")
+                 + rollout_events("g", "a2", 5, 0.0, "completed", size=2, t=2, run="a"),
+                 rollout_events("g", "b1", 5, 10.0, "completed", size=2, t=3, run="b"),
+                 rollout_events("g", "b2", 5, 30.0, "completed", size=2, t=4, run="b")], "many")
+    shard = store.shard(policy_version=5, max_staleness=0, run="a", estimator="dr_grpo")
+    assert (shard.group_ids, shard.rollout_ids) == (("g",), ("a1", "a2"))
+    assert shard.samples.column("advantage").to_pylist() == [0.5, -0.5]
+    both = store.shard(policy_version=5, max_staleness=0, estimator="dr_grpo")
+    assert (both.group_ids, both.rollout_ids) == (("g", "g"), ("a1", "a2", "b1", "b2"))
+    assert both.samples.column("advantage").to_pylist() == [0.5, -0.5, -10.0, 10.0]
+    # a budget of one group takes the oldest (run a's) whole, never a mix of the two
+    one = store.shard(policy_version=5, max_staleness=0, max_groups=1)
+    assert one.rollout_ids == ("a1", "a2")
+
+
 def test_invalid_shard_requests_are_refused(store: trajstore.Store) -> None:
     for bad in (dict(estimator="ppo"), dict(max_rollouts=0), dict(max_staleness=-1)):
         with pytest.raises(ValueError):

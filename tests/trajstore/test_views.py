@@ -170,7 +170,9 @@ def test_rollouts(exp: trajstore.Store) -> None:
     assert (a["segments"], a["sessions"], a["turns"]) == (3, 2, 5)
     assert (a["tokens"], a["output_tokens"], a["trainable_tokens"]) == (9 + 4 + 5, 2 + 3 + 1 + 2 + 1, 4 + 1 + 1)
     assert (a["min_version"], a["max_version"], a["group_size"]) == (3, 5, 3)
-    assert (a["started"], a["ended"]) == (at(-86400), at(70))
+    # the episode: its first status or turn to its first terminal status; rewards (the stale one at
+    # t=-86400, later ones) do not move it
+    assert (a["started"], a["ended"], a["duration_s"]) == (at(1), at(70), 69.0)
 
     d = rollouts["D"]
     assert (d["status"], d["error"], d["reward"], d["trainable"]) == ("failed", "timeout", 100.0, False)
@@ -186,7 +188,47 @@ def test_rollouts(exp: trajstore.Store) -> None:
     assert all(row["turns"] == 1 and row["segments"] == 1 for r, row in rollouts.items() if r != "A")
 
 
+def test_rescoring_later_does_not_stretch_the_episode(tmp_path: Any) -> None:
+    """Issue 12.6: a 0.8 s rollout scored again 96 s later (`trajstore reward`) still lasted 0.8 s;
+    one that has not finished yet runs to its latest turn."""
+    store = trajstore.open_store(tmp_path / "s")
+    with store.writer("w") as w:
+        w.append([status("R", "started", group="g", t=0),
+                  turn("R", "R0", 0, 0, [1], [2], [-0.1], group="g", t=0.3),
+                  reward("R", 1.0, group="g", t=0.8), status("R", "completed", group="g", t=0.8),
+                  status("R", "completed", group="g", t=50),  # a status re-sent later changes nothing
+                  reward("R", 0.5, group="g", t=96.8, name="judge"),
+                  status("S", "started", group="g", t=1), turn("S", "S0", 0, 0, [1], [2], [-0.1], group="g", t=4)])
+    rows = by(store.query("SELECT rollout_id, started, ended, duration_s FROM rollouts").to_pylist(), "rollout_id")
+    assert (rows["R"]["started"], rows["R"]["ended"]) == (at(0), at(0.8))
+    assert rows["R"]["duration_s"] == pytest.approx(0.8)
+    assert (rows["S"]["ended"], rows["S"]["duration_s"]) == (at(4), pytest.approx(3.0))
+    group = store.query("SELECT started, ended FROM groups").to_pylist()[0]
+    assert (group["started"], group["ended"]) == (at(0), at(4))
+
+
 # ------------------------------------------------------------------ groups
+
+
+def test_two_runs_reusing_a_group_id_are_two_groups(tmp_path: Any) -> None:
+    """Issue 12.1: runs "a" and "b" both name a group "g1" (the README's proxy example does); each
+    run's rewards are normalized within its own group, never mixed into the other's."""
+    store = trajstore.open_store(tmp_path / "s")
+    with store.writer("w") as w:
+        for run, rewards in (("a", (1.0, 0.0)), ("b", (10.0, 20.0))):
+            for i, value in enumerate(rewards):
+                w.append(single(f"{run}{i}", "g1", 0, value, "completed", size=2, t=i, run=run))
+    groups = {r["run"]: r for r in store.query("SELECT * FROM groups").to_pylist()}
+    assert {(r["group_id"], r["size"], r["complete"], r["reward_mean"]) for r in groups.values()} == \
+        {("g1", 2, True, 0.5), ("g1", 2, True, 15.0)}
+    assert groups["a"]["reward_mean"] == 0.5
+    adv = by(store.query("SELECT * FROM advantages").to_pylist(), "rollout_id")
+    assert {r: (row["group_mean"], row["group_trainable"]) for r, row in adv.items()} == \
+        {"a0": (0.5, 2), "a1": (0.5, 2), "b0": (15.0, 2), "b1": (15.0, 2)}
+    assert adv["a0"]["dr_grpo"] == 0.5 and adv["b1"]["dr_grpo"] == 5.0
+    assert adv["a0"]["grpo"] == pytest.approx(-adv["a1"]["grpo"]) == pytest.approx(1 / math.sqrt(2), rel=1e-5)
+
+
 
 
 def test_groups(exp: trajstore.Store) -> None:

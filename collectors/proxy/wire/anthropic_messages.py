@@ -7,28 +7,42 @@ RawMessageDeltaEvent, RawMessageStopEvent):
 
 - request: `model`, `max_tokens` (required), `system` (a string or text blocks), `messages`
   whose content is a string or blocks (text; tool_use and thinking in assistant turns;
-  tool_result in user turns, which become the template's tool messages), `tools` (custom
-  tools with an `input_schema` that is a valid JSON Schema of an object), `tool_choice`
-  (auto | any | tool | none; only none changes anything, nothing constrains sampling),
-  `temperature`, `top_p`, `top_k`, `stop_sequences`, `stream`, and `seed` as an extension.
-  A final assistant message is a prefill: the reply continues it. Images, documents and
-  server tools are refused; `metadata`, `thinking` and other fields are not applied.
-- tool_use `input` comes back as an object; `parse_request` re-renders it from the exact
-  JSON text the model sampled (kept per rollout by tool_use id) when it is unchanged, so
-  the session's next call still extends its tokens.
+  tool_result in user turns, which become the template's tool messages; `system` messages,
+  which the current API and Claude Code send between turns, stay system messages in place),
+  `tools` (custom tools with an `input_schema` that is a valid JSON Schema of an object),
+  `tool_choice` (auto | any | tool | none; only none changes anything, nothing constrains
+  sampling), `temperature`, `top_p`, `top_k`, `stop_sequences`, `stream`, and `seed` as an
+  extension. A final assistant message is a prefill: the reply continues it. Images,
+  documents and server tools are refused; `metadata`, `thinking`, `context_management`,
+  `output_config`, `cache_control` and other fields are accepted and not applied.
+- tool_use `input` comes back as an object; the template writes it as JSON, and
+  `collectors.proxy.reconcile` renders the sampled text in its place when it is unchanged.
 - response: a `message` with thinking / text / tool_use blocks, `stop_reason` (end_turn,
   max_tokens, stop_sequence, tool_use), `usage` and a `trajstore` extra.
+- stream: message_start, then content blocks opened as the reply is sampled (thinking and
+  text deltas as they come, each tool_use whole), message_delta with the stop reason and
+  usage, message_stop; a failure after the stream started is an `error` event.
+- count_tokens (`/v1/messages/count_tokens`): `{"input_tokens": N}`, the rendered prompt's tokens.
 - errors: `{"type": "error", "error": {"type", "message"}}`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
 
-from collectors.policy import SamplingParams
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, is_int, template_tool
+from collectors.proxy.chat import (
+    ChatError,
+    ChatReply,
+    ChatRequest,
+    Message,
+    Problems,
+    start_request,
+    template_tools,
+)
+from collectors.proxy.wire.base import Event
 
 PROTOCOL = "anthropic"
 CALL_ID_PREFIX = "toolu_"
@@ -45,6 +59,15 @@ def _blocks(content: Any, where: str, problems: Problems) -> list[dict[str, Any]
     return []
 
 
+def _text(block: dict[str, Any], key: str, where: str, problems: Problems) -> str:
+    """A text-bearing block's `key` (text, thinking) as a string; anything else is a problem, not a 500."""
+    value = block.get(key, "")
+    if not isinstance(value, str):
+        problems.add(where, f"{where}.{key} must be a string, got {type(value).__name__}")
+        return ""
+    return value
+
+
 def _result_text(content: Any, where: str, problems: Problems) -> str:
     if content is None:
         return ""
@@ -52,35 +75,22 @@ def _result_text(content: Any, where: str, problems: Problems) -> str:
     for i, b in enumerate(blocks):
         if b.get("type") != "text":
             problems.add(where, f"{where}[{i}] has type {b.get('type')!r}: only text tool results are supported")
-    return "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    return "".join(_text(b, "text", f"{where}[{i}]", problems) for i, b in enumerate(blocks) if b.get("type") == "text")
 
 
-def _arguments(call_id: Any, value: Any, raw: Mapping[str, str]) -> str:
-    """The JSON text of a tool_use input: the sampled text when unchanged, else a fresh serialization."""
-    text = raw.get(call_id) if isinstance(call_id, str) else None
-    if text is not None:
-        try:
-            if json.loads(text) == value:
-                return text
-        except json.JSONDecodeError:
-            pass
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _assistant(blocks: list[dict[str, Any]], where: str, problems: Problems, raw: Mapping[str, str]) -> Message:
+def _assistant(blocks: list[dict[str, Any]], where: str, problems: Problems) -> Message:
     texts, thoughts, calls = [], [], []
     for i, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "text":
-            texts.append(b.get("text", ""))
+            texts.append(_text(b, "text", f"{where}[{i}]", problems))
         elif kind == "thinking":
-            thoughts.append(b.get("thinking", ""))
+            thoughts.append(_text(b, "thinking", f"{where}[{i}]", problems))
         elif kind == "tool_use":
             if not isinstance(b.get("name"), str) or not isinstance(b.get("input"), dict):
                 problems.add(where, f"{where}[{i}] tool_use needs a string `name` and an object `input`")
                 continue
-            calls.append({"type": "function", "function": {"name": b["name"],
-                                                           "arguments": _arguments(b.get("id"), b["input"], raw)}})
+            calls.append({"type": "function", "function": {"name": b["name"], "arguments": b["input"]}})
         elif kind != "redacted_thinking":
             problems.add(where, f"{where}[{i}] has type {kind!r}, which an assistant turn cannot hold here")
     msg: Message = {"role": "assistant", "content": "".join(texts) or None}
@@ -97,7 +107,7 @@ def _user(blocks: list[dict[str, Any]], where: str, problems: Problems) -> list[
     for i, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "text":
-            texts.append(b.get("text", ""))
+            texts.append(_text(b, "text", f"{where}[{i}]", problems))
         elif kind == "tool_result":
             results.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
                             "content": _result_text(b.get("content"), f"{where}[{i}].content", problems)})
@@ -109,48 +119,45 @@ def _user(blocks: list[dict[str, Any]], where: str, problems: Problems) -> list[
     return results
 
 
-def translate_messages(system: Any, messages: Any, problems: Problems, raw: Mapping[str, str]) -> list[Message]:
+def _system(content: Any, where: str, problems: Problems) -> Message:
+    blocks = _blocks(content, where, problems)
+    if any(b.get("type") != "text" for b in blocks):
+        problems.add(where, f"`{where}` blocks must be text blocks")
+    return {"role": "system", "content": "".join(_text(b, "text", f"{where}[{i}]", problems)
+                                                 for i, b in enumerate(blocks))}
+
+
+def translate_messages(system: Any, messages: Any, problems: Problems) -> list[Message]:
     out: list[Message] = []
     if system is not None:
-        blocks = _blocks(system, "system", problems)
-        if any(b.get("type") != "text" for b in blocks):
-            problems.add("system", "`system` blocks must be text blocks")
-        out.append({"role": "system", "content": "".join(b.get("text", "") for b in blocks)})
+        out.append(_system(system, "system", problems))
     if not isinstance(messages, list) or not messages:
         problems.add("messages", "`messages` must be a non-empty list of {\"role\", \"content\"} messages")
         return out
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         role = m.get("role") if isinstance(m, dict) else None
-        if role not in ("user", "assistant"):
-            problems.add(where, f"{where}.role must be user or assistant, got {role!r}")
+        if role not in ("user", "assistant", "system"):
+            problems.add(where, f"{where}.role must be user, assistant or system, got {role!r}")
+            continue
+        if role == "system":
+            out.append(_system(m.get("content"), f"{where}.content", problems))
             continue
         blocks = _blocks(m.get("content"), f"{where}.content", problems)
         if role == "assistant":
-            out.append(_assistant(blocks, f"{where}.content", problems, raw))
+            out.append(_assistant(blocks, f"{where}.content", problems))
         else:
             out.extend(_user(blocks, f"{where}.content", problems))
     return out
 
 
 def translate_tools(tools: Any, problems: Problems) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        problems.add("tools", "`tools` must be a list of tools")
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") not in (None, "custom"):
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            problems.add(where, f"{where} has type {kind!r}: only custom tools with an input_schema are supported")
-            continue
-        if tool.get("input_schema") is None:
-            problems.add(where, f"{where}.input_schema is required (a JSON Schema object)")
-        out.append(template_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), problems,
-                                 where, "input_schema"))
-    return out or None
+    return template_tools(
+        tools, problems,
+        lambda t, where: (t.get("name"), t.get("description"), t.get("input_schema"), where)
+        if t.get("type") in (None, "custom") else None,
+        lambda where, kind: f"{where} has type {kind!r}: only custom tools with an input_schema are supported",
+        "input_schema", schema_required=True)
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, problems: Problems) -> bool:
@@ -166,28 +173,21 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, problems: Prob
     return kind != "none"
 
 
-def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> ChatRequest:
+def parse_count(body: Any) -> ChatRequest:
+    """Validate a `/v1/messages/count_tokens` body: a messages request without `max_tokens`."""
+    return parse_request({"max_tokens": 1, **body} if isinstance(body, dict) else body)
+
+
+def parse_request(body: Any) -> ChatRequest:
     """Validate a decoded `/v1/messages` body; every problem is named in one 400."""
-    if not isinstance(body, dict):
-        raise ChatError(f"the request body must be a JSON object, not {type(body).__name__}")
-    p = Problems()
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        p.add("model", "`model` is required: the served model's name (see GET /v1/models)")
+    p, model = start_request(body)
     if body.get("max_tokens") is None:
         p.add("max_tokens", "`max_tokens` is required: the most tokens to sample, e.g. 1024")
     max_tokens = p.integer(body, "max_tokens", 0, None)  # 0: Anthropic's prompt-cache warm-up, nothing sampled
-    messages = translate_messages(body.get("system"), body.get("messages"), p, raw_arguments or {})
+    messages = translate_messages(body.get("system"), body.get("messages"), p)
     tools = translate_tools(body.get("tools"), p)
     parse_tools = _tool_choice(body.get("tool_choice"), tools, p)
-    temperature = p.number(body, "temperature", 0.0, 1.0, 1.0)
-    top_p = p.number(body, "top_p", 0.0, 1.0, 1.0)
-    if top_p == 0:
-        p.add("top_p", "`top_p` must be above 0")
-    top_k = p.integer(body, "top_k", 0, 0)
-    seed = body.get("seed")
-    if seed is not None and not is_int(seed):
-        p.add("seed", f"`seed` must be an integer, got {seed!r}")
+    sampling = p.sampling(body, temperature_max=1.0, top_k_low=0)
     stops = body.get("stop_sequences") or []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         p.add("stop_sequences", f"`stop_sequences` must be a list of non-empty strings, got {stops!r}")
@@ -198,8 +198,8 @@ def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> 
     p.raise_any()
     return ChatRequest(
         protocol=PROTOCOL, model=model, messages=messages, tools=tools, parse_tools=parse_tools,
-        max_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k or 0,
-                                                       seed=seed, stop=tuple(stops)), stream=bool(stream), continue_final=messages[-1]["role"] == "assistant")
+        max_tokens=max_tokens, sampling=dataclasses.replace(sampling, stop=tuple(stops)), stream=bool(stream),
+        continue_final=messages[-1]["role"] == "assistant")
 
 
 def stop_reason(reply: ChatReply) -> str:
@@ -221,7 +221,7 @@ def _usage(reply: ChatReply) -> dict[str, Any]:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 
 
-def response(reply: ChatReply) -> dict[str, Any]:
+def response(reply: ChatReply, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The `message` body."""
     return {"id": reply.id, "type": "message", "role": "assistant", "model": reply.model,
             "content": content_blocks(reply), "stop_reason": stop_reason(reply), "stop_sequence": reply.stop_sequence,
@@ -232,33 +232,74 @@ def _event(name: str, data: dict[str, Any]) -> str:
     return f"event: {name}\ndata: {json.dumps({'type': name, **data}, ensure_ascii=False)}\n\n"
 
 
-def stream_body(reply: ChatReply, options: Mapping[str, Any] | None = None) -> bytes:
-    """The whole SSE body of a streamed reply (the sample is complete before streaming starts)."""
-    start: dict[str, Any] = {"id": reply.id, "type": "message", "role": "assistant", "model": reply.model,
-                             "content": [], "stop_reason": None, "stop_sequence": None,
-                             "usage": {**_usage(reply), "output_tokens": 0}}
-    events = [_event("message_start", {"message": start})]
-    for index, block in enumerate(content_blocks(reply)):
-        kind = block["type"]
-        if kind == "thinking":
-            empty, delta = {**block, "thinking": ""}, {"type": "thinking_delta", "thinking": block["thinking"]}
-        elif kind == "text":
-            empty, delta = {**block, "text": ""}, {"type": "text_delta", "text": block["text"]}
+class EventWriter:
+    """The message event stream of one reply (see the module docstring)."""
+
+    def __init__(self, head: ChatReply, options: Mapping[str, Any] | None = None) -> None:
+        self.head = head
+        self.index = -1  # of the open content block
+        self.open: str | None = None  # its type
+        self.text_block = False
+
+    def start(self) -> bytes:
+        h = self.head
+        message = {"id": h.id, "type": "message", "role": "assistant", "model": h.model, "content": [],
+                   "stop_reason": None, "stop_sequence": None, "usage": {**_usage(h), "output_tokens": 0}}
+        return _event("message_start", {"message": message}).encode()
+
+    def _close(self) -> str:
+        if self.open is None:
+            return ""
+        self.open = None
+        return _event("content_block_stop", {"index": self.index})
+
+    def _block(self, kind: str, block: dict[str, Any]) -> str:
+        out = self._close()
+        self.index += 1
+        self.open = kind
+        self.text_block = self.text_block or kind == "text"
+        return out + _event("content_block_start", {"index": self.index, "content_block": block})
+
+    def piece(self, event: Event) -> bytes:
+        kind = event[0]
+        out = ""
+        if kind == "reasoning":
+            if self.open != "thinking":
+                out += self._block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            out += _event("content_block_delta", {"index": self.index,
+                                                  "delta": {"type": "thinking_delta", "thinking": event[1]}})
+        elif kind == "content":
+            if self.open != "text":
+                out += self._block("text", {"type": "text", "text": ""})
+            out += _event("content_block_delta", {"index": self.index, "delta": {"type": "text_delta",
+                                                                                 "text": event[1]}})
         else:
-            arguments = next(c.arguments for c in reply.tool_calls if c.id == block["id"])
-            empty, delta = {**block, "input": {}}, {"type": "input_json_delta", "partial_json": arguments}
-        events.append(_event("content_block_start", {"index": index, "content_block": empty}))
-        events.append(_event("content_block_delta", {"index": index, "delta": delta}))
-        events.append(_event("content_block_stop", {"index": index}))
-    events.append(_event("message_delta", {"delta": {"stop_reason": stop_reason(reply),
-                                                     "stop_sequence": reply.stop_sequence},
-                                           "usage": {"output_tokens": reply.completion_tokens},
-                                           "trajstore": reply.trajstore}))
-    events.append(_event("message_stop", {}))
-    return "".join(events).encode()
+            call = event[2]
+            out += self._block("tool_use", {"type": "tool_use", "id": call.id, "name": call.name, "input": {}})
+            out += _event("content_block_delta", {"index": self.index, "delta": {"type": "input_json_delta",
+                                                                                 "partial_json": call.arguments}})
+            out += self._close()
+        return out.encode()
+
+    def tokens(self, texts: list[str], logprobs: list[float], top: list[dict[str, float]] | None) -> bytes:
+        return b""  # the Messages API has no logprobs
+
+    def finish(self, reply: ChatReply) -> bytes:
+        out = self._close()
+        if not self.text_block and not reply.tool_calls:  # as `content_blocks`: a reply always has a text block
+            out += self._block("text", {"type": "text", "text": ""}) + self._close()
+        out += _event("message_delta", {"delta": {"stop_reason": stop_reason(reply),
+                                                  "stop_sequence": reply.stop_sequence},
+                                        "usage": {"output_tokens": reply.completion_tokens},
+                                        "trajstore": reply.trajstore})
+        return (out + _event("message_stop", {})).encode()
+
+    def error(self, err: ChatError) -> bytes:
+        return _event("error", {"error": error_body(err)["error"]}).encode()
 
 
 _ERROR_TYPES = {"invalid_request": "invalid_request_error", "authentication": "authentication_error",
+                "permission": "permission_error",
                 "not_found": "not_found_error", "conflict": "invalid_request_error", "upstream": "api_error",
                 "internal": "api_error"}
 
@@ -272,9 +313,15 @@ class AnthropicMessages:
 
     name = PROTOCOL
     path = "/v1/messages"
+    count_path = "/v1/messages/count_tokens"
     reply_prefix = REPLY_ID_PREFIX
     call_prefix = CALL_ID_PREFIX
     parse_request = staticmethod(parse_request)
+    parse_count = staticmethod(parse_count)
     response = staticmethod(response)
-    stream_body = staticmethod(stream_body)
+    stream_writer = EventWriter
     error_body = staticmethod(error_body)
+
+    @staticmethod
+    def count_response(tokens: int) -> dict[str, Any]:
+        return {"input_tokens": tokens}

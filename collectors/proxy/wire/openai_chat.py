@@ -9,25 +9,37 @@ ChatCompletionChunk, ChoiceDeltaToolCall, CompletionUsage) and vLLM's extensions
   function; only `none` changes anything: no sampling is constrained, so required and named
   choices sample like auto), `temperature`, `top_p`, `top_k` (vLLM), `max_tokens` /
   `max_completion_tokens`, `stop`, `seed`, `stream`, `stream_options.include_usage`,
-  `logprobs`. `n` > 1 and non-text content parts are refused; penalties, `response_format`
-  and other fields are accepted and not applied (the stored request keeps them).
+  `logprobs` with `top_logprobs` (0-20, the policy server's alternatives per token). `n` > 1
+  and non-text content parts are refused; penalties, `response_format` and other fields are
+  accepted and not applied (the stored request keeps them).
 - response: `chat.completion` with `message.tool_calls` (arguments are the model's JSON text),
   `message.reasoning_content` (vLLM's field) when the model thought, `usage`, and a
   `trajstore` object (rollout, segment, turn, policy version) that SDKs keep as an extra.
-- stream: one complete body of `chat.completion.chunk` events (role, reasoning, content,
-  then per tool call a delta with id and name and one with the arguments), a final chunk
-  with `finish_reason`, a usage chunk with empty `choices` when asked, then `data: [DONE]`.
+- stream: `chat.completion.chunk` events written as the reply is sampled (role, then reasoning
+  and content deltas, logprobs as the tokens arrive, then per tool call a delta with id and
+  name and one with the arguments), a final chunk with `finish_reason`, a usage chunk with
+  empty `choices` when asked, then `data: [DONE]`; a failure after the stream started is a
+  chunk `{"error": {...}}` (which the SDK raises) and no `[DONE]`.
 - errors: `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
 
-from collectors.policy import SamplingParams
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, is_int, template_tool
+from collectors.proxy.chat import (
+    ChatError,
+    ChatReply,
+    ChatRequest,
+    Message,
+    Problems,
+    start_request,
+    template_tools,
+)
+from collectors.proxy.wire.base import Event
 
 PROTOCOL = "openai"
 CALL_ID_PREFIX = "call_"
@@ -106,22 +118,15 @@ def translate_messages(messages: Any, problems: Problems) -> list[Message]:
 
 
 def translate_tools(tools: Any, problems: Problems) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        problems.add("tools", "`tools` must be a list of function tools")
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
-            problems.add(where, f'{where} must be {{"type": "function", "function": {{"name", "description", '
-                                '"parameters"}}}} (custom tools are not supported)')
-            continue
-        out.append(template_tool(fn.get("name"), fn.get("description"), fn.get("parameters"), problems,
-                                 f"{where}.function", "parameters"))
-    return out or None
+    def fields(tool: dict[str, Any], where: str) -> tuple[Any, Any, Any, str] | None:
+        fn = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(fn, dict):
+            return None
+        return fn.get("name"), fn.get("description"), fn.get("parameters"), f"{where}.function"
+
+    return template_tools(tools, problems, fields, lambda where, kind: (
+        f'{where} must be {{"type": "function", "function": {{"name", "description", "parameters"}}}} '
+        "(custom tools are not supported)"), "parameters")
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, problems: Problems) -> bool:
@@ -143,31 +148,29 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, problems: Prob
     return True
 
 
-def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> ChatRequest:
-    """Validate a decoded `/v1/chat/completions` body; every problem is named in one 400.
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default --max-logprobs
 
-    `raw_arguments` is unused: OpenAI agents send tool-call arguments back as the JSON text they got.
-    """
-    if not isinstance(body, dict):
-        raise ChatError(f"the request body must be a JSON object, not {type(body).__name__}")
-    p = Problems()
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        p.add("model", "`model` is required: the served model's name (see GET /v1/models)")
+
+def top_logprobs(body: dict[str, Any], p: Problems, *, logprobs: bool) -> int:
+    """`top_logprobs` (0-20), which needs logprobs on; the policy server returns that many alternatives."""
+    top = p.integer(body, "top_logprobs", 0, 0) or 0
+    if top > MAX_TOP_LOGPROBS:
+        p.add("top_logprobs", f"`top_logprobs` must be at most {MAX_TOP_LOGPROBS}, got {top}")
+    if top and not logprobs:
+        p.add("top_logprobs", "`top_logprobs` needs logprobs: send \"logprobs\": true with it")
+    return min(top, MAX_TOP_LOGPROBS)
+
+
+def parse_request(body: Any) -> ChatRequest:
+    """Validate a decoded `/v1/chat/completions` body; every problem is named in one 400."""
+    p, model = start_request(body)
     messages = translate_messages(body.get("messages"), p)
     tools = translate_tools(body.get("tools"), p)
     parse_tools = _tool_choice(body.get("tool_choice"), tools, p)
     max_tokens = p.integer(body, "max_completion_tokens", 1, None)
     if max_tokens is None:
         max_tokens = p.integer(body, "max_tokens", 1, None)
-    temperature = p.number(body, "temperature", 0.0, 2.0, 1.0)
-    top_p = p.number(body, "top_p", 0.0, 1.0, 1.0)
-    if top_p == 0:
-        p.add("top_p", "`top_p` must be above 0")
-    top_k = p.integer(body, "top_k", -1, 0)  # vLLM's extension; -1 and 0 both mean off
-    seed = body.get("seed")
-    if seed is not None and not is_int(seed):
-        p.add("seed", f"`seed` must be an integer, got {seed!r}")
+    sampling = p.sampling(body, temperature_max=2.0, top_k_low=-1)  # top_k: vLLM's; -1 and 0 both mean off
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
@@ -182,12 +185,14 @@ def parse_request(body: Any, raw_arguments: Mapping[str, str] | None = None) -> 
     if not isinstance(options, dict):
         p.add("stream_options", "`stream_options` must be an object such as {\"include_usage\": true}")
         options = {}
+    logprobs = bool(body.get("logprobs"))
+    top = top_logprobs(body, p, logprobs=logprobs)
     p.raise_any()
     return ChatRequest(
         protocol=PROTOCOL, model=model, messages=messages, tools=tools, parse_tools=parse_tools,
-        max_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
-                                                       seed=seed, stop=tuple(stops)), stream=bool(stream),
-        options={"include_usage": bool(options.get("include_usage")), "logprobs": bool(body.get("logprobs"))})
+        max_tokens=max_tokens, sampling=dataclasses.replace(sampling, stop=tuple(stops), logprobs=top or None),
+        stream=bool(stream),
+        options={"include_usage": bool(options.get("include_usage")), "logprobs": logprobs, "top_logprobs": top})
 
 
 def _usage(reply: ChatReply) -> dict[str, int]:
@@ -195,11 +200,22 @@ def _usage(reply: ChatReply) -> dict[str, int]:
             "total_tokens": reply.prompt_tokens + reply.completion_tokens}
 
 
-def _logprobs(reply: ChatReply) -> dict[str, Any] | None:
+def logprob_entries(texts: list[str], logprobs: list[float], top: list[dict[str, float]] | None,
+                    n: int) -> list[dict[str, Any]]:
+    """OpenAI's per-token logprobs (`ChatCompletionTokenLogprob`, also the Responses API's): each token with its
+    `n` most likely alternatives, as the policy server reported them."""
+    def alternatives(i: int) -> list[dict[str, Any]]:
+        ranked = sorted((top[i] if top else {}).items(), key=lambda kv: -kv[1])[:n]
+        return [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in ranked]
+    return [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": alternatives(i) if n else []}
+            for i, (t, lp) in enumerate(zip(texts, logprobs, strict=True))]
+
+
+def _logprobs(reply: ChatReply, n: int) -> dict[str, Any] | None:
     if not reply.token_texts:
         return None
-    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                        for t, lp in zip(reply.token_texts, reply.output_logprobs, strict=True)], "refusal": None}
+    return {"content": logprob_entries(reply.token_texts, reply.output_logprobs, reply.top_logprobs, n),
+            "refusal": None}
 
 
 def _calls(reply: ChatReply) -> list[dict[str, Any]]:
@@ -207,7 +223,7 @@ def _calls(reply: ChatReply) -> list[dict[str, Any]]:
             for c in reply.tool_calls]
 
 
-def response(reply: ChatReply) -> dict[str, Any]:
+def response(reply: ChatReply, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The `chat.completion` body."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.content or (None if reply.tool_calls else ""),
                                "refusal": None}
@@ -216,42 +232,63 @@ def response(reply: ChatReply) -> dict[str, Any]:
     if reply.reasoning:
         message["reasoning_content"] = reply.reasoning
     return {"id": reply.id, "object": "chat.completion", "created": reply.created, "model": reply.model,
-            "choices": [{"index": 0, "message": message, "logprobs": _logprobs(reply),
+            "choices": [{"index": 0, "message": message,
+                         "logprobs": _logprobs(reply, reply.top_n),
                          "finish_reason": reply.finish}],
             "usage": _usage(reply), "system_fingerprint": None, "trajstore": reply.trajstore}
 
 
-def stream_body(reply: ChatReply, options: Mapping[str, Any]) -> bytes:
-    """The whole SSE body of a streamed reply (the sample is complete before streaming starts)."""
-    include_usage = bool(options.get("include_usage"))
-    head = {"id": reply.id, "object": "chat.completion.chunk", "created": reply.created, "model": reply.model}
-    if include_usage:
-        head["usage"] = None
+def _sse(data: Any) -> bytes:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
-        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": extra.pop("logprobs", None),
-                                     "finish_reason": finish}], **extra}
 
-    chunks = [chunk({"role": "assistant", "content": ""})]
-    if reply.reasoning:
-        chunks.append(chunk({"reasoning_content": reply.reasoning}))
-    if reply.content:
-        chunks.append(chunk({"content": reply.content}, logprobs=_logprobs(reply)))
-    for i, call in enumerate(reply.tool_calls):
-        chunks.append(chunk({"tool_calls": [{"index": i, "id": call.id, "type": "function",
-                                             "function": {"name": call.name, "arguments": ""}}]}))
-        chunks.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]}))
-    chunks.append(chunk({}, reply.finish, trajstore=reply.trajstore))
-    if include_usage:
-        chunks.append({**head, "choices": [], "usage": _usage(reply)})
-    lines = [f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks]
-    lines.append("data: [DONE]\n\n")
-    return "".join(lines).encode()
+class ChunkWriter:
+    """The `chat.completion.chunk` stream of one reply (see the module docstring)."""
+
+    def __init__(self, head: ChatReply, options: Mapping[str, Any]) -> None:
+        self.include_usage = bool(options.get("include_usage"))
+        self.top = int(options.get("top_logprobs") or 0)
+        self.head: dict[str, Any] = {"id": head.id, "object": "chat.completion.chunk", "created": head.created,
+                                     "model": head.model}
+        if self.include_usage:
+            self.head["usage"] = None
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None,
+               **extra: Any) -> bytes:
+        return _sse({**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                                               "finish_reason": finish}], **extra})
+
+    def start(self) -> bytes:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def piece(self, event: Event) -> bytes:
+        if event[0] == "reasoning":
+            return self._chunk({"reasoning_content": event[1]})
+        if event[0] == "content":
+            return self._chunk({"content": event[1]})
+        _, i, call = event
+        return self._chunk({"tool_calls": [{"index": i, "id": call.id, "type": "function",
+                                            "function": {"name": call.name, "arguments": ""}}]}) + \
+            self._chunk({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]})
+
+    def tokens(self, texts: list[str], logprobs: list[float], top: list[dict[str, float]] | None) -> bytes:
+        entries = logprob_entries(texts, logprobs, top, self.top)
+        return self._chunk({}, logprobs={"content": entries, "refusal": None}) if entries else b""
+
+    def finish(self, reply: ChatReply) -> bytes:
+        out = self._chunk({}, reply.finish, trajstore=reply.trajstore)
+        if self.include_usage:
+            out += _sse({**self.head, "choices": [], "usage": _usage(reply)})
+        return out + b"data: [DONE]\n\n"
+
+    def error(self, err: ChatError) -> bytes:
+        return _sse(error_body(err))
 
 
 _ERROR_TYPES = {
     "invalid_request": ("invalid_request_error", None),
     "authentication": ("invalid_request_error", "invalid_api_key"),
+    "permission": ("invalid_request_error", "forbidden"),
     "not_found": ("invalid_request_error", "model_not_found"),
     "conflict": ("invalid_request_error", "conflict"),
     "upstream": ("server_error", "upstream_error"),
@@ -269,9 +306,15 @@ class OpenAIChat:
 
     name = PROTOCOL
     path = "/v1/chat/completions"
+    count_path = None  # Chat Completions has no token-counting route
     reply_prefix = REPLY_ID_PREFIX
     call_prefix = CALL_ID_PREFIX
     parse_request = staticmethod(parse_request)
+    parse_count = staticmethod(parse_request)
     response = staticmethod(response)
-    stream_body = staticmethod(stream_body)
+    stream_writer = ChunkWriter
     error_body = staticmethod(error_body)
+
+    @staticmethod
+    def count_response(tokens: int) -> dict[str, Any]:
+        raise AssertionError("Chat Completions has no count_tokens route")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,8 +15,10 @@ from collectors.collect.resume import PastRollout, plan_group
 from collectors.collect.rewards import RewardError, components, rescore
 from collectors.collect.runner import collect
 from collectors.collect.settings import CollectSettings
+from collectors.collect.progress import summary_table
 from collectors.collect.tasks import TaskFileError, load_tasks, task_id
 from collectors.embedded.app import RunningServer
+from collectors.policy import PolicyServerUnreachable
 from collectors.proxy.toolcalls import response_text
 from tests.collectors.agents_for_tests import rollout_rows, usable_by_task, write_tasks
 from trajstore import Checkpoint, Status, open_store
@@ -212,9 +216,10 @@ def test_collect_without_a_reward_then_rescore_from_the_stored_turns(server: Run
                                                                      tmp_path: Path) -> None:
     big = {"id": "big", "prompt": "Summarize", "context": "x" * 9000}  # too large to store with its rollouts
     settings = base_settings(tmp_path, server, tiny_model, [{"id": "small", "prompt": "Hi"}, big], n=2,
-                             agent=f"{A}:opaque", reward=None)
+                             agent=f"{A}:opaque", reward=None, no_reward=True)
     summary = asyncio.run(collect(settings))
-    assert summary.groups_complete == 2  # without a reward, a completed rollout fills its slot
+    assert summary.groups_complete == 2 and not summary.scored  # unscored on purpose: a completed rollout fills
+    assert "groups collected, unscored (not trainable" in _rendered(summary_table(summary))  # its slot
     store = open_store(settings.store)
     rows = rollout_rows(store, "exp")
     assert all(r["reward"] is None and "result" not in r["final_meta"] for r in rows)
@@ -231,3 +236,29 @@ def test_collect_without_a_reward_then_rescore_from_the_stored_turns(server: Run
     for row in rollout_rows(store, "exp"):
         bonus = 100.0 if row["started_meta"]["task_id"] == "big" else 0.0
         assert row["reward"] == float(len(replies[row["rollout_id"]])) + bonus
+
+
+def _rendered(table: object) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
+def test_collect_needs_a_reward_choice_and_a_live_server(tiny_model: Path, tmp_path: Path) -> None:
+    """Issue 12.17: without --reward it reported "groups completed" for groups the store counts untrainable;
+    pointed at a dead --server it opened and failed a rollout for every slot before stopping."""
+    tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "x"}])
+    unscored = CollectSettings(store=str(tmp_path / "store"), run="r", tasks=tasks, model=str(tiny_model),
+                               agent=f"{A}:chat")
+    assert any("no reward: give --reward" in p and "--no-reward" in p for p in unscored.problems())
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    settings = CollectSettings(store=str(tmp_path / "store"), run="r", tasks=tasks, model=str(tiny_model),
+                               server=dead, agent=f"{A}:chat", reward=f"{A}:score", display="off",
+                               workdir=str(tmp_path / "work"))
+    with pytest.raises(PolicyServerUnreachable, match="cannot connect to the policy server at " + dead):
+        asyncio.run(collect(settings))
+    assert not (tmp_path / "store").exists() and not (tmp_path / "work").exists()  # nothing was opened

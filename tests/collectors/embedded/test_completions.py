@@ -25,7 +25,7 @@ def test_every_problem_is_reported_naming_the_first_field() -> None:
         parse_completion_request({"prompt": [1], "max_tokens": True, "temperature": "hot", "logprobs": 21,
                                   "seed": 2**64, "stop": [""], "return_token_ids": "yes"})
     message = err.value.message
-    for fragment in ("`max_tokens` must be an integer >= 1, got True", "`temperature` must be a number >= 0",
+    for fragment in ("`max_tokens` must be an integer >= 1, got True", "`temperature` must be a finite number >= 0",
                      "`logprobs` must be an integer from 0 to 20", "`seed` must be a 64-bit integer",
                      "`stop` must be", "`return_token_ids` must be true or false"):
         assert fragment in message
@@ -38,7 +38,7 @@ def test_every_problem_is_reported_naming_the_first_field() -> None:
     ({"prompt": [[1, 2], [3]]}, "prompt", "one request per prompt"),
     ({"prompt": [1, -2]}, "prompt", ">= 0"),
     ({"prompt": [1], "n": 2}, "n", "one request per sample"),
-    ({"prompt": [1], "stream": True}, "stream", "stream=false"),
+    ({"prompt": [1], "stream": "yes"}, "stream", "true or false"),
     ({"prompt": [1], "echo": True}, "echo", "prompt_token_ids"),
 ])
 def test_refusals_say_what_to_send(body: dict, param: str, fragment: str) -> None:

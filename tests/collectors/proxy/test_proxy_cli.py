@@ -1,4 +1,8 @@
-"""`trajstore proxy` as a real process in front of the embedded server, driven by an SDK, stopped with SIGINT."""
+"""`trajstore proxy` and `trajstore serve` as real processes, driven by an SDK, stopped with SIGINT or SIGTERM.
+
+A stopped proxy seals what it appended: a reader of the Delta table alone (Spark, Polars, here
+delta-rs) sees every event at once, without a `trajstore compact` (issue 12.13: `kill PID` used
+to leave them in the write-ahead log)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
+from deltalake import DeltaTable
 
 from cli.main import main
 from collectors.embedded.app import RunningServer
@@ -38,7 +44,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
     raise AssertionError(f"the proxy at {url} did not come up within {timeout} s")
 
 
-def test_the_command_serves_stores_and_stops(server: RunningServer, tiny_model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop_with", [signal.SIGINT, signal.SIGTERM])
+def test_the_command_serves_stores_and_seals_when_stopped(server: RunningServer, tiny_model: Path, tmp_path: Path,
+                                                           stop_with: signal.Signals) -> None:
     port, store = free_port(), tmp_path / "store"
     code = "import sys; from cli.main import main; main(['proxy', *sys.argv[1:]])"
     args = ["--upstream", server.url, "--model", str(tiny_model), "--store", str(store), "--port", str(port),
@@ -54,12 +62,28 @@ def test_the_command_serves_stores_and_stops(server: RunningServer, tiny_model: 
         assert call(f"{url}/rollouts/{rollout['rollout_id']}/close", {"status": "completed", "reward": 0.5},
                     key=rollout["api_key"]).status == 200
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop_with)
         output = proc.communicate(timeout=60)[0]
     assert proc.returncode == 0, output
     assert f"capture proxy on http://127.0.0.1:{port}" in output
     rows = open_store(store).query("SELECT run, turns, reward, status FROM rollouts").to_pylist()
     assert rows == [{"run": "cli-run", "turns": 1, "reward": 0.5, "status": "completed"}]
+    sealed = DeltaTable(str(store / "events")).to_pyarrow_table(columns=["kind"]).column("kind").to_pylist()
+    assert sorted(sealed) == ["reward", "status", "status", "turn"]  # an external reader sees them all
+
+
+def test_serve_stops_cleanly_on_sigterm(tiny_model: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--model", str(tiny_model), "--port", str(port),
+                             "--threads", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0 and "stopping" in output, output
+    assert "Traceback" not in output
 
 
 def test_a_directory_that_is_not_a_checkpoint_is_refused(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,8 @@ ANTHROPIC_CASES = [
      "'image'"),
     ("oversized prompt", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": LONG}]}, None,
      400, "context"),
-    ("system role in messages", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
-     None, 400, "user or assistant"),
+    ("unknown role in messages", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]},
+     None, 400, "user, assistant or system"),
 ]
 
 
@@ -145,3 +146,62 @@ def test_an_unreachable_upstream_is_a_502_with_the_reason(tiny_model: Path, tmp_
         assert aerr.value.status_code == 502 and aerr.value.body["error"]["type"] == "api_error"
         assert h.count() == 0 and call(h.url + "/stats").body["upstream_failures"] == 2
         assert h.proxy.capture.registry.by_id[rollout["rollout_id"]].sessions["main"].state.turns == 0
+
+
+@pytest.mark.parametrize(("headers", "shape"), [({}, "openai"), ({"anthropic-version": "2023-06-01"}, "anthropic")])
+def test_unknown_routes_under_a_base_url_answer_in_the_clients_shape_without_the_key(
+        proxy: Harness, rollout: dict[str, Any], headers: dict[str, str], shape: str) -> None:
+    key = rollout["api_key"]
+    for path in (f"/r/{key}/v1/nowhere", f"/r/{key}/v1/completions", f"/r/{key}.sub/v1/embeddings"):
+        r = call(proxy.url + path, {"model": MODEL}, headers={"x-api-key": key, **headers})
+        assert r.status == 404 and key[3:] not in json.dumps(r.body), r.body
+        message = r.body["error"]["message"]
+        assert "/r/{key}/v1/" in message and "POST /v1/responses" in message
+        if shape == "anthropic":
+            assert r.body["type"] == "error" and r.body["error"]["type"] == "not_found_error"
+        else:
+            assert r.body["error"]["type"] == "invalid_request_error" and r.body["error"]["code"] == "model_not_found"
+    r = call(proxy.url + f"/r/{key}/v1/messages/batches", {"model": MODEL}, headers={"x-api-key": key})
+    assert r.status == 404 and r.body["type"] == "error" and key[3:] not in json.dumps(r.body)  # an Anthropic path
+    wrong = call(proxy.url + f"/r/{key}/v1/messages", method="GET")
+    assert wrong.status == 405 and wrong.body["type"] == "error" and key[3:] not in json.dumps(wrong.body)
+
+
+def test_base_urls_answer_the_probes_agents_send(proxy: Harness, rollout: dict[str, Any]) -> None:
+    for url in (proxy.url + "/", rollout["base_urls"]["anthropic"]):
+        assert call(url).status == 200
+        assert call(url, method="HEAD").status == 200
+
+
+def test_count_tokens_is_the_prompt_the_next_call_is_sent(proxy: Harness) -> None:
+    rollout = proxy.open()
+    a = anthropic_client(rollout)
+    messages = [{"role": "user", "content": "Count me."}]
+    counted = a.messages.count_tokens(model=MODEL, system="Be brief.", messages=messages)
+    before = proxy.count()
+    sent = a.messages.create(model=MODEL, system="Be brief.", max_tokens=4, messages=messages)
+    assert counted.input_tokens == sent.usage.input_tokens == len(proxy.upstream.calls[-1][0])
+    assert proxy.count() == before + 1  # counting stored nothing
+    messages += [{"role": "assistant", "content": [b.model_dump() for b in sent.content]},
+                 {"role": "user", "content": "Again."}]
+    again = a.messages.count_tokens(model=MODEL, system="Be brief.", messages=messages)
+    assert again.input_tokens == a.messages.create(model=MODEL, system="Be brief.", max_tokens=4,
+                                                   messages=messages).usage.input_tokens
+    with pytest.raises(anthropic.NotFoundError):
+        a.messages.count_tokens(model="claude-x", messages=messages)
+
+
+def test_top_logprobs_are_the_policy_servers_alternatives(proxy: Harness, rollout: dict[str, Any]) -> None:
+    o = openai_client(rollout)
+    r = o.chat.completions.create(model=MODEL, messages=USER, max_tokens=6, seed=4, logprobs=True, top_logprobs=3)
+    sample = proxy.upstream.calls[-1][1]
+    entries = r.choices[0].logprobs.content
+    assert [e.logprob for e in entries] == pytest.approx(sample.output_logprobs, abs=1e-6)
+    for entry, top in zip(entries, sample.top_logprobs, strict=True):
+        assert len(entry.top_logprobs) == min(3, len(top))
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+        assert {t.token for t in entry.top_logprobs} <= set(top)
+    with pytest.raises(openai.BadRequestError, match="needs logprobs"):
+        o.chat.completions.create(model=MODEL, messages=USER, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="at most 20"):
+        o.chat.completions.create(model=MODEL, messages=USER, logprobs=True, top_logprobs=21)

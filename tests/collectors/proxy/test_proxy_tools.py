@@ -132,20 +132,34 @@ def test_anthropic_streamed_tool_use(proxy: Harness) -> None:
     assert final.stop_reason == "tool_use" and final.content[0].input == {"city": "Paris"}
 
 
-def test_a_reply_the_template_cannot_reproduce_forks_and_is_counted(proxy: Harness) -> None:
+def test_a_reply_sent_back_reserialized_continues_with_the_sampled_tokens(proxy: Harness) -> None:
+    """pydantic-ai style: the sampled JSON comes back compact, the reasoning dropped; same meaning, so the segment
+    continues and the policy is sent its own sampled tokens. An edited argument is a real rewrite: a fork."""
     rollout = proxy.open()
     before = call(proxy.url + "/stats").body
     c = openai_client(rollout)
-    script(proxy, '<tool_call>{"arguments": {"city": "Rome"}, "name": "get_weather"}</tool_call>', "ok")
+    sampled = ('<think>\nRome.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n'
+               '</tool_call>')
+    script(proxy, sampled, "ok", "again")
     r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Rome?"}], tools=TOOLS,
                                   max_tokens=64)
     tc = r.choices[0].message.tool_calls[0]
-    c.chat.completions.create(model=MODEL, tools=TOOLS, max_tokens=64, messages=[
-        {"role": "user", "content": "Rome?"}, r.choices[0].message.model_dump(exclude_none=True),
-        {"role": "tool", "tool_call_id": tc.id, "content": "warm"}])
+    assert tc.function.arguments == '{"city": "Rome"}'
+    resent = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": tc.id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}}]}
+    history = [{"role": "user", "content": "Rome?"}, resent, {"role": "tool", "tool_call_id": tc.id, "content": "warm"}]
+    c.chat.completions.create(model=MODEL, tools=TOOLS, max_tokens=64, messages=history)
     m = metas(proxy, rollout)
-    assert m[1]["fork"] == "template_drift" and m[1]["segment_id"] != m[0]["segment_id"]
+    assert m[1]["fork"] is None and m[1]["segment_id"] == m[0]["segment_id"] and m[1]["history"] == "reserialized"
+    sent_first, sent_second = proxy.upstream.sent[-2:]
+    turns = proxy.turns(rollout["rollout_id"])
+    assert sent_second == sent_first + turns[0]["output_ids"] + turns[1]["prompt_ids"]  # the sampled ids, spliced
+    resent["tool_calls"][0]["function"]["arguments"] = '{"city":"Milan"}'
+    c.chat.completions.create(model=MODEL, tools=TOOLS, max_tokens=64, messages=history)
+    m = metas(proxy, rollout)
+    assert m[2]["fork"] == "history_rewrite" and m[2]["history"] == "rewritten"
     after = call(proxy.url + "/stats").body
-    assert after["forks"]["template_drift"] == before["forks"].get("template_drift", 0) + 1
+    assert after["history"]["reserialized"] == before["history"].get("reserialized", 0) + 1
+    assert after["history"]["rewritten"] == before["history"].get("rewritten", 0) + 1
     summary = call(f"{proxy.url}/rollouts/{rollout['rollout_id']}", key=rollout["api_key"]).body
     assert summary["segments"] == 2 and summary["forks"] == 1

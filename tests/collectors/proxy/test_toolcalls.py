@@ -72,9 +72,9 @@ def test_tool_parsing_can_be_off() -> None:
     assert parse_output(CALL, parse_tools=False).content == CALL
 
 
-def test_unterminated_think_is_content() -> None:
+def test_unterminated_think_is_all_reasoning() -> None:
     out = parse_output("<think>\nstill thinking")
-    assert out.reasoning is None and out.content == "<think>\nstill thinking"
+    assert out.reasoning == "still thinking" and out.content == "" and out.tool_calls == ()
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def sent_back(renderer: ChatRenderer, req: ChatRequest, reply: ChatReply) -> str
     message = OpenAIChat.response(reply)["choices"][0]["message"]
     body = {"model": "m", "messages": [*req.messages, message, {"role": "user", "content": "thanks"}],
             "tools": req.tools}
-    return renderer.prompt_text(OpenAIChat.parse_request(body, {}))
+    return renderer.prompt_text(OpenAIChat.parse_request(body))
 
 
 @pytest.mark.parametrize("text", [

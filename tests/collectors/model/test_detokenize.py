@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from collectors.embedded.detokenize import IncrementalText
+from collectors.model.detokenize import IncrementalText
 
 TEXTS = ["Hello, world! The answer is 42.", "naïve café — 東京 and 😀 emoji", "<tool_call>\n{\"a\": 1}\n</tool_call>",
          "  spaces\n\nand\ttabs  "]

@@ -1,0 +1,123 @@
+"""A reply as it is sampled: token ids to text, text to reasoning, content and tool calls, piece by piece. Pure.
+
+The capture proxy streams a reply while the policy server samples it, and stores the whole
+reply once sampling ends. What was streamed must be exactly what is stored, so the pieces are
+only ever *prefixes* of the final parse (`collectors.proxy.toolcalls.parse_output`, applied to
+the final text by `ChatRenderer.reply`), and whatever could still change is held back:
+
+- `TextStream` (ids -> text, special tokens kept, as `ChatRenderer.decode`): the newest token
+  waits for the next one when it could be the stop token that ends the reply (a special token)
+  or the end of a stop string (when stop strings are set), and so do the last characters that
+  could begin a stop string; the final text comes from the whole sample.
+- `ReplyStream` (text -> pieces): reasoning streams inside a leading `<think>` until
+  `</think>` (a trailing newline and a partial `</think>` wait); content streams until the first
+  `<tool_call>` (a trailing newline and a partial tag wait); from the first `<tool_call>` on,
+  nothing streams until the end, because a later malformed block turns every block back into
+  content. `finish(reply)` then sends the rest of the final reasoning and content and the tool
+  calls, each whole.
+
+So the first tokens of text reach the agent as they are sampled; tool calls arrive when the
+reply is complete (one delta with their whole arguments, as the proxy has always streamed them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from collectors.model.detokenize import IncrementalText
+from collectors.proxy.chat import ChatReply
+from collectors.proxy.toolcalls import CALL_OPEN, THINK_CLOSE, THINK_OPEN, ToolCall
+
+Event = tuple[str, str] | tuple[str, int, ToolCall]  # ("reasoning" | "content", text) or ("tool_call", index, call)
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that may still grow into `tag` or into a newline and `tag`."""
+    for n in range(min(len(tag), len(text)), 0, -1):
+        if text.endswith(("\n" + tag)[:n]) or (n < len(tag) and text.endswith(tag[:n])):
+            return n
+    return 0
+
+
+class TextStream:
+    """The sampled text as ids arrive (see the module docstring); `push(ids)` returns the text released."""
+
+    def __init__(self, decode: Callable[[list[int]], str], special_ids: Iterable[int], stops: tuple[str, ...]) -> None:
+        self._text = IncrementalText(decode)
+        self._special, self._stops = frozenset(special_ids), stops
+        self._hold_chars = max(map(len, stops), default=1) - 1
+        self._ids: list[int] = []
+        self._released = 0  # characters of text handed out
+
+    def push(self, ids: list[int]) -> str:
+        self._ids.extend(ids)
+        if not self._ids:
+            return ""
+        upto = len(self._ids) - (1 if self._stops or self._ids[-1] in self._special else 0)
+        for token in self._ids[len(self._text.ids):upto]:
+            self._text.push(token)
+        end = max(self._released, len(self._text.text) - self._hold_chars)
+        out, self._released = self._text.text[self._released:end], end
+        return out
+
+
+@dataclass
+class ReplyStream:
+    """Reasoning and content pieces of a reply as its text grows (see the module docstring)."""
+
+    parse_tools: bool
+    text: str = ""
+    sent: dict[str, str] = field(default_factory=lambda: {"reasoning": "", "content": ""})
+    _calls_started: bool = False
+
+    def feed(self, delta: str) -> list[Event]:
+        self.text += delta
+        reasoning, content = self._safe()
+        events: list[Event] = []
+        for kind, value in (("reasoning", reasoning), ("content", content)):
+            if value is not None and len(value) > len(self.sent[kind]):
+                events.append((kind, value[len(self.sent[kind]):]))
+                self.sent[kind] = value
+        return events
+
+    def _safe(self) -> tuple[str | None, str | None]:
+        """The reasoning and content that no later text can change (None: nothing known yet)."""
+        text = self.text
+        if THINK_OPEN.startswith(text):
+            return None, None  # may still open a think block
+        rest = text
+        if text.startswith(THINK_OPEN):
+            inner = text[len(THINK_OPEN):]
+            end = inner.find(THINK_CLOSE)
+            if end < 0:
+                inner = inner[1:] if inner.startswith("\n") else inner
+                hold = _partial_suffix(inner, THINK_CLOSE)
+                return (inner[:len(inner) - hold] if inner or text.endswith("\n") else None), None
+            rest = inner[end + len(THINK_CLOSE):]
+            if len(rest) < 2 and rest.strip("\n") == "":
+                return None, None  # up to two newlines after </think> are not content
+            rest = rest[1:] if rest.startswith("\n") else rest
+            rest = rest[1:] if rest.startswith("\n") else rest
+        if not self.parse_tools:
+            return None, rest
+        start = rest.find(CALL_OPEN)
+        if start >= 0:
+            self._calls_started = True
+            head = rest[:start]
+            return None, head[:-1] if head.endswith("\n") else head
+        hold = _partial_suffix(rest, CALL_OPEN)
+        return None, rest[:len(rest) - hold]
+
+    def finish(self, reply: ChatReply) -> list[Event]:
+        """The rest of the final reply: what is left of its reasoning and content, then its tool calls."""
+        events: list[Event] = []
+        for kind, value in (("reasoning", reply.reasoning or ""), ("content", reply.content)):
+            done = self.sent[kind]
+            if not value.startswith(done):  # cannot happen when the pieces were prefixes; never send them twice
+                raise AssertionError(f"streamed {kind} {done!r} is not a prefix of the final {value!r}")
+            if len(value) > len(done):
+                events.append((kind, value[len(done):]))
+                self.sent[kind] = value
+        events.extend(("tool_call", i, call) for i, call in enumerate(reply.tool_calls))
+        return events
