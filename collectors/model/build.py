@@ -37,7 +37,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from collectors.model.chat_template import CHAT_TEMPLATE
-from collectors.policy.vllm_server import model_problems
 
 ROPE_THETA = 10000.0
 
@@ -72,6 +71,8 @@ class ModelSize:
 
     def vllm_problems(self) -> list[str]:
         """Why vLLM (CPU) could not serve or hot-reload this shape; the embedded server takes any valid shape."""
+        from collectors.policy.vllm_server import model_problems  # not at import: it loads the HTTP client
+
         out = model_problems({"hidden_size": self.hidden_size, "num_attention_heads": self.heads})
         if self.tie_embeddings:
             out.append("tied embeddings: vLLM's in-place weight reload keeps a tied LM head's old weights, so "

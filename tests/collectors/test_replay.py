@@ -20,9 +20,9 @@ from rich.console import Console
 
 import trajstore
 from cli.main import main
-from cli.replay_cmd import render, tokenizer_decode
+from cli.replay_cmd import render
 from collectors.proxy.toolcalls import ToolCall, parse_output, response_calls
-from collectors.replay import ToolResult, load_episode, spans, tool_results
+from collectors.replay import ToolResult, load_episode, spans, tokenizer_decode, tool_results
 from trajstore import Reward, Status, Turn
 
 REPO = Path(__file__).resolve().parents[2]
