@@ -15,12 +15,18 @@ of 300 keys raced by 8 threads under a short GIL switch interval). Real S3 makes
 check-and-write atomic, and Delta commits depend on that (the commit file `N.json` is
 created with `If-None-Match: *`; the loser retries at N+1). So conditional writes are
 serialized here; everything else stays concurrent.
+
+With `--drop-commit-replies N` (the multi-host rehearsal's fault), every Nth conditional write
+of a Delta commit file (`_delta_log/*.json`) is performed and its reply never sent: the
+connection is cut, as when a network drops the answer, so the writer cannot know whether its
+commit landed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -46,6 +52,33 @@ def atomic_conditional_writes(app: WSGIApp) -> WSGIApp:
     return wrapped
 
 
+def drop_commit_replies(app: WSGIApp, every: int) -> WSGIApp:
+    """Perform every `every`th conditional write of a Delta commit, then cut the connection instead of replying."""
+    seen = 0
+    lock = threading.Lock()
+
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        nonlocal seen
+        commit = (environ.get("REQUEST_METHOD") == "PUT" and environ.get("HTTP_IF_NONE_MATCH")
+                  and "/_delta_log/" in environ.get("PATH_INFO", "") and environ["PATH_INFO"].endswith(".json"))
+        if not commit:
+            return app(environ, start_response)
+        with lock:
+            seen += 1
+            drop = seen % every == 0
+        if not drop:
+            return app(environ, start_response)
+        list(app(environ, lambda *a, **k: None))  # the write happens; its reply is thrown away
+        sock = environ.get("werkzeug.socket")
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+        print(f"dropped the reply to {environ['PATH_INFO']}", file=sys.stderr, flush=True)
+        start_response("500 Internal Server Error", [("Content-Length", "0")])  # never reaches the client
+        return []
+
+    return wrapped
+
+
 class _QuietHandler(MotoRequestHandler):
     def log_request(self, *args: Any, **kwargs: Any) -> None:  # one line per request drowns test output
         pass
@@ -61,8 +94,13 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--exit-on-eof", action="store_true", help="exit when stdin closes (the parent died)")
+    ap.add_argument("--drop-commit-replies", type=int, default=0, metavar="N",
+                    help="perform every Nth Delta commit write but cut the connection instead of replying")
     args = ap.parse_args()
-    app = atomic_conditional_writes(DomainDispatcherApplication(create_backend_app))
+    backend: WSGIApp = DomainDispatcherApplication(create_backend_app)
+    if args.drop_commit_replies > 0:
+        backend = drop_commit_replies(backend, args.drop_commit_replies)
+    app = atomic_conditional_writes(backend)
     server = make_server(args.host, args.port, app, threaded=True, request_handler=_QuietHandler)
     if args.exit_on_eof:
         threading.Thread(target=_exit_on_eof, daemon=True).start()

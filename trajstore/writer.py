@@ -39,7 +39,7 @@ import pyarrow.dataset as ds
 
 from trajstore import owner, wal
 from trajstore.durable import fsync_path, write_durably
-from trajstore.errors import CorruptionError, TrajstoreError, WriterBusyError, WriterClosedError
+from trajstore.errors import CorruptionError, WriterBusyError, WriterClosedError
 from trajstore.events import Event, to_columns
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
@@ -423,7 +423,8 @@ class Writer:
                     self._failed = exc
                     log.error("writer %s stopped: %s", self.name, exc)
                     return
-                except (TrajstoreError, OSError) as exc:
+                except Exception as exc:  # noqa: BLE001 - the object store or the network failing (delta-rs's own
+                    # errors are no OSError): the segments stay, the next turn of the loop retries
                     log.warning("writer %s: background seal failed, will retry: %s", self.name, exc)
 
     # ------------------------------------------------------------------ lifecycle

@@ -14,7 +14,8 @@ process started in new mount, UTS and PID namespaces: its own hostname, its own 
 `/tmp` (a tmpfs: the host's "disk"; nothing else on the machine is written by a host), and its
 own process ids (two hosts can have a process with the same pid, as containers do). Every
 command of a host enters those namespaces with `nsenter`; killing the holder kills everything
-on the host at once, like pulling its plug. `link(False)` takes the host's cable out of the
+on the host at once, like pulling its plug; `Sandbox.restart_host` then boots it again (same
+address, hostname and disk, nothing running). `link(False)` takes the host's cable out of the
 bridge (`ip link set ... down`) without stopping anything on it.
 
 Requires root (or CAP_SYS_ADMIN and CAP_NET_ADMIN), `unshare`, `nsenter` and iproute2's `ip`;
@@ -81,6 +82,7 @@ class Host:
     ip: str
     holder: subprocess.Popen[bytes]  # `unshare`, whose child is pid 1 of the host's PID namespace
     init: int  # that child, as the sandbox sees it: every namespace of the host is its
+    disk: Path | None = None  # bind-mounted as its /tmp (None: a fresh tmpfs)
     procs: list[subprocess.Popen[Any]] = field(default_factory=list)
 
     def _nsenter(self) -> list[str]:
@@ -147,8 +149,22 @@ class Sandbox:
         for cmd in (["ip", "addr", "add", f"{ip}/24", "dev", f"e-{name}"], ["ip", "link", "set", f"e-{name}", "up"],
                     ["ip", "link", "set", "lo", "up"]):
             sh("ip", "netns", "exec", name, *cmd)
+        host = self._boot(name, hostname or name, ip, disk)
+        self.hosts[name] = host
+        return host
+
+    def restart_host(self, name: str) -> Host:
+        """Boot a killed host again: its network namespace, address, hostname and disk, and nothing running."""
+        old = self.hosts[name]
+        if old.holder.poll() is None:
+            raise RuntimeError(f"host {name} is still running: kill it first")
+        host = self._boot(name, old.hostname, old.ip, old.disk)
+        self.hosts[name] = host
+        return host
+
+    def _boot(self, name: str, hostname: str, ip: str, disk: Path | None) -> Host:
         mount_disk = f"mount --bind {disk} /tmp" if disk else "mount -t tmpfs tmpfs /tmp"
-        script = f"hostname {hostname or name} && {mount_disk} && echo ready && exec sleep 2147483647"
+        script = f"hostname {hostname} && {mount_disk} && echo ready && exec sleep 2147483647"
         holder = subprocess.Popen(["ip", "netns", "exec", name, "unshare", "--mount", "--uts", "--pid", "--fork",
                                    "--kill-child", "--mount-proc", "sh", "-c", script], stdout=subprocess.PIPE)
         if holder.stdout is None or holder.stdout.readline().strip() != b"ready":
@@ -157,9 +173,7 @@ class Sandbox:
         children = Path(f"/proc/{holder.pid}/task/{holder.pid}/children").read_text().split()
         if len(children) != 1:
             raise RuntimeError(f"host {name}: expected one process under its unshare, found {children}")
-        host = Host(name, hostname or name, ip, holder, int(children[0]))
-        self.hosts[name] = host
-        return host
+        return Host(name, hostname, ip, holder, int(children[0]), disk)
 
     def close(self) -> None:
         for host in self.hosts.values():
