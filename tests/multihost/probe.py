@@ -91,7 +91,9 @@ def check(a: argparse.Namespace) -> None:
               "WHERE c.run = ? AND (c.version - 1) - r.min_version > ?", a.run, a.max_staleness)
     unknown = q("SELECT count(*) AS n FROM consumed WHERE run = ? AND rollout_id NOT IN (SELECT rollout_id "
                 "FROM rollouts)", a.run)[0]["n"]
-    json.dump({"raw_rows": raw["n"], "distinct_ids": raw["ids"], "writers": writers, "versions": versions,
+    sampled = q("SELECT writer, min(policy_version) AS lo, max(policy_version) AS hi, count(*) AS turns FROM turns "
+                "WHERE run = ? GROUP BY writer ORDER BY writer", a.run)
+    json.dump({"sampled_versions": sampled, "raw_rows": raw["n"], "distinct_ids": raw["ids"], "writers": writers, "versions": versions,
                "consumed_twice": {r: v for r, v in per_rollout.items() if len(v) > 1},
                "consumed": len(per_rollout), "stale": stale, "unknown_consumed": unknown,
                "live_rows": sum(len(b) for b in store.live().by_writer.values())}, sys.stdout, default=str)

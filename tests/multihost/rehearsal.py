@@ -205,6 +205,11 @@ class Rehearsal:
             tasks = [{"id": f"{name}-t{i}", "prompt": f"Count to {i} on {name}."} for i in range(400)]
             (self.work / name / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
         started = time.monotonic()
+        marks = self.report["loop_timeline_s"] = {}
+
+        def mark(what: str) -> None:
+            marks[what] = round(time.monotonic() - started, 1)
+
         self.start_learner()
         for host in (self.c1, self.c2):
             self.start_collector(host)
@@ -216,13 +221,16 @@ class Rehearsal:
         caught = wait_for("the learner to start publishing a version",
                           lambda: any(p.name.startswith(".partial-") for p in ckpts.iterdir()) if ckpts.is_dir()
                           else False, 60, poll=0.002)
+        mark("version 2")
         self.learner.kill()
+        mark("learner killed mid-publish")
         self.report["faults"].append(f"loop: learner host killed mid-publish ({caught and 'partial checkpoint seen'})")
         self.restart(self.learner)
         self.start_learner()
 
         # a collector host is killed and restarted; the other's link is cut and restored
         wait_for("version 4", lambda: seen_versions() >= 4, 120, poll=0.5)
+        mark("version 4")
         self.c2.kill()
         self.report["faults"].append("loop: collector host c2 killed and restarted")
         self.start_collector(self.restart(self.c2))
@@ -232,7 +240,7 @@ class Rehearsal:
         self.report["faults"].append("loop: c1's link cut for 3 s and restored")
 
         wait_for(f"version {self.versions}", lambda: seen_versions() >= self.versions, 240, poll=0.5)
-        self.report["loop_seconds_to_last_version"] = round(time.monotonic() - started, 1)
+        mark(f"version {self.versions}")
         self.finish(self.learner_proc, "the learner (reaching --steps)", 60)
         for host in (self.c1, self.c2):
             host.run(["sh", "-c", "kill -TERM $(cat /tmp/collect.pid)"], env=self.env)
@@ -244,14 +252,22 @@ class Rehearsal:
         check = self.learner.run(python("-m", "tests.multihost.probe", "check", "--store", self.uri, "--run", RUN,
                                         "--max-staleness", str(K)), env=self.env)
         self.report["loop"] = json.loads(check.stdout.strip().splitlines()[-1])
-        self.report["loop"]["reloads"] = {name: read(self.work / name / "collect.log").count("now serves version")
-                                          for name in ("c1", "c2")}
         self.report["loop"]["unsealed_segments"] = {
             name: [str(p.relative_to(self.work)) for p in (self.work / name / "spool").rglob("*.arrows")]
             for name in ("c1", "c2", "learner")}
 
+    def running(self) -> None:
+        """Fail at once, with its log's tail, when the learner or a collector exited on its own."""
+        procs = [("learner", self.learner_proc, self.learner_log)]
+        procs += [(name, p, self.work / name / "collect.log") for name, p in self.collectors.items()]
+        for name, proc, log in procs:
+            if proc.poll() not in (None, 0):
+                raise Failed(f"the {'learner' if name == 'learner' else 'collector on ' + name} exited with code "
+                             f"{proc.returncode}; the end of {log}:\n{read(log)[-3000:]}")
+
     def versions_seen(self) -> int:
         """The newest version published on the learner's disk (renamed into place whole)."""
+        self.running()
         ckpts = self.work / "learner" / "ckpts"
         found = [int(p.name[1:]) for p in ckpts.glob("v[0-9]*")] if ckpts.is_dir() else []
         return max(found, default=0)
@@ -261,7 +277,9 @@ class Rehearsal:
         self.learner_proc = self.on(self.learner, python(
             "-m", "cli.main", "learn", "--store", self.uri, "--run", RUN, "--model", "/tmp/model", "--checkpoints",
             "/tmp/ckpts", "--groups-per-step", "2", "--steps", str(self.versions), "--max-staleness", str(K),
-            "--seal-interval", "1", "--poll-interval", "0.2", "--lr", "1e-3", "--device", "cpu"), f"learn-{n}.log")
+            "--seal-interval", "1", "--poll-interval", "0.2", "--lr", "1e-3", "--device", "cpu", "--create-store"),
+            f"learn-{n}.log")
+        self.learner_log = self.work / "learner" / f"learn-{n}.log"
 
     def start_collector(self, host: Host) -> None:
         self.collectors = getattr(self, "collectors", {})
@@ -290,6 +308,7 @@ def main() -> None:
             r.report[f"{phase}_seconds"] = round(time.monotonic() - t, 1)
     r.report["seconds"] = round(time.monotonic() - started, 1)
     r.report["load"] = os.getloadavg()
+    (a.work / "report.json").write_text(json.dumps(r.report, indent=1, default=str))
     print(json.dumps(r.report, default=str))
 
 
