@@ -22,7 +22,6 @@ import time
 
 import trajstore
 
-POLL_S = 0.1
 
 
 def append(a: argparse.Namespace) -> None:
@@ -50,13 +49,15 @@ def watch(a: argparse.Namespace) -> None:
         except trajstore.StoreNotFoundError:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(POLL_S)
+            time.sleep(a.poll)
     seen: dict[str, float] = {}
     high: dict[str, int] = {}
     shrank: list[str] = []
     version = -1
+    snapshots = 0
     while len(seen) < a.expect and time.monotonic() < deadline and not (a.stop and os.path.exists(a.stop)):
         with store.snapshot() as snap:
+            snapshots += 1
             now = time.time()
             if snap.table_version < version:
                 shrank.append(f"table version went back from {version} to {snap.table_version}")
@@ -70,9 +71,9 @@ def watch(a: argparse.Namespace) -> None:
             high[row["writer"]] = max(row["n"], high.get(row["writer"], 0))
         for eid in ids:
             seen.setdefault(eid, now)
-        time.sleep(POLL_S)
+        time.sleep(a.poll)
     with open(a.out, "w") as f:
-        json.dump({"seen": seen, "shrank": shrank, "snapshots_version": version}, f)
+        json.dump({"seen": seen, "shrank": shrank, "table_version": version, "snapshots": snapshots}, f)
 
 
 def check(a: argparse.Namespace) -> None:
@@ -117,6 +118,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--out", required=True)
     p.add_argument("--stop", help="stop watching once this file exists")
+    p.add_argument("--poll", type=float, default=0.1, help="seconds between snapshots")
     p = sub.add_parser("check")
     p.add_argument("--store", required=True)
     p.add_argument("--run", required=True)

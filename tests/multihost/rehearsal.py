@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -210,6 +211,10 @@ class Rehearsal:
         def mark(what: str) -> None:
             marks[what] = round(time.monotonic() - started, 1)
 
+        # a reader on the store's host takes snapshots throughout: they must only grow
+        watch = self.on(self.store, python("-m", "tests.multihost.probe", "watch", "--store", self.uri, "--prefix",
+                                           "none", "--expect", "1", "--timeout", "600", "--poll", "1", "--out",
+                                           "/tmp/loop-seen.json", "--stop", "/tmp/stop-loop-watch"), "loop-watch.log")
         self.start_learner()
         for host in (self.c1, self.c2):
             self.start_collector(host)
@@ -220,7 +225,7 @@ class Rehearsal:
         wait_for("version 2", lambda: seen_versions() >= 2, 120, poll=0.5)
         caught = wait_for("the learner to start publishing a version",
                           lambda: any(p.name.startswith(".partial-") for p in ckpts.iterdir()) if ckpts.is_dir()
-                          else False, 60, poll=0.002)
+                          else False, 60, poll=0.005)
         mark("version 2")
         self.learner.kill()
         mark("learner killed mid-publish")
@@ -249,9 +254,17 @@ class Rehearsal:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 raise Failed(f"the collector on {host} did not stop within 60 s of SIGTERM") from None
+        (self.work / "store" / "stop-loop-watch").touch()
+        self.finish(watch, "the reader on the store's host", 60)
+        seen = json.loads(read(self.work / "store" / "loop-seen.json"))
         check = self.learner.run(python("-m", "tests.multihost.probe", "check", "--store", self.uri, "--run", RUN,
                                         "--max-staleness", str(K)), env=self.env)
         self.report["loop"] = json.loads(check.stdout.strip().splitlines()[-1])
+        self.report["loop"]["reader"] = {"snapshots": seen["snapshots"], "shrank": seen["shrank"]}
+        self.report["loop"]["fetched_checkpoints"] = {
+            name: sorted(p.parent.name for p in (self.work / name / "home").rglob("trajstore_manifest.json"))
+            for name in ("c1", "c2")}
+        self.report["dropped_commit_replies"] = read(self.work / "store" / "moto.log").count("dropped the reply")
         self.report["loop"]["unsealed_segments"] = {
             name: [str(p.relative_to(self.work)) for p in (self.work / name / "spool").rglob("*.arrows")]
             for name in ("c1", "c2", "learner")}
@@ -277,7 +290,7 @@ class Rehearsal:
         self.learner_proc = self.on(self.learner, python(
             "-m", "cli.main", "learn", "--store", self.uri, "--run", RUN, "--model", "/tmp/model", "--checkpoints",
             "/tmp/ckpts", "--groups-per-step", "2", "--steps", str(self.versions), "--max-staleness", str(K),
-            "--seal-interval", "1", "--poll-interval", "0.2", "--lr", "1e-3", "--device", "cpu", "--create-store"),
+            "--seal-interval", "1", "--poll-interval", "0.5", "--lr", "1e-3", "--device", "cpu", "--create-store"),
             f"learn-{n}.log")
         self.learner_log = self.work / "learner" / f"learn-{n}.log"
 
@@ -308,6 +321,8 @@ def main() -> None:
             r.report[f"{phase}_seconds"] = round(time.monotonic() - t, 1)
     r.report["seconds"] = round(time.monotonic() - started, 1)
     r.report["load"] = os.getloadavg()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)  # every host process was waited for by its nsenter
+    r.report["cpu_seconds"] = round(used.ru_utime + used.ru_stime, 1)  # what the rehearsal costs, whatever the load
     (a.work / "report.json").write_text(json.dumps(r.report, indent=1, default=str))
     print(json.dumps(r.report, default=str))
 

@@ -42,7 +42,7 @@ def test_rehearsal_across_hosts_with_faults(tmp_path: Path) -> None:
     assert done.returncode == 0, f"the rehearsal failed (logs in {tmp_path}):\n{done.stderr[-4000:]}"
     r = json.loads(done.stdout.strip().splitlines()[-1])
     print(json.dumps({k: r[k] for k in ("faults", "visibility_s", "loop_timeline_s", "visibility_seconds",
-                                        "store_faults_seconds", "closed_loop_seconds", "seconds", "load")}, indent=1))
+                                        "store_faults_seconds", "closed_loop_seconds", "seconds", "cpu_seconds", "load")}, indent=1))
 
     vis = r["visibility_s"]
     assert vis["metric"]["n"] == vis["status"]["n"] == 20  # every acknowledged event became visible elsewhere
@@ -66,4 +66,6 @@ def test_rehearsal_across_hosts_with_faults(tmp_path: Path) -> None:
     # every collector sampled with versions it could only fetch from the object store (hot reload across hosts)
     collectors = [w for w in loop["sampled_versions"] if w["writer"].startswith("collect-")]
     assert len(collectors) >= 2 and all(w["hi"] >= 1 for w in collectors), loop["sampled_versions"]
+    assert loop["reader"]["shrank"] == [] and loop["reader"]["snapshots"] >= 5, loop["reader"]
+    assert all(loop["fetched_checkpoints"].values()), loop["fetched_checkpoints"]  # from the object store
     assert len(r["faults"]) == 5, r["faults"]
