@@ -23,7 +23,6 @@ import time
 import trajstore
 
 
-
 def append(a: argparse.Namespace) -> None:
     store = trajstore.open_store(a.store)
     store.seal_orphans()  # what an earlier, killed run of this machine acknowledged (as `collect` does)
@@ -78,7 +77,7 @@ def watch(a: argparse.Namespace) -> None:
 
 def check(a: argparse.Namespace) -> None:
     store = trajstore.open_store(a.store, create=False)
-    q = lambda sql, *params: store.query(sql, list(params)).to_pylist()  # noqa: E731
+    q = lambda sql, *params: store.query(sql, list(params)).to_pylist()
     raw = q("SELECT count(*) AS n, count(DISTINCT event_id) AS ids FROM _raw")[0]
     writers = q("SELECT writer, count(*) AS n, min(writer_seq) AS lo, max(writer_seq) AS hi, "
                 "count(DISTINCT writer_seq) AS seqs FROM events GROUP BY writer ORDER BY writer")

@@ -13,7 +13,8 @@ also drops the reply to every Nth Delta commit after performing it) is reachable
    differ); c1's link is cut mid-append and restored; c2 is killed mid-append, restarted on
    its own disk, and appends again (sealing what the dead writer acknowledged); the learner
    host watches throughout (snapshots only grow). Every acknowledged event must be there once.
-3. The closed loop: `trajstore learn` on the learner host, `trajstore collect --follow` on each
+3. The control route: `trajstore serve --control-token` on c1, reloaded from c2 with the
+   token (and refused without it). Then the closed loop: `trajstore learn` on the learner host, `trajstore collect --follow` on each
    collector host (embedded policy server each), until the learner has published --versions
    versions; meanwhile the learner host is killed mid-publish and restarted, c2 is killed and
    restarted, and c1's link is cut and restored. Then `probe check` reports the invariants.
@@ -25,6 +26,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -157,7 +159,7 @@ class Rehearsal:
         probe = ["-m", "tests.multihost.probe", "append", "--store", self.uri, "--count", "60", "--every", "0.05",
                  "--seal-interval", "1"]
         a1 = self.on(self.c1, python(*probe, "--prefix", "f1", "--ack", "/tmp/f1.jsonl"), "f1.log")
-        a2 = self.on(self.c2, python(*probe, "--prefix", "f2", "--ack", "/tmp/f2.jsonl"), "f2.log")
+        self.on(self.c2, python(*probe, "--prefix", "f2", "--ack", "/tmp/f2.jsonl"), "f2.log")
         wait_for("c1's first acknowledged appends", lambda: len(acks(self.work / "c1" / "f1.jsonl")) >= 10, 60)
         self.c1.link(False)
         self.report["faults"].append("store: c1's link cut mid-append for 3 s")
@@ -205,6 +207,7 @@ class Rehearsal:
             shutil.copytree(self.work / "learner" / "model", self.work / name / "model")
             tasks = [{"id": f"{name}-t{i}", "prompt": f"Count to {i} on {name}."} for i in range(400)]
             (self.work / name / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+        self.control_route()
         started = time.monotonic()
         marks = self.report["loop_timeline_s"] = {}
 
@@ -223,13 +226,17 @@ class Rehearsal:
         # the learner host is killed mid-publish (a partial checkpoint directory on its disk), then restarted
         ckpts = self.work / "learner" / "ckpts"
         wait_for("version 2", lambda: seen_versions() >= 2, 120, poll=0.5)
-        caught = wait_for("the learner to start publishing a version",
-                          lambda: any(p.name.startswith(".partial-") for p in ckpts.iterdir()) if ckpts.is_dir()
-                          else False, 60, poll=0.005)
         mark("version 2")
+        try:  # a version being written: a `.partial-*` directory (each lasts milliseconds: poll fast)
+            wait_for("the learner to start publishing a version", lambda: any(
+                p.name.startswith(".partial-") for p in ckpts.iterdir()), 30, poll=0.005)
+            when = "mid-publish, a partial checkpoint directory on its disk"
+        except Failed:  # never caught in the act: kill it as soon as the next version is out, mid-announcement
+            wait_for("version 3", lambda: seen_versions() >= 3, 60, poll=0.005)
+            when = "right after publishing version 3"
         self.learner.kill()
-        mark("learner killed mid-publish")
-        self.report["faults"].append(f"loop: learner host killed mid-publish ({caught and 'partial checkpoint seen'})")
+        mark("learner killed")
+        self.report["faults"].append(f"loop: learner host killed {when}, restarted on its disk")
         self.restart(self.learner)
         self.start_learner()
 
@@ -248,12 +255,7 @@ class Rehearsal:
         mark(f"version {self.versions}")
         self.finish(self.learner_proc, "the learner (reaching --steps)", 60)
         for host in (self.c1, self.c2):
-            host.run(["sh", "-c", "kill -TERM $(cat /tmp/collect.pid)"], env=self.env)
-        for host, proc in self.collectors.items():
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                raise Failed(f"the collector on {host} did not stop within 60 s of SIGTERM") from None
+            self.stop(host, self.collectors[host.name], "collect")
         (self.work / "store" / "stop-loop-watch").touch()
         self.finish(watch, "the reader on the store's host", 60)
         seen = json.loads(read(self.work / "store" / "loop-seen.json"))
@@ -268,6 +270,41 @@ class Rehearsal:
         self.report["loop"]["unsealed_segments"] = {
             name: [str(p.relative_to(self.work)) for p in (self.work / name / "spool").rglob("*.arrows")]
             for name in ("c1", "c2", "learner")}
+
+    def control_route(self) -> None:
+        """A policy server on c1 with a control token: c2 (another host) reloads it with the token, not without."""
+        token = "rehearsal-control-token-0123"
+        server = self.with_pid(self.c1, python("-m", "cli.main", "serve", "--model", "/tmp/model", "--host",
+                                               self.c1.ip, "--port", "8000", "--device", "cpu", "--threads", "1",
+                                               "--control-token", token), "serve")
+        url = f"http://{self.c1.ip}:8000"
+        probe = ("import asyncio, json, sys\n"
+                 "from collectors.policy import EmbeddedClient\n"
+                 "async def load(token, version):\n"
+                 "    async with EmbeddedClient(sys.argv[1], control_token=token) as c:\n"
+                 "        try:\n"
+                 "            await c.load_weights('/tmp/model', version)\n"
+                 "            return 'loaded'\n"
+                 "        except Exception as exc:\n"
+                 "            return f'{type(exc).__name__}: {exc}'\n"
+                 "print(json.dumps([asyncio.run(load(None, 1)), asyncio.run(load(sys.argv[2], 1))]))\n")
+        wait_for("the policy server on c1", lambda: "serving" in read(self.work / "c1" / "serve.log")
+                 or server.poll() is not None, 120, poll=0.2)
+        answers = json.loads(self.c2.run(python("-c", probe, url, token), env=self.env).stdout.strip().splitlines()[-1])
+        self.report["control_route"] = {"without_token": answers[0], "with_token": answers[1]}
+        self.stop(self.c1, server, "serve")
+
+    def with_pid(self, host: Host, argv: list[str], name: str) -> subprocess.Popen[Any]:
+        """Start `argv` on `host`, its pid (as the host sees it) in /tmp/NAME.pid, its output in NAME.log."""
+        return self.on(host, ["sh", "-c", f"echo $$ > /tmp/{name}.pid && exec {shlex.join(argv)}"], f"{name}.log")
+
+    def stop(self, host: Host, proc: subprocess.Popen[Any], name: str, timeout: float = 60) -> None:
+        """SIGTERM what `with_pid` started (by its pid on its host), and wait for it to end."""
+        host.run(["sh", "-c", f"kill -TERM $(cat /tmp/{name}.pid)"], env=self.env)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise Failed(f"{name} on {host.name} did not stop within {timeout:.0f} s of SIGTERM") from None
 
     def running(self) -> None:
         """Fail at once, with its log's tail, when the learner or a collector exited on its own."""
@@ -296,13 +333,12 @@ class Rehearsal:
 
     def start_collector(self, host: Host) -> None:
         self.collectors = getattr(self, "collectors", {})
-        cmd = [sys.executable, "-m", "cli.main", "collect", "--store", self.uri, "--run", RUN, "--tasks",
+        cmd = python("-m", "cli.main", "collect", "--store", self.uri, "--run", RUN, "--tasks",
                "/tmp/tasks.jsonl", "--n", "4", "--model", "/tmp/model", "--reward",
                "tests.collectors.agents_for_tests:score", "--max-tokens", "8", "--max-turns", "1", "--concurrency",
                "4", "--follow", "--plain", "--max-staleness", str(K), "--seal-interval", "1", "--threads", "1",
-               "--device", "cpu", "--seed", "1"]
-        script = "echo $$ > /tmp/collect.pid && exec " + " ".join(cmd)
-        self.collectors[host.name] = self.on(host, ["sh", "-c", script], "collect.log")
+               "--device", "cpu", "--seed", "1")
+        self.collectors[host.name] = self.with_pid(host, cmd, "collect")
 
 
 def main() -> None:

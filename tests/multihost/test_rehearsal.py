@@ -8,6 +8,8 @@ One sandbox, four hosts (object store, two collectors sharing a hostname, a lear
 - store faults (a link cut mid-append, a host killed mid-append and restarted, the store dropping
   replies to commits it performed): every acknowledged event is stored exactly once, and no
   snapshot a reader took ever shrank;
+- a policy server on one collector host, started with a control token, is reloaded from the other
+  host with the token and refused without it;
 - the closed loop, through a learner killed mid-publish, a collector host killed and restarted
   and a link cut: versions 0..N contiguous, each rollout consumed by exactly one published
   version, never staler than the bound, no physical duplicate of any event, every writer's
@@ -54,6 +56,9 @@ def test_rehearsal_across_hosts_with_faults(tmp_path: Path) -> None:
     assert f["shrank"] == [], f
     assert len(f["writers"]) == 2, f  # one hostname, two default writer names
     assert f["dropped_commit_replies"] >= 1, "the store never dropped a reply: the fault did not happen"
+
+    control = r["control_route"]
+    assert "control token" in control["without_token"] and control["with_token"] == "loaded", control
 
     loop = r["loop"]
     assert loop["versions"] == list(range(VERSIONS + 1)), loop["versions"]
