@@ -93,7 +93,9 @@ def check(a: argparse.Namespace) -> None:
                 "FROM rollouts)", a.run)[0]["n"]
     sampled = q("SELECT writer, min(policy_version) AS lo, max(policy_version) AS hi, count(*) AS turns FROM turns "
                 "WHERE run = ? GROUP BY writer ORDER BY writer", a.run)
-    json.dump({"sampled_versions": sampled, "raw_rows": raw["n"], "distinct_ids": raw["ids"], "writers": writers, "versions": versions,
+    groups = q("SELECT count(*) AS groups, count(*) FILTER (WHERE complete) AS complete FROM groups WHERE run = ?",
+               a.run)[0]
+    json.dump({"groups": groups, "sampled_versions": sampled, "raw_rows": raw["n"], "distinct_ids": raw["ids"], "writers": writers, "versions": versions,
                "consumed_twice": {r: v for r, v in per_rollout.items() if len(v) > 1},
                "consumed": len(per_rollout), "stale": stale, "unknown_consumed": unknown,
                "live_rows": sum(len(b) for b in store.live().by_writer.values())}, sys.stdout, default=str)
