@@ -5,7 +5,8 @@
   costs no commit;
 - default writer names differ across machines even with one hostname and one pid;
 - what other machines wait on (status and checkpoint events) is sealed at once, other events
-  once `seal_interval` has passed, so both become visible elsewhere without a close.
+  once `seal_interval` has passed, so both become visible elsewhere without a close;
+- a background seal that fails (the store unreachable) is retried until it lands.
 """
 
 from __future__ import annotations
@@ -108,3 +109,35 @@ def test_what_others_wait_on_is_sealed_at_once_the_rest_after_the_interval(uri: 
         slow.append([metric(2)])
         assert there.query("SELECT count(*) AS n FROM events WHERE event_id = 'm2'").column("n")[0].as_py() == 0
         assert here.query("SELECT count(*) AS n FROM events WHERE event_id = 'm2'").column("n")[0].as_py() == 1
+
+
+def _immutable(path: Path, on: bool) -> bool:
+    """chattr +i / -i: even root cannot add files to an immutable directory (ext4 and most local filesystems)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("chattr") is None:
+        return False
+    return subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True).returncode == 0
+
+
+def test_a_background_seal_that_fails_is_retried_until_it_lands(tmp_path: Path) -> None:
+    """The object store or the network failing under a seal (here: the Delta log refusing new files) stops
+    nothing: the writer keeps acknowledging, and its sealer seals everything once the log takes files again."""
+    store = trajstore.open_store(tmp_path / "s")
+    log_dir = tmp_path / "s" / "events" / "_delta_log"
+    with store.writer("w", seal_interval=0.2) as writer:
+        writer.append([metric(0)])
+        if not _immutable(log_dir, True):
+            pytest.skip("chattr +i is not available here (needs root and a local filesystem that supports it)")
+        try:
+            time.sleep(1.0)  # several background seals fail meanwhile
+            writer.append([metric(1)])  # appends are still acknowledged
+            assert store.version() == 0
+        finally:
+            assert _immutable(log_dir, False)
+        deadline = time.monotonic() + VISIBLE_WITHIN_S
+        while store.table.sealed_seq("w") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.table.sealed_seq("w") == 1, "the sealer gave up after a failed seal"
+    assert store.query("SELECT event_id FROM events ORDER BY event_id").column(0).to_pylist() == ["m0", "m1"]
