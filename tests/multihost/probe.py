@@ -95,7 +95,8 @@ def check(a: argparse.Namespace) -> None:
                 "WHERE run = ? GROUP BY writer ORDER BY writer", a.run)
     groups = q("SELECT count(*) AS groups, count(*) FILTER (WHERE complete) AS complete FROM groups WHERE run = ?",
                a.run)[0]
-    json.dump({"groups": groups, "sampled_versions": sampled, "raw_rows": raw["n"], "distinct_ids": raw["ids"], "writers": writers, "versions": versions,
+    snap = store.table.snapshot()
+    json.dump({"table_version": snap.version, "sealed_files": len(snap.files), "groups": groups, "sampled_versions": sampled, "raw_rows": raw["n"], "distinct_ids": raw["ids"], "writers": writers, "versions": versions,
                "consumed_twice": {r: v for r, v in per_rollout.items() if len(v) > 1},
                "consumed": len(per_rollout), "stale": stale, "unknown_consumed": unknown,
                "live_rows": sum(len(b) for b in store.live().by_writer.values())}, sys.stdout, default=str)
