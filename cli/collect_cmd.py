@@ -58,6 +58,9 @@ from cli.options import seal_interval_option, store_option
 @click.option("--workdir", type=click.Path(file_okay=False),
               help="Parent of the per-rollout directories (default: <tmp>/trajstore-RUN).")
 @click.option("--keep-workdirs", is_flag=True, help="Keep usable rollouts' directories (failed ones are always kept).")
+@click.option("--checkpoint-cache", type=click.Path(file_okay=False), metavar="DIR",
+              help="Where checkpoints the learner published on another host are fetched to (default: "
+                   "$TRAJSTORE_CHECKPOINT_CACHE or ~/.cache/trajstore/checkpoints).")
 @click.option("--policy-version", type=int, default=0, show_default=True,
               help="Version of the weights the server starts with (in-process server, or vLLM).")
 @click.option("--device", default="auto", show_default=True, help="In-process server: auto, cpu, cuda, cuda:1.")
@@ -71,8 +74,8 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
             retries: int, max_turns: int, max_tokens: int, temperature: float, top_p: float, top_k: int,
             seed: int | None, epochs: int,
             forever: bool, follow: bool, max_staleness: int | None, groups_per_version: int | None,
-            workdir: str | None, keep_workdirs: bool, policy_version: int, device: str, max_batch: int,
-            threads: int | None, plain: bool, seal_interval: float) -> None:
+            workdir: str | None, keep_workdirs: bool, checkpoint_cache: str | None, policy_version: int, device: str,
+            max_batch: int, threads: int | None, plain: bool, seal_interval: float) -> None:
     """Run an agent over a task file, N rollouts per task, every model call stored token-exact.
 
     Each task becomes a group of N rollouts; each rollout goes through the capture proxy,
@@ -102,7 +105,8 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
         retries=retries,
         max_staleness=max_staleness, groups_per_version=groups_per_version, workdir=workdir,
         keep_workdirs=keep_workdirs, display="plain" if plain else "auto", policy_version=policy_version,
-        device=device, max_batch=max_batch, threads=threads, seal_interval=seal_interval)
+        device=device, max_batch=max_batch, threads=threads, checkpoint_cache=checkpoint_cache,
+        seal_interval=seal_interval)
     summary = run_collect(settings)
     Console().print(summary_table(summary))
     if summary.interrupted:

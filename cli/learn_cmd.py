@@ -18,6 +18,10 @@ from trajstore import ESTIMATORS
               help="The initial policy: a Hugging Face checkpoint directory (trajstore init-model makes one).")
 @click.option("--checkpoints", "checkpoints_dir", required=True, type=click.Path(file_okay=False),
               help="Where versions v000001/, v000002/, ... are published; resumes from the newest one in it.")
+@click.option("--checkpoint-uri", metavar="URI",
+              help="Where every host can load the versions from too: s3://bucket/prefix or a directory every host "
+                   "mounts; `none`: only --checkpoints. Default: STORE/checkpoints/RUN for an s3:// store, none "
+                   "for a local one.")
 @click.option("--max-staleness", type=click.IntRange(min=0), default=1, show_default=True,
               help="Train on groups whose oldest tokens are at most this many versions old.")
 @click.option("--groups-per-step", type=click.IntRange(min=1), default=8, show_default=True,
@@ -57,7 +61,8 @@ from trajstore import ESTIMATORS
 @click.option("--create-store", is_flag=True,
               help="Create the store if it does not exist (without it, a store that is not there is an error).")
 @seal_interval_option
-def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, max_staleness: int, groups_per_step: int,
+def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, checkpoint_uri: str | None,
+          max_staleness: int, groups_per_step: int,
           micro_batch_tokens: int, lr: float, max_grad_norm: float, steps: int | None, follow: bool,
           publish_every: int, estimator: str, loss: str, aggregation: str, normalizer: int, clip_low: float,
           clip_high: float, is_cap: float, kl_coef: float, temperature: float, seed: int, lora: bool,
@@ -70,6 +75,8 @@ def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, max_st
     Every PUBLISH_EVERY steps a version is published atomically and announced in the store
     with the rollouts it consumed. Killed and restarted, it resumes from its newest version
     and trains the unpublished steps' rollouts again (each rollout lands in one version).
+    With an s3:// store each version is also uploaded beside the table (or to
+    --checkpoint-uri), so collectors on other hosts fetch it from there.
 
     \b
     Example:
@@ -80,7 +87,8 @@ def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, max_st
     from learner.train import learn as run_learner
 
     settings = LearnSettings(
-        store=store_loc, run=run, model=model_dir, checkpoints=checkpoints_dir, max_staleness=max_staleness,
+        store=store_loc, run=run, model=model_dir, checkpoints=checkpoints_dir, checkpoint_uri=checkpoint_uri,
+        max_staleness=max_staleness,
         groups_per_step=groups_per_step, micro_batch_tokens=micro_batch_tokens, lr=lr, max_grad_norm=max_grad_norm,
         steps=steps, follow=follow, publish_every=publish_every, estimator=estimator,  # type: ignore[arg-type]
         loss=loss, aggregation=aggregation, normalizer=normalizer, clip_low=clip_low,  # type: ignore[arg-type]

@@ -10,6 +10,8 @@ Layout (the contract between learner and collectors; they share nothing else but
                                                  "consumed", "adapter", "base_model", "metrics", "settings"}
                      learner_state.pt           optimizer state (keyed by parameter name, full: the same
                                                 whatever the number of ranks) and RNG states (learner-private)
+                     trajstore_manifest.json    when uploaded for other hosts: every other file's size and
+                                                sha256 (trajstore.artifacts), the same as in URI/v000001/
 
 A version is written under `CKPTS/.partial-v000001-<random>/`, every file and the directory
 fsynced, then renamed into place: a reader sees a whole version or none. A `.partial-*`
@@ -21,6 +23,14 @@ the rename with the deterministic id `checkpoint:{run}:{version}`: after a crash
 rename and the append, the resumed learner appends the same event again from the JSON here.
 Version 0 is the initial model, announced by `initial_event` so that collectors know the
 learner's batch size before the first checkpoint.
+
+Other hosts cannot read CKPTS. With a checkpoint URI (`LearnSettings.publish_uri`: by default
+`<store>/checkpoints/<run>` for an `s3://` store), `upload` also publishes each version at
+`URI/v000001/` through `trajstore.artifacts` (files, then a manifest of sizes and sha256s; the
+learner-private learner_state.pt stays here) before the event is appended, and the event's meta
+names it: `uri` (where every host finds it) and `digest` (the manifest's sha256) beside `path`
+(this host's directory). A crash mid-upload leaves no manifest: readers ignore it, and the
+resumed learner uploads the version again before announcing it.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import torch
 from learner import distributed
 from learner.distributed import GatheredState
 from learner.errors import LearnerError
-from trajstore import Checkpoint
+from trajstore import Checkpoint, artifacts
 from trajstore.durable import fsync_path, fsync_tree
 
 INFO_FILE = "trajstore_checkpoint.json"
@@ -211,15 +221,23 @@ def event_id(run: str, version: int) -> str:
     return f"checkpoint:{run}:{version}"
 
 
+def upload(info: CheckpointInfo, base_uri: str) -> tuple[str, str]:
+    """Publish a version at `base_uri`/v000001 where every host can read it; returns (its URI, its digest)."""
+    uri = f"{base_uri.rstrip('/')}/{info.path.name}"
+    return uri, artifacts.upload(info.path, uri, exclude=(STATE_FILE,))
+
+
 def checkpoint_event(info: CheckpointInfo, run: str, metrics: Mapping[str, float], groups_per_version: int,
-                     max_staleness: int) -> Checkpoint:
-    """The store's announcement of a published version (idempotent: a deterministic event id)."""
+                     max_staleness: int, published: tuple[str, str] | None = None) -> Checkpoint:
+    """The store's announcement of a published version (idempotent: a deterministic event id);
+    `published` is what `upload` returned, when the version was uploaded."""
+    meta: dict[str, Any] = {"path": str(info.path.resolve()), "adapter": info.adapter, "base_model": info.base_model,
+                            "groups_per_version": groups_per_version, "max_staleness": max_staleness}
+    if published is not None:
+        meta["uri"], meta["digest"] = published
     return Checkpoint(
         run=run, policy_version=info.version, step=info.step, consumed=list(info.consumed),
-        table_version=info.table_version, metrics=dict(metrics),
-        meta={"path": str(info.path.resolve()), "adapter": info.adapter, "base_model": info.base_model,
-              "groups_per_version": groups_per_version, "max_staleness": max_staleness},
-        event_id=event_id(run, info.version),
+        table_version=info.table_version, metrics=dict(metrics), meta=meta, event_id=event_id(run, info.version),
     )
 
 

@@ -40,6 +40,9 @@ class LearnSettings:
     run: str  # the run to train: explicit, so a forgotten name never trains on nothing
     model: str  # the initial policy: a Hugging Face checkpoint directory
     checkpoints: str  # where v000001/, v000002/, ... are published
+    # where every host can read them too: s3://bucket/prefix or a shared directory, "none" for nowhere
+    # else; None: <store>/checkpoints/<run> for an s3:// store, nowhere else for a local one
+    checkpoint_uri: str | None = None
     max_staleness: int = 1  # train on groups whose oldest tokens are at most this many versions old
     groups_per_step: int = 8  # complete groups in one optimizer step
     micro_batch_tokens: int = 4096  # packed tokens per forward pass (a longer sample gets its own)
@@ -83,6 +86,7 @@ class LearnSettings:
             out.append(f"checkpoints {self.checkpoints!r} exists and is not a directory")
         if not self.run:
             out.append("run must be a non-empty name")
+        out += self._checkpoint_uri_problems()
         for name in ("groups_per_step", "micro_batch_tokens", "publish_every", "normalizer", "lora_rank",
                      "lora_alpha"):
             if getattr(self, name) < 1:
@@ -120,6 +124,34 @@ class LearnSettings:
         if problems:
             raise SettingsError(problems)
 
+    def _checkpoint_uri_problems(self) -> list[str]:
+        if self.checkpoint_uri in (None, "none"):
+            return []
+        from trajstore.location import directory  # pyarrow: not at import, `--help` stays fast
+
+        uri = self.checkpoint_uri
+        if not uri or uri.strip() != uri:
+            return [f"checkpoint_uri {uri!r}: give s3://bucket/prefix, a directory every host mounts, or none"]
+        try:
+            _, where = directory(uri)
+        except ValueError as exc:
+            return [f"checkpoint_uri: {exc}, or none"]
+        if "://" not in uri and Path(where) == Path(self.checkpoints).resolve():
+            return [f"checkpoint_uri {uri!r} is the --checkpoints directory itself; give a directory every host "
+                    "mounts, an s3:// URI, or none"]
+        return []
+
+    @property
+    def publish_uri(self) -> str | None:
+        """Where versions are uploaded for other hosts (`learner.checkpoints.upload`), or None."""
+        if self.checkpoint_uri == "none":
+            return None
+        if self.checkpoint_uri is not None:
+            return self.checkpoint_uri.rstrip("/")
+        if self.store.startswith("s3://"):
+            return f"{self.store.rstrip('/')}/checkpoints/{_WRITER_UNSAFE.sub('_', self.run)}"
+        return None
+
     @property
     def groups_per_version(self) -> int:
         """What collectors pace admission by: groups trained into each published version."""
@@ -137,4 +169,6 @@ class LearnSettings:
         if "://" not in self.store:
             out["store"] = str(Path(self.store).resolve())
         out["writer"] = self.writer_name
+        uri = self.publish_uri
+        out["checkpoint_uri"] = uri if uri is None or "://" in uri else str(Path(uri).resolve())
         return out

@@ -3,7 +3,8 @@
 settings -> model (+ frozen reference, + LoRA) -> optimizer -> resume from the newest
 checkpoint -> `for step in ...`: wait for `groups_per_step` complete groups, pack them,
 forward, loss, backward, clip, step, log a Metric event, and every `publish_every` steps
-publish a version and announce it with a Checkpoint event.
+publish a version (uploaded to the checkpoint URI when there is one, so every host can load
+it) and announce it with a Checkpoint event.
 
 Exactly-once. Rollouts trained since the last published version are held in `pending` and
 excluded from the next shards; a Checkpoint event lists them as `consumed`, after which the
@@ -64,7 +65,7 @@ from learner.losses import (
 )
 from learner.errors import LearnerError
 from learner.settings import LearnSettings, SettingsError
-from trajstore import Metric, Store, Writer, open_store
+from trajstore import Metric, Store, Writer, artifacts, open_store
 from trajstore.shard import Shard
 
 # the shard planner's rollout budget: a step is bounded by its group count, not its rollouts
@@ -241,9 +242,13 @@ def announce_missing(store: Store, writer: Writer, s: LearnSettings,
             f"{s.checkpoints} holds versions only up to {newest_here}; resume with that run's checkpoint "
             "directory, or start a new run with another --run")
     missing = checkpoints.missing_events(infos, announced)
-    if missing:
-        writer.append([checkpoints.checkpoint_event(i, s.run, i.metrics, s.groups_per_version, s.max_staleness)
-                       for i in missing])
+    if missing:  # uploaded (again: a crash may have cut the upload short) before they are announced
+        writer.append([checkpoints.checkpoint_event(i, s.run, i.metrics, s.groups_per_version, s.max_staleness,
+                                                    _upload(s, i)) for i in missing])
+
+
+def _upload(s: LearnSettings, info: checkpoints.CheckpointInfo) -> tuple[str, str] | None:
+    return checkpoints.upload(info, s.publish_uri) if s.publish_uri is not None else None
 
 
 def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | None, mb: MicroBatch,
@@ -295,6 +300,8 @@ def learn(settings: LearnSettings, *,
                              "process (drop torchrun), or train the full model sharded"])
     device = resolve_device(s.device, ranks.local_rank)
     store = open_store(s.store, create=s.create_store) if ranks.main else None  # before any work: a wrong --store
+    if ranks.main and s.publish_uri is not None:
+        artifacts.check_destination(s.publish_uri)  # and a checkpoint URI that cannot take uploads
     # bfloat16 autocast on CUDA, plain float32 on CPU: one code path
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     torch.manual_seed(s.seed)
@@ -416,8 +423,9 @@ def _publish(s: LearnSettings, model: torch.nn.Module, optimizer: torch.optim.Op
                 "metrics": dict(metrics), "settings": s.resolved()}
         path = checkpoints.publish(s.checkpoints, version, step, model, s.model, optimizer, info=info,
                                    adapter=s.lora, gathered=gathered)
-        event = checkpoints.checkpoint_event(checkpoints.read_info(path), s.run, metrics, s.groups_per_version,
-                                             s.max_staleness)
+        written = checkpoints.read_info(path)
+        event = checkpoints.checkpoint_event(written, s.run, metrics, s.groups_per_version, s.max_staleness,
+                                             _upload(s, written))
         writer.append([event])  # type: ignore[union-attr]
     distributed.all_ranks(None, ranks)  # a barrier: no rank runs ahead of a version rank 0 is writing
     return version

@@ -34,6 +34,17 @@ class S3Server:
         """A fresh, empty store URI in the bucket."""
         return f"s3://{self.bucket}/{uuid.uuid4().hex}"
 
+    def put(self, uri: str, data: bytes | None) -> None:
+        """Write the object at `uri` (s3://bucket/key), or delete it with None: damage from outside the store."""
+        from trajstore.location import directory
+
+        fs, path = directory(uri)
+        if data is None:
+            fs.delete_file(path)
+        else:
+            with fs.open_output_stream(path) as out:
+                out.write(data)
+
 
 def _first_line(proc: subprocess.Popen[str], timeout: float) -> str:
     line: list[str] = []

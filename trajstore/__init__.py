@@ -17,7 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("CommitConflictError", "CorruptionError", "InvalidEventError", "QueryError",
+    **dict.fromkeys(("ArtifactError", "CommitConflictError", "CorruptionError", "InvalidEventError", "QueryError",
                      "StoreNotFoundError", "TrajstoreError", "VersionNotFoundError", "WriterBusyError",
                      "WriterClosedError"), "trajstore.errors"),
     **dict.fromkeys(("Checkpoint", "Event", "Metric", "Reward", "Status", "Turn"), "trajstore.events"),
@@ -47,6 +47,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from trajstore.errors import (
+        ArtifactError,
         CommitConflictError,
         CorruptionError,
         InvalidEventError,

@@ -48,3 +48,7 @@ class QueryError(TrajstoreError):
 
 class VersionNotFoundError(TrajstoreError):
     """The table version asked for does not exist (or its log was cleaned up)."""
+
+
+class ArtifactError(TrajstoreError):
+    """A published directory (a checkpoint in object storage) is incomplete, damaged or not the one announced."""

@@ -76,6 +76,22 @@ def resolve(location: str | os.PathLike[str], *, spool: str | os.PathLike[str] |
     )
 
 
+def directory(location: str | os.PathLike[str], *,
+              storage_options: dict[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
+    """A filesystem and the path inside it of a directory that is not a store: a local path, or an
+    `s3://bucket/prefix` URI reached with the same settings as an `s3://` store (published checkpoints)."""
+    text = os.fspath(location)
+    parsed = urlparse(text)
+    if parsed.scheme in ("", "file"):
+        return pafs.LocalFileSystem(), str(Path(parsed.path if parsed.scheme == "file" else text).expanduser().resolve())
+    if parsed.scheme != "s3":
+        raise ValueError(f"location {text!r}: use a directory path or an s3://bucket/prefix URI")
+    if not parsed.netloc:
+        raise ValueError(f"location {text!r} names no bucket; write s3://bucket/prefix")
+    prefix = parsed.path.strip("/")
+    return _s3_filesystem(_s3_options(storage_options or {})), f"{parsed.netloc}/{prefix}" if prefix else parsed.netloc
+
+
 def _s3_options(given: dict[str, str]) -> dict[str, str]:
     options = {k: os.environ[k] for k in _ENV_KEYS if os.environ.get(k)}
     if "AWS_REGION" not in options and os.environ.get("AWS_DEFAULT_REGION"):

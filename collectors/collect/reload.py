@@ -6,14 +6,24 @@ a `checkpoint` event whose meta holds the checkpoint directory (`path`) and its 
 the one served: intermediate versions are skipped, since only the newest matters for
 sampling. A failed load is reported and retried on a later poll with a growing pause; it
 never stops collection (the server keeps serving the weights it has).
+
+Across hosts: the `path` is the learner's own directory. When the learner also published the
+version where every host can read it, the event carries `uri` and `digest`
+(`learner.checkpoints.upload`); a collector whose disk does not hold the announced directory
+(`trajstore.artifacts.holds`) fetches it into its checkpoint cache (`--checkpoint-cache`,
+default `trajstore.artifacts.default_cache()`), verified file by file, and loads the local copy.
+An unfinished or damaged upload is a failed load like any other: reported, retried, never
+loaded. The cache keeps the CACHE_KEEP most recently used copies.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,11 +31,13 @@ import aiohttp
 from collectors.collect.admission import Queryable
 from collectors.errors import VersionConflict
 from collectors.policy import PolicyClient
+from trajstore import artifacts
 
 log = logging.getLogger(__name__)
 HEAD_SQL = "SELECT version, meta FROM checkpoints WHERE run = ? ORDER BY version DESC LIMIT 1"
 G_SQL = """SELECT meta FROM checkpoints WHERE run = ? AND json_extract(meta, '$.groups_per_version') IS NOT NULL
            ORDER BY version DESC LIMIT 1"""
+CACHE_KEEP = 3  # fetched versions kept on disk: the one served, the one loading, one spare
 
 
 @dataclass(frozen=True)
@@ -33,9 +45,11 @@ class Head:
     """The learner as its newest checkpoint event shows it (all None before it announced itself)."""
 
     version: int | None = None
-    path: str | None = None
+    path: str | None = None  # the learner's directory, on the learner's host
     groups_per_version: int | None = None
     max_staleness: int | None = None
+    uri: str | None = None  # where every host can fetch the version (with the manifest's `digest`)
+    digest: str | None = None
 
 
 def _meta(text: Any) -> dict[str, Any]:
@@ -56,9 +70,21 @@ def read_head(snapshot: Queryable, run: str) -> Head:
         older = snapshot.query(G_SQL, [run]).to_pylist()
         meta = {**(_meta(older[0]["meta"]) if older else {}), **meta}
     g, k = meta.get("groups_per_version"), meta.get("max_staleness")
-    return Head(version=int(rows[0]["version"]), path=meta.get("path") if isinstance(meta.get("path"), str) else None,
+    text = {name: value if isinstance(value := meta.get(name), str) else None for name in ("path", "uri", "digest")}
+    return Head(version=int(rows[0]["version"]), path=text["path"],
                 groups_per_version=g if isinstance(g, int) and g >= 1 else None,
-                max_staleness=k if isinstance(k, int) and k >= 0 else None)
+                max_staleness=k if isinstance(k, int) and k >= 0 else None,
+                uri=text["uri"] if text["digest"] else None, digest=text["digest"] if text["uri"] else None)
+
+
+def local_checkpoint(head: Head, cache: Path) -> str | None:
+    """A directory on this host holding `head`'s checkpoint: the learner's own when this host has it,
+    else a verified copy fetched into `cache` (blocking: run it in a thread). Raises ArtifactError."""
+    if head.uri is None or head.digest is None or (head.path is not None and artifacts.holds(head.path, head.digest)):
+        return head.path
+    local = artifacts.fetch(head.uri, cache, expect=head.digest)
+    artifacts.prune(cache, CACHE_KEEP)
+    return str(local)
 
 
 async def served_version(client: PolicyClient, fallback: int = 0) -> int:
@@ -83,6 +109,7 @@ class Reloader:
 
     client: PolicyClient
     served: int
+    cache: Path = field(default_factory=artifacts.default_cache)  # copies of versions published on other hosts
     reloads: int = 0
     failures: int = 0
     last_error: str | None = None
@@ -91,18 +118,20 @@ class Reloader:
 
     async def sync(self, head: Head) -> bool:
         """Load `head` if it is newer than what is served; True when the served version changed."""
-        if head.version is None or head.version <= self.served or head.path is None:
+        if head.version is None or head.version <= self.served or (head.path is None and head.uri is None):
             return False
         if time.monotonic() < self._retry_at:
             return False
+        where = head.uri or head.path
         try:
-            await self.client.load_weights(head.path, head.version)
+            path = await asyncio.to_thread(local_checkpoint, head, self.cache)
+            await self.client.load_weights(path, head.version)  # type: ignore[arg-type]
         except VersionConflict:
             # someone else (another collector on the same server) loaded it or a newer one already
             log.info("the policy server already serves version %d or newer", head.version)
         except Exception as exc:  # noqa: BLE001 - a failed reload must not stop collection
             self.failures += 1
-            self.last_error = f"loading version {head.version} from {head.path} failed: {exc}"
+            self.last_error = f"loading version {head.version} from {where} failed: {exc}"
             log.warning("%s; retrying in %.0f s (the server keeps serving version %d)", self.last_error,
                         self._backoff_s, self.served)
             self._retry_at = time.monotonic() + self._backoff_s
@@ -110,5 +139,5 @@ class Reloader:
             return False
         self.served, self.last_error, self._backoff_s, self._retry_at = head.version, None, 1.0, 0.0
         self.reloads += 1
-        log.info("policy server now serves version %d (%s)", head.version, head.path)
+        log.info("policy server now serves version %d (%s)", head.version, path)
         return True

@@ -50,7 +50,7 @@ from collectors.collect.scheduler import Collection
 from collectors.collect.settings import CollectSettings
 from collectors.collect.tasks import TaskFileError, load_tasks
 from collectors.policy import PolicyClient
-from trajstore import Store, open_store
+from trajstore import Store, artifacts, open_store
 
 __all__ = ["CollectSettings", "CollectSummary", "collect", "run_collect"]
 
@@ -192,7 +192,8 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
                          max_turns=settings.max_turns, max_tokens=settings.max_tokens, sampling=_sampling(settings),
                          agent=agent, agent_cmd=settings.agent_cmd, reward=reward, reward_cmd=settings.reward_cmd,
                          keep_workdirs=settings.keep_workdirs, http_client=http)
-        reloader = Reloader(client, await served_version(client, settings.policy_version))
+        cache = Path(settings.checkpoint_cache) if settings.checkpoint_cache else artifacts.default_cache()
+        reloader = Reloader(client, await served_version(client, settings.policy_version), cache)
         run = Collection(settings, store, env, reloader, progress, stop, needs_reward=progress.scored)
         await run.poll_once()  # the learner's newest checkpoint is loaded before the first rollout
         progress.started = time.monotonic()  # rates count collection, not start-up

@@ -54,6 +54,7 @@ class CollectSettings:
     threads: int | None = None
     poll_interval_s: float = 0.5
     seal_interval: float = 60.0  # seconds before turns are sealed (visible to other machines); statuses at once
+    checkpoint_cache: str | None = None  # copies of checkpoints published on other hosts; None: the default cache
 
     def problems(self) -> list[str]:
         out = []
@@ -102,6 +103,11 @@ class CollectSettings:
         if self.vllm_reload == "follow" and self.vllm and self.server is None:
             out.append("--vllm-reload follow needs --server URL: it follows the reloads of the collector that owns "
                        "that vLLM; a vLLM started by this collector has no other owner")
+        if self.checkpoint_cache is not None:
+            cache = Path(self.checkpoint_cache)
+            if not self.checkpoint_cache.strip() or (cache.exists() and not cache.is_dir()):
+                out.append(f"--checkpoint-cache {self.checkpoint_cache!r} must be a directory (it is made when "
+                           "missing); checkpoints published on other hosts are fetched into it")
         if self.display not in DISPLAYS:
             out.append(f"display must be one of {', '.join(DISPLAYS)}, got {self.display!r}")
         return out

@@ -1,0 +1,137 @@
+"""Directories published to object storage (moto's S3 server) and fetched into a local cache:
+atomic for readers, verified file by file, safe for several fetching processes on one host."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+from tests.conftest import S3Server
+from trajstore import ArtifactError, artifacts
+from trajstore.location import directory
+
+
+@pytest.fixture
+def published(s3_server: S3Server, tmp_path: Path) -> tuple[Path, str, str]:
+    """A directory on the publisher's disk, its URI in the bucket, and its digest once uploaded."""
+    local = tmp_path / "learner" / "v000001"
+    (local / "tok").mkdir(parents=True)
+    (local / "config.json").write_text('{"layers": 2}\n')
+    (local / "model.safetensors").write_bytes(os.urandom(3 << 20))  # a few MB, as weights are
+    (local / "tok" / "vocab.json").write_text("{}\n")
+    (local / "learner_state.pt").write_bytes(b"private optimizer state")
+    uri = f"{s3_server.new_uri()}/checkpoints/run/v000001"
+    return local, uri, artifacts.upload(local, uri, exclude=("learner_state.pt",))
+
+
+def _objects(uri: str) -> dict[str, bytes]:
+    fs, root = directory(uri)
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    out = {}
+    for info in infos:
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as f:
+                out[info.path[len(root) + 1:]] = f.read()
+    return out
+
+
+def test_upload_then_fetch_on_another_disk(published: tuple[Path, str, str], tmp_path: Path) -> None:
+    local, uri, digest = published
+    stored = _objects(uri)
+    assert set(stored) == {"config.json", "model.safetensors", "tok/vocab.json", artifacts.MANIFEST}
+    assert digest == artifacts.digest(stored[artifacts.MANIFEST])
+    assert artifacts.holds(local, digest), "the publisher's own directory is recognised as the announced one"
+    assert artifacts.upload(local, uri, exclude=("learner_state.pt",)) == digest, "a second upload is a no-op"
+
+    copy = artifacts.fetch(uri, tmp_path / "other-host" / "cache", expect=digest)
+    assert copy.is_relative_to(tmp_path / "other-host" / "cache")
+    for rel in ("config.json", "model.safetensors", "tok/vocab.json"):
+        assert (copy / rel).read_bytes() == (local / rel).read_bytes()
+    assert not (copy / "learner_state.pt").exists()
+    assert artifacts.fetch(uri, tmp_path / "other-host" / "cache", expect=digest) == copy  # from the cache
+
+    (local / "config.json").write_text('{"layers": 3}\n')  # the same version published again, other bytes
+    with pytest.raises(ArtifactError, match="already holds another published directory"):
+        artifacts.upload(local, uri, exclude=("learner_state.pt",))
+
+
+def test_an_unfinished_or_damaged_upload_is_never_used(published: tuple[Path, str, str], s3_server: S3Server,
+                                                      tmp_path: Path) -> None:
+    local, uri, digest = published
+    cache = tmp_path / "cache"
+    manifest = _objects(uri)[artifacts.MANIFEST]
+
+    s3_server.put(f"{uri}/{artifacts.MANIFEST}", None)  # files there, manifest not yet: an upload in progress
+    with pytest.raises(ArtifactError, match="has no trajstore_manifest.json: its upload has not finished"):
+        artifacts.fetch(uri, cache, expect=digest)
+    s3_server.put(f"{uri}/{artifacts.MANIFEST}", manifest)
+
+    s3_server.put(f"{uri}/model.safetensors", b"torn")
+    with pytest.raises(ArtifactError, match=r"is damaged: model.safetensors has 4 bytes"):
+        artifacts.fetch(uri, cache, expect=digest)
+    s3_server.put(f"{uri}/model.safetensors", (local / "model.safetensors").read_bytes())
+    s3_server.put(f"{uri}/tok/vocab.json", None)
+    with pytest.raises(ArtifactError, match="tok/vocab.json, listed in its manifest, is missing"):
+        artifacts.fetch(uri, cache, expect=digest)
+    assert sorted(p.name for p in cache.iterdir()) == [f".lock-{artifacts._key(uri)}"], "nothing partial is kept"
+
+    with pytest.raises(ArtifactError, match="is not the one announced"):
+        artifacts.fetch(uri, cache, expect="0" * 64)
+    escaping = {"format": 1, "files": {"../escape": {"size": 1, "sha256": "x"}}}
+    s3_server.put(f"{uri}/{artifacts.MANIFEST}", json.dumps(escaping).encode())
+    with pytest.raises(ArtifactError, match="not a manifest trajstore wrote"):
+        artifacts.fetch(uri, cache)
+    assert not (tmp_path / "escape").exists()
+
+
+def _fetch_into(uri: str, cache: str, digest: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    out.put(str(artifacts.fetch(uri, cache, expect=digest)))
+
+
+def test_processes_sharing_a_cache_get_one_verified_copy(published: tuple[Path, str, str], tmp_path: Path) -> None:
+    local, uri, digest = published
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = artifacts._key(uri)
+    (cache / f".partial-{key}-deadbeef").mkdir()  # what a fetch killed midway leaves
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_fetch_into, args=(uri, str(cache), digest, results)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    paths = {results.get(timeout=5) for _ in procs}
+    assert paths == {str(cache / key)}
+    assert sorted(p.name for p in cache.iterdir()) == sorted([key, f".lock-{key}"])
+    assert (cache / key / "model.safetensors").read_bytes() == (local / "model.safetensors").read_bytes()
+
+
+def test_prune_keeps_the_most_recently_used(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    for i, name in enumerate(["a", "b", "c"]):
+        (cache / name).mkdir(parents=True)
+        os.utime(cache / name, (1000 + i, 1000 + i))
+    assert artifacts.prune(cache, 2) == [cache / "a"]
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == ["b", "c"]
+
+
+def test_a_directory_every_host_mounts_works_the_same(tmp_path: Path) -> None:
+    local = tmp_path / "learner" / "v000001"
+    local.mkdir(parents=True)
+    (local / "config.json").write_text("{}\n")
+    shared = tmp_path / "nfs" / "ckpts" / "v000001"
+    artifacts.check_destination(str(shared.parent))
+    digest = artifacts.upload(local, str(shared))
+    assert sorted(p.name for p in shared.iterdir()) == ["config.json", artifacts.MANIFEST]
+    copy = artifacts.fetch(str(shared), tmp_path / "cache", expect=digest)
+    assert (copy / "config.json").read_text() == "{}\n"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ArtifactError, match="cannot publish to"):
+        artifacts.check_destination(str(tmp_path / "file" / "ckpts"))

@@ -1,0 +1,261 @@
+"""Directories published where every host can read them (checkpoints), and fetched into a local cache.
+
+The learner writes each checkpoint on its own disk; `upload` copies it to a directory URI (an
+`s3://bucket/prefix/...` beside the store's table, or a path on a shared mount) and `fetch`
+brings it into a local cache on any other host. Both reach object storage through the store's
+own client (`trajstore.location.directory`: pyarrow's S3 filesystem, the same AWS_* settings and
+endpoint as an `s3://` store).
+
+Promises:
+- Atomic for readers: `upload` copies every file first and writes the manifest
+  `trajstore_manifest.json` (each file's size and sha256) last. A reader goes by the manifest
+  only, so a directory without one (an upload in progress, or one a crash cut short) is never
+  read. The announcement carries the manifest's own sha256 (`digest`), so a reader also knows
+  the manifest it found is the one announced.
+- `upload` is idempotent (a finished upload of the same files is left alone, an interrupted one
+  is redone) and refuses to replace a finished upload of other files: versions are published once.
+- `fetch` downloads into `CACHE/.partial-KEY-RANDOM/`, checks every file's size and sha256
+  against the manifest, then renames the directory to `CACHE/KEY/` (KEY: a hash of the URI). A
+  partial or damaged download is never at a name a reader uses; damage raises ArtifactError
+  naming the file. Collectors sharing a cache on one host serialize on an exclusive `flock` of
+  `CACHE/.lock-KEY`: one downloads, the others then find its copy. A lock dies with its process,
+  so a fetch killed midway never blocks the next one, which first removes its leftovers.
+
+Limits: files are hashed on both sides (one pass to publish, one to fetch; about 1 GB/s a core).
+The cache keeps every version it fetched; `prune` removes all but the newest few (the reloader
+calls it after each fetch). A manifest on a shared mount (not S3) is written in place, so a
+reader racing the writer may see it torn: that reads as damage and is retried, never used.
+Hand-written because pyarrow's filesystems copy files but have no notion of a finished
+directory, and no library on the registries publishes one with a checksummed manifest over the
+store's S3 client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from trajstore.durable import fsync_path, fsync_tree, write_durably
+from trajstore.errors import ArtifactError
+from trajstore.location import directory
+
+MANIFEST = "trajstore_manifest.json"
+CACHE_ENV = "TRAJSTORE_CHECKPOINT_CACHE"
+_CHUNK = 8 << 20
+_PARTIAL = ".partial-"
+
+
+def default_cache() -> Path:
+    """`$TRAJSTORE_CHECKPOINT_CACHE`, else `~/.cache/trajstore/checkpoints`."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache/trajstore/checkpoints")
+
+
+def digest(manifest_bytes: bytes) -> str:
+    """The sha256 of a manifest: what an announcement names a published directory by."""
+    return hashlib.sha256(manifest_bytes).hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest(local: str | os.PathLike[str], exclude: Collection[str] = ()) -> bytes:
+    """The manifest of `local`'s files (relative POSIX paths; `exclude` names files left out)."""
+    root = Path(local)
+    files = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and rel != MANIFEST and rel not in exclude:
+            files[rel] = {"size": p.stat().st_size, "sha256": _sha256_file(p)}
+    return (json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True) + "\n").encode()
+
+
+def _read(fs: pafs.FileSystem, path: str) -> bytes | None:
+    try:
+        with fs.open_input_stream(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def upload(local: str | os.PathLike[str], uri: str, *, exclude: Collection[str] = (),
+           storage_options: Mapping[str, str] | None = None) -> str:
+    """Publish directory `local` (less `exclude`) at `uri`: files, then the manifest. Returns its digest.
+
+    The manifest is also left in `local`, so that a reader on this host can tell that `local` is
+    the announced directory (`holds`) and use it without a download.
+    """
+    local = Path(local)
+    data = manifest(local, exclude)
+    fs, root = directory(uri, storage_options=dict(storage_options or {}))
+    found = _read(fs, f"{root}/{MANIFEST}")
+    if found is not None and found != data:
+        raise ArtifactError(f"{uri} already holds another published directory (its {MANIFEST} lists other files); "
+                            "a version is published once: give each run its own checkpoint URI")
+    write_durably(local / MANIFEST, data.decode())
+    if found is None:
+        for rel in json.loads(data)["files"]:
+            if isinstance(fs, pafs.LocalFileSystem):  # object stores have no directories to make
+                fs.create_dir(str(PurePosixPath(f"{root}/{rel}").parent), recursive=True)
+            pafs.copy_files(str(local / rel), f"{root}/{rel}", source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=fs)
+        with fs.open_output_stream(f"{root}/{MANIFEST}") as out:  # last: the directory is now published
+            out.write(data)
+    return digest(data)
+
+
+def check_destination(uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+    """Raise ArtifactError now, before any work, when `uri` cannot take uploads: no such bucket,
+    no credentials, no server, or a local directory that cannot be made."""
+    try:
+        fs, root = directory(uri, storage_options=dict(storage_options or {}))
+        if isinstance(fs, pafs.LocalFileSystem):
+            fs.create_dir(root, recursive=True)
+            return
+        bucket = root.split("/", 1)[0]
+        found = fs.get_file_info(bucket).type
+    except OSError as exc:
+        raise ArtifactError(f"cannot publish to {uri}: {exc}") from exc
+    if found == pafs.FileType.NotFound:
+        raise ArtifactError(f"cannot publish to {uri}: bucket {bucket!r} does not exist (or these credentials "
+                            "cannot see it); create it, or give another checkpoint URI")
+
+
+def holds(local: str | os.PathLike[str], expect: str) -> bool:
+    """True when `local` is a directory whose manifest is the one announced as `expect`."""
+    try:
+        return digest((Path(local) / MANIFEST).read_bytes()) == expect
+    except OSError:
+        return False
+
+
+def _entries(data: bytes, uri: str) -> dict[str, dict[str, Any]]:
+    """The files a manifest lists, each a relative path that stays inside the directory."""
+    try:
+        files = json.loads(data)["files"]
+        ok = isinstance(files, dict) and all(
+            isinstance(e, dict) and isinstance(e.get("size"), int) and isinstance(e.get("sha256"), str)
+            for e in files.values())
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    if ok:
+        for rel in files:
+            parts = PurePosixPath(rel).parts
+            if not parts or PurePosixPath(rel).is_absolute() or ".." in parts or rel == MANIFEST:
+                ok = False
+    if not ok:
+        raise ArtifactError(f"{uri}/{MANIFEST} is not a manifest trajstore wrote (damaged or foreign); "
+                            "publish the directory again")
+    return files
+
+
+def _download(fs: pafs.FileSystem, src: str, dest: Path, entry: Mapping[str, Any], uri: str, rel: str) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    h, size = hashlib.sha256(), 0
+    try:
+        with fs.open_input_stream(src) as f, open(dest, "wb") as out:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+    except FileNotFoundError as exc:
+        raise ArtifactError(f"{uri} is damaged: {rel}, listed in its manifest, is missing; publish it again") from exc
+    if size != entry["size"] or h.hexdigest() != entry["sha256"]:
+        raise ArtifactError(f"{uri} is damaged: {rel} has {size} bytes (sha256 {h.hexdigest()[:12]}...) but its "
+                            f"manifest says {entry['size']} bytes (sha256 {entry['sha256'][:12]}...); "
+                            "publish it again")
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the process ends, however it ends
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _key(uri: str) -> str:
+    return hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
+
+
+def fetch(uri: str, cache: str | os.PathLike[str], *, expect: str | None = None,
+          storage_options: Mapping[str, str] | None = None) -> Path:
+    """The local copy of the directory published at `uri`, downloaded into `cache` unless already there.
+
+    `expect` is the announced digest: a manifest with another digest is refused (and a cached
+    copy with another digest fetched again). Raises ArtifactError when the upload is unfinished
+    (no manifest yet) or damaged; nothing partial is ever returned.
+    """
+    cache = Path(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    key = _key(uri)
+    final = cache / key
+    with _locked(cache / f".lock-{key}"):
+        if (final / MANIFEST).is_file() and (expect is None or holds(final, expect)):
+            os.utime(final)  # recently used: `prune` keeps it
+            return final
+        fs, root = directory(uri, storage_options=dict(storage_options or {}))
+        data = _read(fs, f"{root}/{MANIFEST}")
+        if data is None:
+            raise ArtifactError(f"{uri} has no {MANIFEST}: its upload has not finished (or was cut short), so it "
+                                "is not read; the learner uploads it again when it restarts")
+        if expect is not None and digest(data) != expect:
+            raise ArtifactError(f"{uri}/{MANIFEST} is not the one announced (sha256 {digest(data)[:12]}..., "
+                                f"announced {expect[:12]}...): the directory was replaced after it was published")
+        files = _entries(data, uri)
+        for old in cache.glob(f"{_PARTIAL}{key}-*"):  # what a killed fetch left
+            shutil.rmtree(old, ignore_errors=True)
+        tmp = cache / f"{_PARTIAL}{key}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        try:
+            for rel, entry in files.items():
+                _download(fs, f"{root}/{rel}", tmp / rel, entry, uri, rel)
+            (tmp / MANIFEST).write_bytes(data)
+            fsync_tree(tmp)
+            if final.exists():  # a stale copy of a replaced directory
+                os.rename(final, cache / f"{_PARTIAL}{key}-stale")
+                shutil.rmtree(cache / f"{_PARTIAL}{key}-stale")
+            os.rename(tmp, final)
+            fsync_path(cache)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def prune(cache: str | os.PathLike[str], keep: int) -> list[Path]:
+    """Remove all but the `keep` most recently fetched copies in `cache`; returns what was removed.
+
+    A copy being fetched or checked right now (its lock held) is left alone.
+    """
+    cache = Path(cache)
+    copies = sorted((p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                    key=lambda p: p.stat().st_mtime, reverse=True) if cache.is_dir() else []
+    removed = []
+    for old in copies[keep:]:
+        with open(cache / f".lock-{old.name}", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            gone = cache / f"{_PARTIAL}{old.name}-pruned"
+            os.rename(old, gone)
+            shutil.rmtree(gone, ignore_errors=True)
+            removed.append(old)
+    return removed
