@@ -8,7 +8,7 @@ import sys
 import click
 from rich.console import Console
 
-from cli.options import store_option
+from cli.options import seal_interval_option, store_option
 
 
 @click.command("collect")
@@ -25,6 +25,8 @@ from cli.options import store_option
 @click.option("--vllm-reload", type=click.Choice(["weights", "follow", "lora"]), default="weights", show_default=True,
               help="weights: this collector reloads vLLM's weights (one per server); follow: another collector "
                    "does, turns carry the version vLLM reports; lora: load the learner's adapters at runtime.")
+@click.option("--control-token", envvar="TRAJSTORE_CONTROL_TOKEN", show_envvar=True,
+              help="The --control-token of the `trajstore serve` at --server, to reload it from another machine.")
 @click.option("--proxy", metavar="URL", help="An external capture proxy writing to the same store (default: in-process).")
 @click.option("--agent", metavar="MODULE:FN", help="Python agent: async def agent(task, ctx) -> result.")
 @click.option("--tools", metavar="MOD:FN,...", help="The built-in tool-calling agent with these tools.")
@@ -65,14 +67,15 @@ from cli.options import store_option
 @click.option("--max-batch", type=int, default=16, show_default=True, help="In-process server: batch size.")
 @click.option("--threads", type=int, help="In-process server: torch CPU threads.")
 @click.option("--plain", is_flag=True, help="One progress line every few seconds instead of the live table.")
+@seal_interval_option
 def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None, server: str | None, vllm: bool,
-            vllm_reload: str, proxy: str | None, agent: str | None, tools: str | None, agent_cmd: str | None,
+            vllm_reload: str, control_token: str | None, proxy: str | None, agent: str | None, tools: str | None, agent_cmd: str | None,
             reward: str | None, reward_cmd: str | None, no_reward: bool, concurrency: int, rollout_timeout: float,
             retries: int, max_turns: int, max_tokens: int, temperature: float, top_p: float, top_k: int,
             seed: int | None, epochs: int,
             forever: bool, follow: bool, max_staleness: int | None, groups_per_version: int | None,
             workdir: str | None, keep_workdirs: bool, checkpoint_cache: str | None, policy_version: int, device: str,
-            max_batch: int, threads: int | None, plain: bool) -> None:
+            max_batch: int, threads: int | None, plain: bool, seal_interval: float) -> None:
     """Run an agent over a task file, N rollouts per task, every model call stored token-exact.
 
     Each task becomes a group of N rollouts; each rollout goes through the capture proxy,
@@ -95,14 +98,15 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = CollectSettings(
         store=store_loc, run=run, tasks=tasks_file, n=n, server=server, vllm=vllm, vllm_reload=vllm_reload,
-        model=model, proxy=proxy,
+        model=model, proxy=proxy, control_token=control_token,
         concurrency=concurrency, rollout_timeout=rollout_timeout, max_turns=max_turns, max_tokens=max_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, epochs=epochs, forever=forever, follow=follow,
         agent=agent, tools=tools, agent_cmd=agent_cmd, reward=reward, reward_cmd=reward_cmd, no_reward=no_reward,
         retries=retries,
         max_staleness=max_staleness, groups_per_version=groups_per_version, workdir=workdir,
         keep_workdirs=keep_workdirs, display="plain" if plain else "auto", policy_version=policy_version,
-        device=device, max_batch=max_batch, threads=threads, checkpoint_cache=checkpoint_cache)
+        device=device, max_batch=max_batch, threads=threads, checkpoint_cache=checkpoint_cache,
+        seal_interval=seal_interval)
     summary = run_collect(settings)
     Console().print(summary_table(summary))
     if summary.interrupted:

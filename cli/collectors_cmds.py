@@ -53,7 +53,7 @@ def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, h
 @click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False),
               help="Hugging Face checkpoint directory (e.g. made by `trajstore init-model`).")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Interface to bind; /v1/load_weights answers loopback callers only.")
+              help="Interface to bind; /v1/load_weights answers loopback callers only, unless --control-token.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--max-batch", type=click.IntRange(min=1), default=16, show_default=True,
               help="Most requests decoded together.")
@@ -62,8 +62,11 @@ def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, h
               help="Version reported for the weights in --model.")
 @click.option("--served-model-name", help="Name in /v1/models and the `model` field (default: the --model path).")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (1 is fastest for tiny models).")
+@click.option("--control-token", envvar="TRAJSTORE_CONTROL_TOKEN", show_envvar=True,
+              help="Let callers on other machines reload weights: /v1/load_weights then answers only requests "
+                   "sending `Authorization: Bearer TOKEN` (collect --control-token), loopback included.")
 def serve(model_dir: str, host: str, port: int, max_batch: int, device: str, policy_version: int,
-          served_model_name: str | None, threads: int | None) -> None:
+          served_model_name: str | None, threads: int | None, control_token: str | None) -> None:
     """Serve a model with vLLM's completions API (token ids in, token ids and logprobs out).
 
     Concurrent requests share batched decode steps; each response reports the policy version
@@ -78,4 +81,4 @@ def serve(model_dir: str, host: str, port: int, max_batch: int, device: str, pol
     from collectors.embedded import run_server
 
     run_server(model_dir, host=host, port=port, model_name=served_model_name, device=device, max_batch=max_batch,
-               policy_version=policy_version, threads=threads)
+               policy_version=policy_version, threads=threads, control_token=control_token)

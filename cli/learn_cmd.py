@@ -6,7 +6,7 @@ from typing import get_args
 
 import click
 
-from cli.options import store_option
+from cli.options import seal_interval_option, store_option
 from learner.settings import AggregationName, DeviceName, LearnSettings, LossName
 from trajstore import ESTIMATORS
 
@@ -62,13 +62,14 @@ from trajstore import ESTIMATORS
 @click.option("--writer", help="Store writer name (default: learner-RUN).")
 @click.option("--create-store", is_flag=True,
               help="Create the store if it does not exist (without it, a store that is not there is an error).")
+@seal_interval_option
 def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, checkpoint_uri: str | None,
           max_staleness: int, groups_per_step: int,
           micro_batch_tokens: int, lr: float, warmup_steps: int, max_grad_norm: float, steps: int | None, follow: bool,
           publish_every: int, estimator: str, loss: str, aggregation: str, normalizer: int, clip_low: float,
           clip_high: float, is_cap: float, kl_coef: float, temperature: float, seed: int, lora: bool,
           lora_rank: int, lora_alpha: int, device: str, poll_interval: float, wait_timeout: float,
-          writer: str | None, create_store: bool) -> None:
+          writer: str | None, create_store: bool, seal_interval: float) -> None:
     """Train the policy on the store's complete groups and publish checkpoints the collectors load.
 
     Each step takes the oldest GROUPS_PER_STEP complete, unconsumed groups within
@@ -96,7 +97,7 @@ def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, checkp
         loss=loss, aggregation=aggregation, normalizer=normalizer, clip_low=clip_low,  # type: ignore[arg-type]
         clip_high=clip_high, is_cap=is_cap, kl_coef=kl_coef, temperature=temperature, seed=seed, lora=lora,
         lora_rank=lora_rank, lora_alpha=lora_alpha, device=device, poll_interval=poll_interval,  # type: ignore[arg-type]
-        wait_timeout=wait_timeout, writer=writer, create_store=create_store,
+        wait_timeout=wait_timeout, writer=writer, create_store=create_store, seal_interval=seal_interval,
     )
     summary = run_learner(settings, show=show, say=click.echo)
     why = "reached --steps" if summary.stopped == "steps" else f"no new groups for {wait_timeout:g} s"

@@ -64,7 +64,7 @@ def query(store_loc: str, sql: str, fmt: str, output: str | None, version: int |
 @main.command()
 @store_option
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--writer", help="Writer name (default: <host>-<pid>).")
+@click.option("--writer", help="Writer name (default: <host>-<pid>-<spool id>, unique across machines).")
 def ingest(store_loc: str, file: str, writer: str | None) -> None:
     """Append a JSON-lines file of events (see schemas/event.v1.schema.json).
 

@@ -41,6 +41,16 @@ def store_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
+def seal_interval_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--seal-interval SECONDS, shared by the commands that append to a store."""
+    return click.option(
+        "--seal-interval", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+        envvar="TRAJSTORE_SEAL_INTERVAL", show_envvar=True,
+        help="Seconds before appended events are sealed into the table, which is when other machines see them "
+             "(in an s3:// store, checkpoint and status events are sealed at once).",
+    )(func)
+
+
 def _stop(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 

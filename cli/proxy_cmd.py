@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from cli.options import store_option
+from cli.options import seal_interval_option, store_option
 
 
 @click.command("proxy")
@@ -31,9 +31,10 @@ from cli.options import store_option
 @click.option("--default-max-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Sampled tokens when a call sets no max_tokens (never past the context).")
 @click.option("--writer", help="Store writer name, unique per process (default: proxy-PORT).")
+@seal_interval_option
 def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, run: str, upstream_kind: str,
           upstream_model: str | None, policy_version: int, model_names: tuple[str, ...], max_model_len: int | None,
-          default_max_tokens: int, writer: str | None) -> None:
+          default_max_tokens: int, writer: str | None, seal_interval: float) -> None:
     """Capture proxy: OpenAI and Anthropic chat APIs in front of a policy server, every call stored exactly.
 
     Open a rollout, then point any SDK or agent CLI at its base URL and key; each call is
@@ -60,5 +61,6 @@ def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, r
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ProxyConfig(model_dir=model_dir, run=run, writer=writer or f"proxy-{port}", model_names=model_names,
-                         max_model_len=max_model_len, default_max_tokens=default_max_tokens)
+                         max_model_len=max_model_len, default_max_tokens=default_max_tokens,
+                         seal_interval=seal_interval)
     run_proxy(client, store_loc, config, host=host, port=port)

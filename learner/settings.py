@@ -70,6 +70,7 @@ class LearnSettings:
     poll_interval: float = 1.0  # seconds between looks at the store while waiting for groups
     wait_timeout: float = 600.0  # without --follow: stop after this long without a full step of data
     writer: str | None = None  # store writer name; default learner-<run>
+    seal_interval: float = 60.0  # seconds before metrics are sealed (checkpoint events are sealed at once)
     create_store: bool = False  # create the store when none exists (else: refuse, a mistyped --store waits forever)
 
     def problems(self) -> list[str]:
@@ -92,7 +93,8 @@ class LearnSettings:
                      "lora_alpha"):
             if getattr(self, name) < 1:
                 out.append(f"{name} must be >= 1 (got {getattr(self, name)})")
-        for name in ("lr", "max_grad_norm", "is_cap", "temperature", "poll_interval", "wait_timeout"):
+        for name in ("lr", "max_grad_norm", "is_cap", "temperature", "poll_interval", "wait_timeout",
+                     "seal_interval"):
             if not 0 < getattr(self, name) < math.inf:
                 out.append(f"{name} must be > 0 and finite (got {getattr(self, name)})")
         for name in ("clip_low", "clip_high", "kl_coef"):

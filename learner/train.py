@@ -343,7 +343,7 @@ def learn(settings: LearnSettings, *,
     steps_trained = 0
     last_step = step_done
     steps = itertools.count(step_done + 1) if s.steps is None else range(step_done + 1, s.steps + 1)
-    writer = store.writer(s.writer_name) if store is not None else None
+    writer = store.writer(s.writer_name, seal_interval=s.seal_interval) if store is not None else None
     try:
         if store is not None and writer is not None:
             announce_missing(store, writer, s, infos)

@@ -1,7 +1,8 @@
 """A loopback S3-compatible server for the tests: moto, with atomic conditional writes.
 
-Run as `python -m tests.moto_s3`; it binds 127.0.0.1 on a free port and prints
-`http://127.0.0.1:<port>` as its first line once it serves. With `--exit-on-eof` it also
+Run as `python -m tests.moto_s3 [--host ADDR] [--port N]`; it binds ADDR (127.0.0.1 by default;
+the multi-host rehearsal binds the object-store host's address inside its sandbox) on port N (a free
+one by default) and prints `http://ADDR:PORT` as its first line once it serves. With `--exit-on-eof` it also
 exits when its stdin closes, so a test session that dies (even by SIGKILL) takes its
 server with it: the parent holds the other end of the pipe.
 
@@ -14,11 +15,18 @@ of 300 keys raced by 8 threads under a short GIL switch interval). Real S3 makes
 check-and-write atomic, and Delta commits depend on that (the commit file `N.json` is
 created with `If-None-Match: *`; the loser retries at N+1). So conditional writes are
 serialized here; everything else stays concurrent.
+
+With `--drop-commit-replies N` (the multi-host rehearsal's fault), every Nth conditional write
+of a Delta commit file (`_delta_log/*.json`) is performed and its reply never sent: the
+connection is cut, as when a network drops the answer, so the writer cannot know whether its
+commit landed.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -44,6 +52,33 @@ def atomic_conditional_writes(app: WSGIApp) -> WSGIApp:
     return wrapped
 
 
+def drop_commit_replies(app: WSGIApp, every: int) -> WSGIApp:
+    """Perform every `every`th conditional write of a Delta commit, then cut the connection instead of replying."""
+    seen = 0
+    lock = threading.Lock()
+
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        nonlocal seen
+        commit = (environ.get("REQUEST_METHOD") == "PUT" and environ.get("HTTP_IF_NONE_MATCH")
+                  and "/_delta_log/" in environ.get("PATH_INFO", "") and environ["PATH_INFO"].endswith(".json"))
+        if not commit:
+            return app(environ, start_response)
+        with lock:
+            seen += 1
+            drop = seen % every == 0
+        if not drop:
+            return app(environ, start_response)
+        list(app(environ, lambda *a, **k: None))  # the write happens; its reply is thrown away
+        sock = environ.get("werkzeug.socket")
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+        print(f"dropped the reply to {environ['PATH_INFO']}", file=sys.stderr, flush=True)
+        start_response("500 Internal Server Error", [("Content-Length", "0")])  # never reaches the client
+        return []
+
+    return wrapped
+
+
 class _QuietHandler(MotoRequestHandler):
     def log_request(self, *args: Any, **kwargs: Any) -> None:  # one line per request drowns test output
         pass
@@ -55,11 +90,21 @@ def _exit_on_eof() -> None:
 
 
 def main() -> None:
-    app = atomic_conditional_writes(DomainDispatcherApplication(create_backend_app))
-    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_QuietHandler)
-    if "--exit-on-eof" in sys.argv[1:]:
+    ap = argparse.ArgumentParser(description="moto's S3 with atomic conditional writes")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--exit-on-eof", action="store_true", help="exit when stdin closes (the parent died)")
+    ap.add_argument("--drop-commit-replies", type=int, default=0, metavar="N",
+                    help="perform every Nth Delta commit write but cut the connection instead of replying")
+    args = ap.parse_args()
+    backend: WSGIApp = DomainDispatcherApplication(create_backend_app)
+    if args.drop_commit_replies > 0:
+        backend = drop_commit_replies(backend, args.drop_commit_replies)
+    app = atomic_conditional_writes(backend)
+    server = make_server(args.host, args.port, app, threaded=True, request_handler=_QuietHandler)
+    if args.exit_on_eof:
         threading.Thread(target=_exit_on_eof, daemon=True).start()
-    print(f"http://127.0.0.1:{server.server_port}", flush=True)
+    print(f"http://{args.host}:{server.server_port}", flush=True)
     server.serve_forever()
 
 

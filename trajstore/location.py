@@ -11,8 +11,9 @@ AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL for S3-compatible servers) o
 Several writers (processes or machines) may commit to one `s3://` store at once: delta-rs
 commits with S3 conditional writes (`If-None-Match: *`), which the server must support
 (AWS S3, MinIO and Cloudflare R2 do). A writer's name owns its spool directory only
-on its own machine, so writer names must differ across machines (the default
-`<host>-<pid>` does).
+on its own machine, so writer names must differ across machines: the default names carry
+the machine's spool id, and a writer claims its name in the table when it opens
+(`trajstore.owner`).
 """
 
 from __future__ import annotations

@@ -14,13 +14,12 @@ uses (the location, the table, the reader).
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
 
-from trajstore import maintenance
+from trajstore import maintenance, owner
 from trajstore.errors import StoreNotFoundError
 from trajstore.ingest import IngestResult, ingest
 from trajstore.location import Location, resolve
@@ -44,10 +43,20 @@ class Store:
         return f"Store({self.location.uri!r})"
 
     def writer(self, name: str | None = None, **options: Any) -> Writer:
-        """A writer owned by this process (default name: `<host>-<pid>`). Options: seal_bytes,
-        seal_interval (seconds), seal_on_close, remember_ids (how many recent event ids it
-        keeps to skip re-appends; older duplicates are still shown once by the views)."""
-        return Writer(self.location, self.table, name or f"{socket.gethostname()}-{os.getpid()}", **options)
+        """A writer owned by this process (default name: `unique_writer_name()`). Options: seal_bytes,
+        seal_interval (seconds before appended events are sealed, i.e. visible to other machines),
+        seal_on_close, seal_kinds (event kinds sealed at once in a remote store, default checkpoint and
+        status: what other machines wait on), remember_ids (how many recent event ids it keeps to skip re-appends; older
+        duplicates are still shown once by the views)."""
+        return Writer(self.location, self.table, name or self.unique_writer_name(), **options)
+
+    def unique_writer_name(self, prefix: str = "") -> str:
+        """`<prefix><host>-<pid>-<spool id>`: no other process, on this machine or another, has it."""
+        return owner.unique_name(self.location.wal_root, prefix)
+
+    def seal_orphans(self) -> dict[str, int]:
+        """Seal what dead writers of this machine left unsealed (events per writer); live writers are left alone."""
+        return maintenance.seal_orphans(self.location, self.table)
 
     def live(self) -> LiveRows:
         """This machine's write-ahead rows, not yet cut by any table version."""

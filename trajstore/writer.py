@@ -9,8 +9,13 @@ bumps its epoch and continues the sequence where the acknowledged events end.
 `append` validates the whole call, assigns sequence numbers, and returns after the
 segment is fsync'd. Concurrent appends from several threads share one fsync (group
 commit): whichever thread holds the I/O lock writes every pending batch and syncs once.
-Full segments are sealed into the Delta table by a background thread; `close` seals the
-rest. Sealing is idempotent across crashes (see `trajstore.table`).
+Full segments, and segments older than `seal_interval` seconds, are sealed into the Delta
+table by a background thread; `close` seals the rest. Sealing is idempotent across crashes
+(see `trajstore.table`). Other machines see only sealed events, so for a remote store an
+append holding a `checkpoint` or `status` event (what a learner or collector elsewhere waits
+on) wakes the sealer at once; appends arriving during a seal share the next one, so this
+costs at most one commit in flight per writer. A remote store's writer claims its name when
+it opens, before acknowledging anything (`trajstore.owner`).
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from trajstore import wal
+from trajstore import owner, wal
 from trajstore.durable import fsync_path, write_durably
-from trajstore.errors import CorruptionError, TrajstoreError, WriterBusyError, WriterClosedError
+from trajstore.errors import CorruptionError, WriterBusyError, WriterClosedError
 from trajstore.events import Event, to_columns
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
@@ -42,6 +47,7 @@ from trajstore.table import Table, sealed_seq
 
 log = logging.getLogger(__name__)
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+URGENT_KINDS = frozenset({"checkpoint", "status"})  # others wait on them: sealed at once in a remote store
 
 
 @dataclass(frozen=True)
@@ -207,7 +213,8 @@ class Writer:
     """Appends events durably to a store; see the module docstring. Use as a context manager."""
 
     def __init__(self, location: Location, table: Table, name: str, *, seal_bytes: int = 64 << 20,
-                 seal_interval: float = 60.0, seal_on_close: bool = True, remember_ids: int = 262_144) -> None:
+                 seal_interval: float = 60.0, seal_on_close: bool = True, remember_ids: int = 262_144,
+                 seal_kinds: Iterable[str] = URGENT_KINDS) -> None:
         check_writer_name(name)
         if seal_bytes <= 0 or seal_interval <= 0 or remember_ids <= 0:
             raise ValueError("seal_bytes, seal_interval and remember_ids must be positive")
@@ -218,6 +225,7 @@ class Writer:
         self.seal_bytes = seal_bytes
         self.seal_interval = seal_interval
         self.seal_on_close = seal_on_close
+        self.seal_kinds = frozenset(seal_kinds) if location.remote else frozenset()
         self.dir = location.wal_root / name
         try:
             self._lock = acquire(self.dir)
@@ -235,7 +243,10 @@ class Writer:
         self._segment_opened = 0.0
         self._failed: BaseException | None = None
         self._closed = False
+        self._urgent = False  # an urgent kind was appended: seal without waiting for the interval
         try:
+            if location.remote:
+                owner.claim(table, name, owner.spool_id(location.wal_root))
             self._recover()
         except BaseException:
             self._lock.release()
@@ -304,6 +315,9 @@ class Writer:
             self._pending.append((batch, first, last))
             self._known_ids.add_all(seen_here)
         self._flush(last)
+        if self.seal_kinds and not self.seal_kinds.isdisjoint(columns["kind"].to_pylist()):
+            self._urgent = True
+            self._wake.set()
         return AppendResult(n, len(event_ids) - n, first, last)
 
     def _batch(self, columns: dict[str, pa.Array], keep: np.ndarray, first: int, n: int) -> pa.RecordBatch:
@@ -384,15 +398,22 @@ class Writer:
                     self._closed_segments = segments + self._closed_segments
                 raise
 
+    def _next_wait(self) -> float:
+        """Seconds until the open segment is due (at most 5: failed seals are retried that often)."""
+        if self._segment is None:
+            return min(self.seal_interval, 5.0)
+        return min(max(self.seal_interval - (time.monotonic() - self._segment_opened), 0.01), 5.0)
+
     def _seal_loop(self) -> None:
         while not self._closed:
-            self._wake.wait(timeout=min(self.seal_interval, 5.0))
+            self._wake.wait(timeout=self._next_wait())
             self._wake.clear()
             if self._closed:
                 return
             with self._io:
+                urgent, self._urgent = self._urgent, False
                 age = time.monotonic() - self._segment_opened
-                if self._segment is not None and age >= self.seal_interval:
+                if self._segment is not None and (urgent or age >= self.seal_interval):
                     self._rotate()
                 due = bool(self._closed_segments)
             if due:
@@ -402,7 +423,8 @@ class Writer:
                     self._failed = exc
                     log.error("writer %s stopped: %s", self.name, exc)
                     return
-                except (TrajstoreError, OSError) as exc:
+                except Exception as exc:  # noqa: BLE001 - the object store or the network failing (delta-rs's own
+                    # errors are no OSError): the segments stay, the next turn of the loop retries
                     log.warning("writer %s: background seal failed, will retry: %s", self.name, exc)
 
     # ------------------------------------------------------------------ lifecycle

@@ -17,8 +17,6 @@ import asyncio
 import inspect
 import json
 import math
-import os
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +153,6 @@ def rescore(store: Store, run: str, reward: str, *, tasks_file: str | None = Non
 
     asyncio.run(score_all())
     if events:
-        with store.writer(writer or f"reward-{socket.gethostname()}-{os.getpid()}") as w:
+        with store.writer(writer or store.unique_writer_name("reward-")) as w:
             w.append(events)
     return summary

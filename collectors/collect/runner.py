@@ -33,9 +33,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -100,7 +98,7 @@ async def _start_policy(settings: CollectSettings, stack: AsyncExitStack, workdi
     if settings.vllm:
         return await _start_vllm_client(settings, stack, workdir)
     if settings.server is not None:
-        return EmbeddedClient(settings.server)
+        return EmbeddedClient(settings.server, control_token=settings.control_token)
     from collectors.embedded.app import start_server
     from collectors.embedded.engine import Engine
 
@@ -144,8 +142,8 @@ async def _start_proxy(settings: CollectSettings, store: Store, client: PolicyCl
         if model_dir is None or not isinstance(client, EmbeddedClient):
             raise ValueError(f"the policy server at {client.base_url} serves {names}, not a checkpoint directory on "
                              "this machine; pass --model DIR (its tokenizer and chat template render the prompts)")
-    config = ProxyConfig(model_dir=model_dir, run=settings.run, writer=f"collect-{socket.gethostname()}-{os.getpid()}",
-                         model_names=("*",))
+    config = ProxyConfig(model_dir=model_dir, run=settings.run, writer=store.unique_writer_name("collect-"),
+                         model_names=("*",), seal_interval=settings.seal_interval)
     runner, url = await start_proxy(lambda: client, store, config)
     stack.push_async_callback(runner.cleanup)
     return url
@@ -178,6 +176,10 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
         stack.push_async_callback(client.aclose)
         await client.models()  # a dead or wrong --server is named now, before any rollout is opened
         store = open_store(settings.store)
+        # a collector of this machine that died left acknowledged events only here: seal them for the others
+        orphans = await asyncio.to_thread(store.seal_orphans)
+        if any(orphans.values()):
+            log.warning("sealed what stopped writers of this machine had left unsealed: %s", orphans)
         proxy_url = settings.proxy or await _start_proxy(settings, store, client, stack)
         link = ProxyLink(proxy_url)
         stack.push_async_callback(link.aclose)

@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -267,7 +265,7 @@ class Collection:
     async def close_orphans(self, history: list[PastRollout], task_ids: set[str]) -> list[PastRollout]:
         found = orphans(history, task_ids)
         if found:
-            with self.store.writer(f"collect-{socket.gethostname()}-{os.getpid()}-resume") as writer:
+            with self.store.writer(self.store.unique_writer_name("collect-resume-")) as writer:
                 await asyncio.to_thread(writer.append, [Status(
                     run=self.settings.run, group_id=r.group_id, rollout_id=r.rollout_id, status="aborted",
                     error="its collector stopped without closing it (closed when the run resumed)",

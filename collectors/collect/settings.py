@@ -24,6 +24,7 @@ class CollectSettings:
     vllm_reload: str = "weights"  # this collector reloads vLLM's weights, follows another's reloads, or loads LoRA
     model: str | None = None  # checkpoint dir: served in-process, and the proxy's tokenizer
     proxy: str | None = None  # an external capture proxy; None: one in-process
+    control_token: str | None = None  # the embedded server's at `server` (`serve --control-token`): reload from afar
     concurrency: int = 16
     rollout_timeout: float = 600.0
     max_turns: int = 8
@@ -52,6 +53,7 @@ class CollectSettings:
     max_batch: int = 16
     threads: int | None = None
     poll_interval_s: float = 0.5
+    seal_interval: float = 60.0  # seconds before turns are sealed (visible to other machines); statuses at once
     checkpoint_cache: str | None = None  # copies of checkpoints published on other hosts; None: the default cache
 
     def problems(self) -> list[str]:
@@ -64,8 +66,8 @@ class CollectSettings:
             value, low = getattr(self, name), 0 if name == "max_staleness" else 1
             if value is not None and value < low:
                 out.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
-        if self.rollout_timeout <= 0 or self.poll_interval_s <= 0:
-            out.append("--rollout-timeout and the poll interval must be positive")
+        if self.rollout_timeout <= 0 or self.poll_interval_s <= 0 or not 0 < self.seal_interval < float("inf"):
+            out.append("--rollout-timeout, --seal-interval and the poll interval must be positive")
         if not (0 <= self.temperature <= 2 and 0 < self.top_p <= 1 and 0 <= self.top_k <= TOP_K_MAX):
             out.append(f"sampling needs 0 <= --temperature <= 2, 0 < --top-p <= 1 and --top-k 0 (off) to {TOP_K_MAX} "
                        f"(got {self.temperature}, {self.top_p}, {self.top_k})")
@@ -93,6 +95,9 @@ class CollectSettings:
         if self.vllm and self.model is None and self.proxy is None:
             out.append("--vllm needs --model DIR too: the in-process capture proxy renders prompts with its "
                        "tokenizer and chat template")
+        if self.control_token is not None and (self.server is None or self.vllm):
+            out.append("--control-token is for reloading a `trajstore serve` at --server; give --server URL (vLLM's "
+                       "reload routes take no token: keep them on the server's machine)")
         if self.vllm_reload not in VLLM_RELOADS:
             out.append(f"--vllm-reload must be one of {', '.join(VLLM_RELOADS)}, got {self.vllm_reload!r}")
         if self.vllm_reload == "follow" and self.vllm and self.server is None:

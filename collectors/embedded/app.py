@@ -6,7 +6,8 @@ Routes (request and response JSON in `collectors.embedded.protocol`):
     GET  /v1/models         the served model, vLLM's model card shape
     GET  /health            200 while the engine runs
     GET  /stats             the engine's counters (requests, prefill/decode steps, batch peak)
-    POST /v1/load_weights   {"path": DIR, "version": N}: hot reload; loopback callers only
+    POST /v1/load_weights   {"path": DIR, "version": N}: hot reload; loopback callers only, or, when the
+                            server has a control token, callers sending `Authorization: Bearer TOKEN`
 
 Every response carries `X-Policy-Version`; a completion's is the version that sampled its
 tokens, elsewhere the version being served. Errors are OpenAI-style bodies with a message
@@ -15,8 +16,12 @@ field is range-checked before a request joins a batch.
 
 Limits: a body of at most `MAX_BODY` bytes (a 100k-token prompt is under 1 MB of JSON),
 decoded, and a long text prompt tokenized, off the event loop (`collectors.serving`);
-`load_weights` takes JSON only, from loopback, no other site's `Origin`, and versions up to
-2^63 - 1 (they are stored as int64 with every turn).
+`load_weights` takes JSON only, no other site's `Origin`, and versions up to 2^63 - 1 (they
+are stored as int64 with every turn). Without a control token it answers loopback callers only;
+with one (`trajstore serve --control-token`, for collectors on other machines reloading a
+policy-server host) it answers any caller that sends the token, and no caller without it,
+loopback included. The token is compared in constant time; it travels in clear over HTTP,
+so keep the control route on a private network.
 
 `serve_in_thread` (tests, notebooks) and `start_server` (inside a running event loop) start
 it in-process on a loopback port of the OS's choosing; `run` is the blocking CLI entry.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import ipaddress
 import json
 import logging
@@ -68,6 +74,8 @@ from collectors.serving import (
 log = logging.getLogger(__name__)
 ENGINE = web.AppKey("engine", Engine)
 MODEL_NAME = web.AppKey("model_name", str)
+CONTROL_TOKEN = web.AppKey("control_token", str)  # "" when none: loopback callers only
+MIN_TOKEN_CHARS = 16
 MAX_BODY = 8 << 20
 TOKENIZE_OFF_LOOP_CHARS = 64 << 10  # longer text prompts are tokenized on a worker thread
 
@@ -233,10 +241,17 @@ def _is_loopback(remote: str | None) -> bool:
 
 
 async def load_weights(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE]
-    if not _is_loopback(request.remote):
+    engine, token = request.app[ENGINE], request.app[CONTROL_TOKEN]
+    if token:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise RequestError("load_weights needs this server's control token: send `Authorization: Bearer TOKEN` "
+                               "(the --control-token the server was started with; `trajstore collect` sends its "
+                               "--control-token)", status=401, kind="AuthenticationError")
+    elif not _is_loopback(request.remote):
         raise RequestError(f"load_weights is served to loopback callers only (this call came from {request.remote}); "
-                           "call it on the server's machine", status=403, kind="PermissionDeniedError")
+                           "call it on the server's machine, or start the server with --control-token TOKEN and "
+                           "send that token", status=403, kind="PermissionDeniedError")
     check_control(request)
     body = await read_json(request, MAX_BODY)
     path, version = (body.get("path"), body.get("version")) if isinstance(body, dict) else (None, None)
@@ -257,9 +272,17 @@ async def load_weights(request: web.Request) -> web.Response:
     return _json({"status": "ok", "policy_version": engine.policy_version, "path": path}, version=engine.policy_version)
 
 
-def create_app(engine: Engine, model_name: str | None = None) -> web.Application:
+def check_token(token: str | None) -> None:
+    if token is not None and (len(token) < MIN_TOKEN_CHARS or not token.isprintable() or " " in token):
+        raise ValueError(f"the control token must be at least {MIN_TOKEN_CHARS} printable characters without spaces "
+                         "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)")
+
+
+def create_app(engine: Engine, model_name: str | None = None, control_token: str | None = None) -> web.Application:
+    check_token(control_token)
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
     app[ENGINE] = engine
+    app[CONTROL_TOKEN] = control_token or ""
     app[MODEL_NAME] = model_name or engine.model_dir
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
@@ -269,10 +292,10 @@ def create_app(engine: Engine, model_name: str | None = None) -> web.Application
     return app
 
 
-async def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 0,
-                       model_name: str | None = None) -> tuple[web.AppRunner, str]:
+async def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 0, model_name: str | None = None,
+                       control_token: str | None = None) -> tuple[web.AppRunner, str]:
     """Serve `engine` from the running event loop; port 0 takes a free one. Returns (runner, base URL)."""
-    return await start_app(create_app(engine, model_name), host, port)
+    return await start_app(create_app(engine, model_name, control_token), host, port)
 
 
 @dataclass
@@ -283,7 +306,7 @@ class RunningServer:
 
 @contextmanager
 def serve_in_thread(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 0, model_name: str | None = None,
-                    **engine_options: Any) -> Iterator[RunningServer]:
+                    control_token: str | None = None, **engine_options: Any) -> Iterator[RunningServer]:
     """Run the server on its own event-loop thread; yields the base URL and the engine.
 
         with serve_in_thread("tiny-model") as server:
@@ -291,19 +314,21 @@ def serve_in_thread(model_dir: str | Path, *, host: str = "127.0.0.1", port: int
     """
     engine = Engine(model_dir, **engine_options)
     try:
-        with app_in_thread(lambda: start_server(engine, host, port, model_name), name="trajstore-serve") as (_, url):
+        with app_in_thread(lambda: start_server(engine, host, port, model_name, control_token),
+                           name="trajstore-serve") as (_, url):
             yield RunningServer(url=url, engine=engine)
     finally:
         engine.close()
 
 
 def run_server(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-        **engine_options: Any) -> None:
+               control_token: str | None = None, **engine_options: Any) -> None:
     """Serve until interrupted (the `trajstore serve` command)."""
+    check_token(control_token)  # before the model loads
     engine = Engine(model_dir, **engine_options)
     try:
         run_until_interrupted(
-            lambda: start_server(engine, host, port, model_name),
+            lambda: start_server(engine, host, port, model_name, control_token),
             lambda _, url: f"serving {engine.model_dir} (policy version {engine.policy_version}) on {url} "
                            f"[device {engine.device}, max batch {engine.max_batch}]",
         )

@@ -38,8 +38,9 @@ class EmbeddedClient:
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, model: str | None = None,
                  timeout_s: float = 600.0, reload_timeout_s: float = 600.0, connect_retries: int = 2,
-                 retry_backoff_s: float = 0.25, max_connections: int = 0) -> None:
+                 retry_backoff_s: float = 0.25, max_connections: int = 0, control_token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self._control = {"Authorization": f"Bearer {control_token}"} if control_token else None
         self.policy_version: int | None = None  # the newest version the server has reported
         self._model, self._reload_timeout_s = model, reload_timeout_s
         self._http = Http(self.base_url, hint=f"start it with `trajstore serve --model DIR --port "
@@ -90,7 +91,7 @@ class EmbeddedClient:
         """POST /v1/load_weights: the server finishes in-flight requests on the old weights itself."""
         try:
             reply = await self._http.call("POST", "/v1/load_weights", body={"path": str(path), "version": version},
-                                          timeout_s=self._reload_timeout_s)
+                                          headers=self._control, timeout_s=self._reload_timeout_s)
         except PolicyServerRejected as exc:
             if exc.status == 409:
                 raise VersionConflict(exc.server_message or str(exc)) from exc

@@ -90,6 +90,7 @@ class ProxyConfig:
     model_names: tuple[str, ...] = ()  # accepted `model` values besides the upstream's names; "*": any
     max_model_len: int | None = None  # default: the checkpoint's max_position_embeddings
     default_max_tokens: int = 4096
+    seal_interval: float = 60.0  # seconds before appended turns are sealed (visible to other machines)
 
     def check(self) -> None:
         """Raise ValueError naming every problem at once."""
@@ -106,6 +107,8 @@ class ProxyConfig:
             out.append(f"max_model_len must be at least 2, got {self.max_model_len}")
         if self.default_max_tokens < 1:
             out.append(f"default_max_tokens must be at least 1, got {self.default_max_tokens}")
+        if not 0 < self.seal_interval < float("inf"):
+            out.append(f"seal_interval must be a positive number of seconds, got {self.seal_interval}")
         return out
 
 
@@ -364,7 +367,7 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
 
     async def startup(app: web.Application) -> None:
         client = client_factory()
-        writer = store.writer(config.writer)
+        writer = store.writer(config.writer, seal_interval=config.seal_interval)
         capture = Capture(client, renderer, writer, run=config.run, max_model_len=max_len,
                           default_max_tokens=config.default_max_tokens, stored=store.holds_rollout)
         names = [*config.model_names, *await _served_names(client)]

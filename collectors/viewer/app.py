@@ -158,9 +158,25 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(jsonable(data), status=status, dumps=lambda d: json.dumps(d, allow_nan=False))
 
 
-async def _blocking(func: Callable[[], Any]) -> Any:
-    """Store reads block (DuckDB, Parquet): run them off the event loop so one slow page stalls no other."""
-    return await asyncio.to_thread(func)
+async def _read(request: web.Request, page: Page, read: Callable[[Any, Any], Any], *, decode: bool = False,
+                files: Callable[[Any, Any], int] | None = None) -> Any:
+    """One page's store reads: `read(snapshot, decode)` on a pooled snapshot of the page's version (`decode`
+    is the tokenizer's when asked, else None), then what it read is noted on `page` (`files(snapshot, result)`
+    files, or the snapshot's own count). Store reads block (DuckDB, Parquet), so this runs off the event loop
+    and one slow page stalls no other."""
+    source = request.app[SOURCE]
+
+    def run() -> Any:
+        decoder = source.decode() if decode else None
+        with source.snapshot(page.version) as snap:
+            out = read(snap, decoder)
+            if files is None:
+                page.read(snap)
+            else:
+                page.read(snap, files(snap, out))
+            return out
+
+    return await asyncio.to_thread(run)
 
 
 # ------------------------------------------------------------------ pages
@@ -170,13 +186,8 @@ async def runs_page(request: web.Request) -> web.Response:
     source = request.app[SOURCE]
     page = Page(request, _version(request))
 
-    def read() -> list[Any]:
-        with source.snapshot(page.version) as snap:
-            runs = source.runs(snap)
-            page.read(snap, len(snap.pinned.table.files))
-            return runs
-
-    runs = await _blocking(read)
+    runs = await _read(request, page, lambda snap, _: source.runs(snap),
+                       files=lambda snap, _: len(snap.pinned.table.files))
     if request.path.startswith("/api/"):
         return _json({"table_version": page.table_version, "runs": [vars(r) for r in runs]})
     plots = {r.run: _run_charts(r) for r in runs}
@@ -202,20 +213,14 @@ def _run_charts(run: Any) -> list[str]:
 
 
 async def rollouts_page(request: web.Request) -> web.Response:
-    source = request.app[SOURCE]
     page = Page(request, _version(request))
     try:
         f = RolloutFilter.from_query(request.query)
     except FilterError as exc:
         raise BadRequest(f"the rollouts table cannot use this query: {exc}") from exc
 
-    def read() -> Any:
-        with source.snapshot(page.version) as snap:
-            listing = list_rollouts(snap, f)
-            page.read(snap, listing.files_read)
-            return listing
-
-    listing = await _blocking(read)
+    listing = await _read(request, page, lambda snap, _: list_rollouts(snap, f),
+                          files=lambda _, listing: listing.files_read)
     if request.path.startswith("/api/"):
         return _json({"table_version": page.table_version, "files_read": listing.files_read,
                       "files_total": listing.files_total, "rows": listing.rows,
@@ -228,14 +233,8 @@ async def episode_page(request: web.Request) -> web.Response:
     page = Page(request, _version(request))
     rollout_id = request.match_info["rollout_id"]
 
-    def read() -> Any:
-        decode = source.decode()
-        with source.snapshot(page.version) as snap:
-            view = episode_view(snap, rollout_id, decode)
-            page.read(snap)
-            return view, decode is not None
-
-    view, decoded = await _blocking(read)
+    view, decoded = await _read(request, page, lambda snap, decode: (episode_view(snap, rollout_id, decode),
+                                                                    decode is not None), decode=True)
     if request.path.startswith("/api/"):
         return _json({"table_version": page.table_version, "row": view.row, "task": view.task,
                       "timeline": view.timeline, "episode": view.episode.as_json()})
@@ -243,34 +242,18 @@ async def episode_page(request: web.Request) -> web.Response:
 
 
 async def tokens_api(request: web.Request) -> web.Response:
-    source = request.app[SOURCE]
     page = Page(request, _version(request))
     rollout_id = request.match_info["rollout_id"]
 
-    def read() -> Any:
-        decode = source.decode()
-        with source.snapshot(page.version) as snap:
-            turns = episode_tokens(snap, rollout_id, decode)
-            page.read(snap)
-            return turns
-
-    turns = await _blocking(read)
+    turns = await _read(request, page, lambda snap, decode: episode_tokens(snap, rollout_id, decode), decode=True)
     return _json({"table_version": page.table_version, "rollout_id": rollout_id, "turns": turns})
 
 
 async def group_page(request: web.Request) -> web.Response:
-    source = request.app[SOURCE]
     page = Page(request, _version(request))
     group_id = request.match_info["group_id"]
 
-    def read() -> Any:
-        decode = source.decode()
-        with source.snapshot(page.version) as snap:
-            view = group_view(snap, group_id, decode)
-            page.read(snap)
-            return view
-
-    view = await _blocking(read)
+    view = await _read(request, page, lambda snap, decode: group_view(snap, group_id, decode), decode=True)
     if request.path.startswith("/api/"):
         return _json({"table_version": page.table_version, **view})
     return _page(request, "group.html", page, **view)

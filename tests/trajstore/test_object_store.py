@@ -92,17 +92,18 @@ def s3_store_uri(s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.Monkey
 def test_round_trip(s3_store_uri: str, tmp_path: Path) -> None:
     store = trajstore.open_store(s3_store_uri)
     assert store.location.remote and store.location.wal_root.is_relative_to(tmp_path / "spool")
-    with store.writer("solo", seal_interval=3600) as writer:
+    with store.writer("solo", seal_interval=3600, seal_kinds=()) as writer:
+        assert store.version() == 1  # the writer claimed its name (trajstore.owner)
         for b in range(4):
             writer.append(rollout("solo", b))
         live = store.query("SELECT count(*) AS n FROM events").column("n")[0].as_py()
-        assert live == 16 and store.version() == 0, "acknowledged events are visible before any seal"
+        assert live == 16 and store.version() == 1, "acknowledged events are visible before any seal"
         assert writer.seal() == 16
         for b in range(4, 8):
             writer.append(rollout("solo", b))
             writer.seal()
     sealed_version = store.version()
-    assert sealed_version == 5  # create, then one commit per seal; close had nothing left
+    assert sealed_version == 6  # create, claim, then one commit per seal; close had nothing left
 
     elsewhere = _open_elsewhere(s3_store_uri, tmp_path / "other-spool")
     assert per_writer(elsewhere.snapshot()) == {"solo": 32}
@@ -122,8 +123,8 @@ def test_round_trip(s3_store_uri: str, tmp_path: Path) -> None:
     # Time travel: the version before compaction still reads its five files; an older one less.
     old = store.snapshot(sealed_version)
     assert len(old.files) == 5 and per_writer(old) == {"solo": 32}
-    assert per_writer(store.snapshot(1)) == {"solo": 16}
-    assert store.query("SELECT count(*) AS n FROM events", version=2).column("n")[0].as_py() == 20
+    assert per_writer(store.snapshot(2)) == {"solo": 16}
+    assert store.query("SELECT count(*) AS n FROM events", version=3).column("n")[0].as_py() == 20
 
     with pytest.raises(StoreNotFoundError):
         trajstore.open_store(s3_store_uri + "-missing", create=False)

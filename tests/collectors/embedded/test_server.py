@@ -214,3 +214,27 @@ def test_load_weights_refuses_bad_input(server: RunningServer) -> None:
     assert stale.status == 409 and "versions only go up" in stale.json()["error"]["message"]
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and not _is_loopback("10.0.0.7")
     assert not _is_loopback(None)
+
+
+def test_a_control_token_opens_load_weights_to_its_holders_only(tiny_model: Path) -> None:
+    """With --control-token, collectors on other machines can reload the server; nobody without the token can
+    (loopback included); without one, only loopback callers can (the test above)."""
+    from collectors.embedded.app import serve_in_thread
+    from collectors.errors import WeightLoadError
+    from collectors.policy import EmbeddedClient
+
+    token = "s3cret-token-0123456789"
+    with pytest.raises(ValueError, match="at least 16"):
+        with serve_in_thread(tiny_model, control_token="short", device="cpu"):
+            pass
+    with serve_in_thread(tiny_model, control_token=token, device="cpu") as srv:
+        async def load(with_token: str | None, version: int) -> None:
+            async with EmbeddedClient(srv.url, control_token=with_token) as client:
+                await client.load_weights(str(tiny_model), version)
+
+        for wrong in (None, token + "x"):
+            with pytest.raises(WeightLoadError, match="control token"):
+                asyncio.run(load(wrong, 1))
+        assert srv.engine.policy_version == 0
+        asyncio.run(load(token, 1))
+        assert srv.engine.policy_version == 1

@@ -1,0 +1,367 @@
+"""The multi-host rehearsal: one object store, two collector hosts, a learner host; faults; one JSON report.
+
+Run only inside a sandbox (`tests/multihost/test_rehearsal.py` starts it with
+`sandbox.enter`; hosts refuse to be made anywhere else). Each host has its own disk (a
+directory under --work, mounted as its /tmp, so the test can read it afterwards), hostname,
+process ids and network namespace; the collector hosts share one hostname, as two containers
+can. Only the object store (moto with atomic conditional writes, `tests/moto_s3.py`, which
+also drops the reply to every Nth Delta commit after performing it) is reachable across hosts.
+
+1. Visibility: c1 appends (metrics, then statuses), c2 watches as another machine, and
+   the report gives the append-to-visible latency per kind with `--seal-interval 1`.
+2. Store faults: c1 and c2 append at once (same hostname: the default writer names still
+   differ); c1's link is cut mid-append and restored; c2 is killed mid-append, restarted on
+   its own disk, and appends again (sealing what the dead writer acknowledged); the learner
+   host watches throughout (snapshots only grow). Every acknowledged event must be there once.
+3. The control route: `trajstore serve --control-token` on c1, reloaded from c2 with the
+   token (and refused without it). Then the closed loop: `trajstore learn` on the learner host, `trajstore collect --follow` on each
+   collector host (embedded policy server each), until the learner has published --versions
+   versions; meanwhile the learner host is killed mid-publish and restarted, c2 is killed and
+   restarted, and c1's link is cut and restored. Then `probe check` reports the invariants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.multihost.sandbox import Host, Sandbox, python
+
+REPO = Path(__file__).resolve().parents[2]
+BUCKET = "rehearsal"
+RUN = "loop"
+K = 1  # max staleness
+DROP_EVERY = 7  # the store drops its reply to every 7th Delta commit
+
+
+class Failed(RuntimeError):
+    pass
+
+
+def wait_for(what: str, ok: Callable[[], Any], timeout: float, poll: float = 0.1) -> Any:
+    """Poll `ok()` until truthy; a clear failure after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = ok()
+        if value:
+            return value
+        time.sleep(poll)
+    raise Failed(f"gave up after {timeout:.0f} s waiting for {what}")
+
+
+def read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def acks(path: Path) -> list[dict[str, Any]]:
+    """The acknowledged events an `append` probe logged (a line cut by a kill was not yet logged whole)."""
+    out = []
+    for line in read(path).splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+class Rehearsal:
+    def __init__(self, box: Sandbox, work: Path, versions: int) -> None:
+        self.box, self.work, self.versions = box, work, versions
+        self.report: dict[str, Any] = {"faults": []}
+        self.store = box.add_host("store", disk=self.disk("store"))
+        self.c1 = box.add_host("c1", hostname="collector", disk=self.disk("c1"))
+        self.c2 = box.add_host("c2", hostname="collector", disk=self.disk("c2"))
+        self.learner = box.add_host("learner", disk=self.disk("learner"))
+        self.uri = f"s3://{BUCKET}/store"
+        endpoint = f"http://{self.store.ip}:9000"
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": "/tmp/home", "TRAJSTORE_SPOOL": "/tmp/spool",
+                    "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal",
+                    "AWS_REGION": "us-east-1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "TRAJSTORE_CHECKPOINT_CACHE",
+                     "TRAJSTORE_STORE", "TRAJSTORE_SEAL_INTERVAL"):
+            self.env.pop(name, None)
+
+    def disk(self, name: str) -> Path:
+        path = self.work / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def on(self, host: Host, argv: list[str], log: str) -> subprocess.Popen[Any]:
+        return host.popen(argv, env=self.env, log=str(self.work / host.name / log))
+
+    def restart(self, host: Host) -> Host:
+        """The host comes back after a kill: same name, address, hostname and disk; nothing running."""
+        fresh = self.box.restart_host(host.name)
+        for attr in ("c1", "c2", "learner"):
+            if getattr(self, attr) is host:
+                setattr(self, attr, fresh)
+        return fresh
+
+    # ------------------------------------------------------------------ the object store
+
+    def start_store(self) -> None:
+        log = self.work / "store" / "moto.log"
+        self.on(self.store, python("-m", "tests.moto_s3", "--host", self.store.ip, "--port", "9000",
+                                   "--drop-commit-replies", str(DROP_EVERY)), "moto.log")
+        wait_for("the object store (moto) to serve", lambda: "http://" in read(log), 60)
+        make = f"import boto3; boto3.client('s3').create_bucket(Bucket={BUCKET!r})"
+        self.c1.run(python("-c", make), env=self.env)
+
+    # ------------------------------------------------------------------ 1. visibility
+
+    def visibility(self) -> None:
+        n = 40
+        watch = self.on(self.c2, python("-m", "tests.multihost.probe", "watch", "--store", self.uri, "--prefix", "vis",
+                                        "--expect", str(n), "--out", "/tmp/vis-seen.json", "--timeout", "90"),
+                        "vis-watch.log")
+        # the watcher needs the store: create it from c1 first (open_store creates), then append
+        app = self.on(self.c1, python("-m", "tests.multihost.probe", "append", "--store", self.uri, "--prefix", "vis",
+                                      "--count", str(n), "--every", "0.1", "--seal-interval", "1",
+                                      "--ack", "/tmp/vis-acks.jsonl"), "vis-append.log")
+        self.finish(app, "the visibility appender on c1", 90)
+        self.finish(watch, "the visibility watcher on c2", 120)
+        seen = json.loads(read(self.work / "c2" / "vis-seen.json"))
+        lat: dict[str, list[float]] = {}
+        for a in acks(self.work / "c1" / "vis-acks.jsonl"):
+            if a["id"] not in seen["seen"]:
+                raise Failed(f"event {a['id']} was acknowledged on c1 but never became visible on c2")
+            lat.setdefault(a["kind"], []).append(seen["seen"][a["id"]] - a["t"])
+        self.report["visibility_s"] = {kind: {"n": len(v), "p50": sorted(v)[len(v) // 2], "max": max(v)}
+                                       for kind, v in lat.items()}
+        self.report["visibility_shrank"] = seen["shrank"]
+
+    def finish(self, proc: subprocess.Popen[Any], what: str, timeout: float) -> None:
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise Failed(f"{what} did not finish within {timeout:.0f} s") from None
+        if code != 0:
+            raise Failed(f"{what} failed with exit code {code} (its log is under {self.work})")
+
+    # ------------------------------------------------------------------ 2. store faults
+
+    def store_faults(self) -> None:
+        stop = self.work / "learner" / "stop-watch"
+        watch = self.on(self.learner, python("-m", "tests.multihost.probe", "watch", "--store", self.uri, "--prefix",
+                                             "f", "--expect", "100000", "--out", "/tmp/faults-seen.json",
+                                             "--timeout", "120", "--stop", "/tmp/stop-watch"), "faults-watch.log")
+        probe = ["-m", "tests.multihost.probe", "append", "--store", self.uri, "--count", "60", "--every", "0.05",
+                 "--seal-interval", "1"]
+        a1 = self.on(self.c1, python(*probe, "--prefix", "f1", "--ack", "/tmp/f1.jsonl"), "f1.log")
+        self.on(self.c2, python(*probe, "--prefix", "f2", "--ack", "/tmp/f2.jsonl"), "f2.log")
+        wait_for("c1's first acknowledged appends", lambda: len(acks(self.work / "c1" / "f1.jsonl")) >= 10, 60)
+        self.c1.link(False)
+        self.report["faults"].append("store: c1's link cut mid-append for 3 s")
+        wait_for("c2's first acknowledged appends", lambda: len(acks(self.work / "c2" / "f2.jsonl")) >= 15, 60)
+        self.c2.kill()
+        self.report["faults"].append("store: c2 killed mid-append, restarted on its disk")
+        time.sleep(max(0.0, 3.0))
+        self.c1.link(True)
+        c2 = self.restart(self.c2)
+        again = self.on(c2, python(*probe[:-4], "--count", "8", "--every", "0.05", "--seal-interval", "1",
+                                   "--prefix", "f2b", "--ack", "/tmp/f2b.jsonl"), "f2b.log")
+        self.finish(a1, "the appender on c1 (link cut and restored)", 120)
+        self.finish(again, "the appender on c2 after its restart", 120)
+        acked = [a["id"] for name, host in (("f1", "c1"), ("f2", "c2"), ("f2b", "c2"))
+                 for a in acks(self.work / host / f"{name}.jsonl")]
+        check = ("import json, sys, trajstore; s = trajstore.open_store(sys.argv[1], create=False); "
+                 "print(json.dumps(s.query(\"SELECT event_id, count(*) AS n FROM _raw WHERE regexp_matches(event_id, "
+                 "'^f[0-9]') GROUP BY event_id\").to_pylist()))")
+
+        def stored() -> dict[str, int] | None:
+            rows = json.loads(self.learner.run(python("-c", check, self.uri), env=self.env).stdout)
+            got = {r["event_id"]: r["n"] for r in rows}
+            return got if set(acked) <= set(got) else None
+
+        got = wait_for("every acknowledged event to be visible on the learner host", stored, 60, poll=0.5)
+        stop.touch()
+        self.finish(watch, "the watcher on the learner host", 60)
+        seen = json.loads(read(self.work / "learner" / "faults-seen.json"))
+        self.report["store_faults"] = {
+            "acknowledged": len(acked), "stored": len(got), "twice": sorted(e for e, n in got.items() if n > 1),
+            "lost": sorted(set(acked) - set(got)), "shrank": seen["shrank"],
+            "unacknowledged_but_stored": len(set(got) - set(acked)),  # appended when the kill cut the ack log
+            "writers": sorted({a["writer"] for name, host in (("f1", "c1"), ("f2", "c2"))
+                               for a in acks(self.work / host / f"{name}.jsonl")}),
+            "dropped_commit_replies": read(self.work / "store" / "moto.log").count("dropped the reply"),
+        }
+
+    # ------------------------------------------------------------------ 3. the closed loop
+
+    def closed_loop(self) -> None:
+        self.learner.run(python("-m", "cli.main", "init-model", "/tmp/model", "--layers", "1", "--hidden-size", "32",
+                                "--heads", "1", "--kv-heads", "1", "--intermediate-size", "64", "--vocab-size", "512"),
+                         env=self.env, timeout=180)
+        for name in ("c1", "c2"):
+            shutil.copytree(self.work / "learner" / "model", self.work / name / "model")
+            tasks = [{"id": f"{name}-t{i}", "prompt": f"Count to {i} on {name}."} for i in range(400)]
+            (self.work / name / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+        self.control_route()
+        started = time.monotonic()
+        marks = self.report["loop_timeline_s"] = {}
+
+        def mark(what: str) -> None:
+            marks[what] = round(time.monotonic() - started, 1)
+
+        # a reader on the store's host takes snapshots throughout: they must only grow
+        watch = self.on(self.store, python("-m", "tests.multihost.probe", "watch", "--store", self.uri, "--prefix",
+                                           "none", "--expect", "1", "--timeout", "600", "--poll", "1", "--out",
+                                           "/tmp/loop-seen.json", "--stop", "/tmp/stop-loop-watch"), "loop-watch.log")
+        self.start_learner()
+        for host in (self.c1, self.c2):
+            self.start_collector(host)
+        seen_versions = self.versions_seen
+
+        # the learner host is killed mid-publish (a partial checkpoint directory on its disk), then restarted
+        ckpts = self.work / "learner" / "ckpts"
+        wait_for("version 2", lambda: seen_versions() >= 2, 120, poll=0.5)
+        mark("version 2")
+        try:  # a version being written: a `.partial-*` directory (each lasts milliseconds: poll fast)
+            wait_for("the learner to start publishing a version", lambda: any(
+                p.name.startswith(".partial-") for p in ckpts.iterdir()), 30, poll=0.005)
+            when = "mid-publish, a partial checkpoint directory on its disk"
+        except Failed:  # never caught in the act: kill it as soon as the next version is out, mid-announcement
+            wait_for("version 3", lambda: seen_versions() >= 3, 60, poll=0.005)
+            when = "right after publishing version 3"
+        self.learner.kill()
+        mark("learner killed")
+        self.report["faults"].append(f"loop: learner host killed {when}, restarted on its disk")
+        self.restart(self.learner)
+        self.start_learner()
+
+        # a collector host is killed and restarted; the other's link is cut and restored
+        wait_for("version 4", lambda: seen_versions() >= 4, 120, poll=0.5)
+        mark("version 4")
+        self.c2.kill()
+        self.report["faults"].append("loop: collector host c2 killed and restarted")
+        self.start_collector(self.restart(self.c2))
+        self.c1.link(False)
+        time.sleep(3)
+        self.c1.link(True)
+        self.report["faults"].append("loop: c1's link cut for 3 s and restored")
+
+        wait_for(f"version {self.versions}", lambda: seen_versions() >= self.versions, 240, poll=0.5)
+        mark(f"version {self.versions}")
+        self.finish(self.learner_proc, "the learner (reaching --steps)", 60)
+        for host in (self.c1, self.c2):
+            self.stop(host, self.collectors[host.name], "collect")
+        (self.work / "store" / "stop-loop-watch").touch()
+        self.finish(watch, "the reader on the store's host", 60)
+        seen = json.loads(read(self.work / "store" / "loop-seen.json"))
+        check = self.learner.run(python("-m", "tests.multihost.probe", "check", "--store", self.uri, "--run", RUN,
+                                        "--max-staleness", str(K)), env=self.env)
+        self.report["loop"] = json.loads(check.stdout.strip().splitlines()[-1])
+        self.report["loop"]["reader"] = {"snapshots": seen["snapshots"], "shrank": seen["shrank"]}
+        self.report["loop"]["fetched_checkpoints"] = {
+            name: sorted(p.parent.name for p in (self.work / name / "home").rglob("trajstore_manifest.json"))
+            for name in ("c1", "c2")}
+        self.report["dropped_commit_replies"] = read(self.work / "store" / "moto.log").count("dropped the reply")
+        self.report["loop"]["unsealed_segments"] = {
+            name: [str(p.relative_to(self.work)) for p in (self.work / name / "spool").rglob("*.arrows")]
+            for name in ("c1", "c2", "learner")}
+
+    def control_route(self) -> None:
+        """A policy server on c1 with a control token: c2 (another host) reloads it with the token, not without."""
+        token = "rehearsal-control-token-0123"
+        server = self.with_pid(self.c1, python("-m", "cli.main", "serve", "--model", "/tmp/model", "--host",
+                                               self.c1.ip, "--port", "8000", "--device", "cpu", "--threads", "1",
+                                               "--control-token", token), "serve")
+        url = f"http://{self.c1.ip}:8000"
+        probe = ("import asyncio, json, sys\n"
+                 "from collectors.policy import EmbeddedClient\n"
+                 "async def load(token, version):\n"
+                 "    async with EmbeddedClient(sys.argv[1], control_token=token) as c:\n"
+                 "        try:\n"
+                 "            await c.load_weights('/tmp/model', version)\n"
+                 "            return 'loaded'\n"
+                 "        except Exception as exc:\n"
+                 "            return f'{type(exc).__name__}: {exc}'\n"
+                 "print(json.dumps([asyncio.run(load(None, 1)), asyncio.run(load(sys.argv[2], 1))]))\n")
+        wait_for("the policy server on c1", lambda: "serving" in read(self.work / "c1" / "serve.log")
+                 or server.poll() is not None, 120, poll=0.2)
+        answers = json.loads(self.c2.run(python("-c", probe, url, token), env=self.env).stdout.strip().splitlines()[-1])
+        self.report["control_route"] = {"without_token": answers[0], "with_token": answers[1]}
+        self.stop(self.c1, server, "serve")
+
+    def with_pid(self, host: Host, argv: list[str], name: str) -> subprocess.Popen[Any]:
+        """Start `argv` on `host`, its pid (as the host sees it) in /tmp/NAME.pid, its output in NAME.log."""
+        return self.on(host, ["sh", "-c", f"echo $$ > /tmp/{name}.pid && exec {shlex.join(argv)}"], f"{name}.log")
+
+    def stop(self, host: Host, proc: subprocess.Popen[Any], name: str, timeout: float = 60) -> None:
+        """SIGTERM what `with_pid` started (by its pid on its host), and wait for it to end."""
+        host.run(["sh", "-c", f"kill -TERM $(cat /tmp/{name}.pid)"], env=self.env)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise Failed(f"{name} on {host.name} did not stop within {timeout:.0f} s of SIGTERM") from None
+
+    def running(self) -> None:
+        """Fail at once, with its log's tail, when the learner or a collector exited on its own."""
+        procs = [("learner", self.learner_proc, self.learner_log)]
+        procs += [(name, p, self.work / name / "collect.log") for name, p in self.collectors.items()]
+        for name, proc, log in procs:
+            if proc.poll() not in (None, 0):
+                raise Failed(f"the {'learner' if name == 'learner' else 'collector on ' + name} exited with code "
+                             f"{proc.returncode}; the end of {log}:\n{read(log)[-3000:]}")
+
+    def versions_seen(self) -> int:
+        """The newest version published on the learner's disk (renamed into place whole)."""
+        self.running()
+        ckpts = self.work / "learner" / "ckpts"
+        found = [int(p.name[1:]) for p in ckpts.glob("v[0-9]*")] if ckpts.is_dir() else []
+        return max(found, default=0)
+
+    def start_learner(self) -> None:
+        n = sum(1 for p in (self.work / "learner").glob("learn*.log"))
+        self.learner_proc = self.on(self.learner, python(
+            "-m", "cli.main", "learn", "--store", self.uri, "--run", RUN, "--model", "/tmp/model", "--checkpoints",
+            "/tmp/ckpts", "--groups-per-step", "2", "--steps", str(self.versions), "--max-staleness", str(K),
+            "--seal-interval", "1", "--poll-interval", "0.5", "--lr", "1e-3", "--device", "cpu", "--create-store"),
+            f"learn-{n}.log")
+        self.learner_log = self.work / "learner" / f"learn-{n}.log"
+
+    def start_collector(self, host: Host) -> None:
+        self.collectors = getattr(self, "collectors", {})
+        cmd = python("-m", "cli.main", "collect", "--store", self.uri, "--run", RUN, "--tasks",
+               "/tmp/tasks.jsonl", "--n", "4", "--model", "/tmp/model", "--reward",
+               "tests.collectors.agents_for_tests:score", "--max-tokens", "8", "--max-turns", "1", "--concurrency",
+               "4", "--follow", "--plain", "--max-staleness", str(K), "--seal-interval", "1", "--threads", "1",
+               "--device", "cpu", "--seed", "1")
+        self.collectors[host.name] = self.with_pid(host, cmd, "collect")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--versions", type=int, default=8)
+    ap.add_argument("--phases", default="visibility,store_faults,closed_loop")
+    a = ap.parse_args()
+    started = time.monotonic()
+    with Sandbox() as box:
+        r = Rehearsal(box, a.work, a.versions)
+        r.start_store()
+        for phase in a.phases.split(","):
+            t = time.monotonic()
+            getattr(r, phase)()
+            r.report[f"{phase}_seconds"] = round(time.monotonic() - t, 1)
+    r.report["seconds"] = round(time.monotonic() - started, 1)
+    r.report["load"] = os.getloadavg()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)  # every host process was waited for by its nsenter
+    r.report["cpu_seconds"] = round(used.ru_utime + used.ru_stime, 1)  # what the rehearsal costs, whatever the load
+    (a.work / "report.json").write_text(json.dumps(r.report, indent=1, default=str))
+    print(json.dumps(r.report, default=str))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
