@@ -5,15 +5,21 @@ checkpoint directory), so it lives with the CLI. It runs the real commands as re
 exactly as a user would, and prints each one:
 
 1. `trajstore init-model`: a tiny random Qwen2 with its own tokenizer (no downloads);
-2. a short supervised warm start on worked calculator episodes (`learner.sft` over
-   `collectors.envs.arithmetic.warm_start_conversations`): the random model learns the
-   tool-call format, not yet to copy digits reliably;
+2. a short supervised warm start on worked packing episodes (`learner.sft` over
+   `collectors.envs.packing.warm_start_conversations`): the random model learns the format
+   and the tool protocol (call the forecast, repeat the weather, name an item) but names the
+   item at random, so version 0 packs the right item about 1/4 of the time;
 3. `trajstore learn` and `trajstore collect --follow` side by side on one store: the
-   collector runs the built-in tool agent with the calculator through the capture proxy and
-   the embedded server, admits rollouts only within `max_staleness` versions of the learner,
-   and hot-reloads every checkpoint the learner publishes;
-4. a summary from the store by SQL (reward by policy version, tokens, rollouts, steps), a
-   PNG plot of reward and staleness by version, and the next commands to try.
+   collector runs the built-in tool agent with the forecast tool through the capture proxy
+   and the embedded server, admits rollouts only within `max_staleness` versions of the
+   learner, and hot-reloads every checkpoint the learner publishes;
+4. a summary from the store by SQL: the `correct` rate by policy version with a 95% Wilson
+   interval (`correct_by_version`), tokens, rollouts and steps; a PNG plot of it; one failed
+   rollout of version 0 and one solved rollout of the newest versions, to replay side by
+   side; and the next commands to try.
+
+`DemoSettings` is the one preset: `trajstore demo` uses it as is (`--engine` only changes
+who serves the model), `DemoSettings.quick` is the CI-sized loop of the same task.
 
 The demo stops when the learner has published its last version (or at the time limit);
 the collector is then interrupted, which marks its in-flight rollouts aborted.
@@ -21,6 +27,7 @@ the collector is then interrupted, which marks its in-flight rollouts aborted.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import signal
@@ -30,9 +37,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
-from collectors.envs import arithmetic
+import torch
+
+from collectors.envs import packing
 from collectors.model.build import ModelSize, init_model
 from learner.sft import warm_start
 from trajstore import open_store
@@ -46,8 +56,8 @@ class DemoSettings:
 
     directory: Path
     seed: int = 0
-    # 2 layers, 2 heads of 32 dimensions (vLLM's CPU attention takes no smaller): the whole loop fits 10 minutes
-    # on 2 CPU cores (see arithmetic.py on copying)
+    # 2 layers, 2 heads of 32 dimensions (vLLM's CPU attention takes no smaller), untied LM head (vLLM reloads it
+    # whole); sized for 10 minutes on an idle 2-core machine: a learner step of 8 groups took about 2.5 s at load 2
     size: ModelSize = ModelSize(vocab_size=2048, hidden_size=64, layers=2, heads=2, kv_heads=1,
                                 intermediate_size=192, max_positions=1024)
     engine: str = "embedded"  # the collector's policy server: the embedded one, or "vllm" (collect --vllm)
@@ -55,14 +65,15 @@ class DemoSettings:
     warm_start_steps: int = 400
     warm_start_lr: float = 1e-2
     warm_start_batch: int = 16
-    warm_start_tool_fraction: float = 0.5  # share of worked episodes that call the calculator (the rest answer at once)
-    tasks: int = 512
+    tasks: int = 1024
     n: int = 8  # rollouts per task: one GRPO group
-    groups_per_step: int = 4
-    steps: int = 24
+    groups_per_step: int = 8  # 2 groups of each weather on average: a gradient that points the same way step to step
+    steps: int = 80
     publish_every: int = 1
     max_staleness: int = 1
-    lr: float = 2e-3
+    lr: float = 3e-3  # 4e-3 and more (with or without warmup or KL) made the policy stop calling the tool
+    warmup_steps: int = 5  # learn --warmup-steps
+    kl_coef: float = 0.0  # learn --kl-coef: k3 KL to the warm-started model
     temperature: float = 1.0
     max_tokens: int = 48
     max_turns: int = 3
@@ -71,9 +82,11 @@ class DemoSettings:
 
     def problems(self) -> list[str]:
         out = [f"{name} must be >= 1, got {value}" for name, value in asdict(self).items()
-               if isinstance(value, int) and name != "seed" and value < 1]
+               if isinstance(value, int) and name not in ("seed", "warmup_steps") and value < 1]
         out += [f"{name} must be > 0, got {value}" for name, value in asdict(self).items()
-                if isinstance(value, float) and value <= 0]
+                if isinstance(value, float) and value <= 0 and name != "kl_coef"]
+        if self.kl_coef < 0:
+            out.append(f"kl_coef must be >= 0, got {self.kl_coef}")
         out += self.size.problems()
         if self.engine not in ("embedded", "vllm"):
             out.append(f"engine must be 'embedded' or 'vllm', got {self.engine!r}")
@@ -86,8 +99,9 @@ class DemoSettings:
 
     @classmethod
     def quick(cls, directory: Path, seed: int = 0) -> DemoSettings:
-        """The CI-sized loop (tests/cli/test_demo.py): a shorter warm start and 10 learner steps."""
-        return cls(directory, seed=seed, warm_start_steps=200, tasks=160, steps=10, lr=3e-3, time_limit_s=600.0)
+        """The CI-sized loop (tests/cli/test_demo.py): the same task and warm start, 60 learner steps, and a time
+        limit that is only a safety net (the test asserts on the versions the run reached, not on time)."""
+        return cls(directory, seed=seed, steps=60, time_limit_s=1800.0)
 
 
 @dataclass
@@ -101,7 +115,8 @@ class DemoResult:
     tokens: int
     seconds: float
     commands: list[str] = field(default_factory=list)
-    example_rollout: str | None = None  # the best-rewarded rollout of the newest version, to replay
+    failure: str | None = None  # a rollout of version 0 that packed the wrong item, to replay
+    success: str | None = None  # a rollout of the last quarter of versions that packed the right one
 
 
 def _cli(*args: Any) -> list[str]:
@@ -117,10 +132,10 @@ def commands(s: DemoSettings, model: Path) -> dict[str, list[str]]:
     d = s.directory
     learn = _cli("learn", "--store", d / "store", "--run", RUN, "--model", model, "--checkpoints", d / "checkpoints",
                  "--max-staleness", s.max_staleness, "--groups-per-step", s.groups_per_step, "--steps", s.steps,
-                 "--publish-every", s.publish_every, "--lr", s.lr, "--seed", s.seed)
+                 "--publish-every", s.publish_every, "--lr", s.lr, "--warmup-steps", s.warmup_steps, "--kl-coef", s.kl_coef, "--seed", s.seed)
     collect = _cli("collect", "--store", d / "store", "--run", RUN, "--tasks", d / "tasks.jsonl", "--n", s.n,
-                   "--model", model, "--tools", "collectors.envs.arithmetic:calculator",
-                   "--reward", "collectors.envs.arithmetic:reward",
+                   "--model", model, "--tools", "collectors.envs.packing:forecast",
+                   "--reward", "collectors.envs.packing:reward",
                    "--max-turns", s.max_turns, "--max-tokens", s.max_tokens, "--temperature", s.temperature,
                    "--concurrency", s.concurrency, "--max-staleness", s.max_staleness,
                    "--groups-per-version", s.groups_per_step * s.publish_every, "--follow", "--plain",
@@ -137,12 +152,19 @@ def run_demo(s: DemoSettings, say: Callable[[str], None] = print) -> DemoResult:
     d.mkdir(parents=True, exist_ok=True)
     say(f"[1/4] init-model: a random {s.size.layers}-layer Qwen2 and its tokenizer -> {d / 'base'}")
     init_model(d / "base", s.size, seed=s.seed)
-    say(f"[2/4] warm start: {s.warm_start_steps} supervised steps on {s.warm_start_examples} worked calculator "
-        f"episodes -> {d / 'warm'}")
-    warm_start(d / "base", d / "warm", arithmetic.warm_start_conversations(s.warm_start_examples, seed=s.seed,
-                                                                  tool_fraction=s.warm_start_tool_fraction),
-               steps=s.warm_start_steps, lr=s.warm_start_lr, batch_size=s.warm_start_batch, seed=s.seed)
-    arithmetic.write_tasks(d / "tasks.jsonl", s.tasks, seed=s.seed + 1)
+    say(f"[2/4] warm start: {s.warm_start_steps} supervised steps on {s.warm_start_examples} worked packing "
+        f"episodes (the item named at random) -> {d / 'warm'}")
+    threads = torch.get_num_threads()
+    # one thread, as the loop's processes get (OMP_NUM_THREADS=1): a tiny model gains little from two, and on
+    # a busy machine the second one spin-waits (measured on 2 shared cores at load ~10: 7.5 s a step with
+    # two threads, 0.2 s with one)
+    torch.set_num_threads(1)
+    try:
+        warm_start(d / "base", d / "warm", packing.warm_start_conversations(s.warm_start_examples, seed=s.seed),
+                   steps=s.warm_start_steps, lr=s.warm_start_lr, batch_size=s.warm_start_batch, seed=s.seed)
+    finally:
+        torch.set_num_threads(threads)
+    packing.write_tasks(d / "tasks.jsonl", s.tasks, seed=s.seed + 1)
     cmds = commands(s, d / "warm")
     say("[3/4] collect and learn, concurrently on one store:")
     for name, cmd in cmds.items():
@@ -165,10 +187,9 @@ def run_demo(s: DemoSettings, say: Callable[[str], None] = print) -> DemoResult:
                 say("      " + line)
                 last = line
     finally:
-        for name in ("collect", "learn"):
-            proc = procs[name]
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
+        stopped = [name for name in ("collect", "learn") if procs[name].poll() is None]  # by us, at the time limit
+        for name in stopped:
+            procs[name].send_signal(signal.SIGINT)
         for name, proc in procs.items():
             try:
                 proc.wait(timeout=60)
@@ -176,7 +197,7 @@ def run_demo(s: DemoSettings, say: Callable[[str], None] = print) -> DemoResult:
                 proc.kill()
                 proc.wait()
             logs[name].close()
-    if procs["learn"].returncode not in (0, None, -signal.SIGINT, 130):
+    if "learn" not in stopped and procs["learn"].returncode != 0:
         raise ChildProcessError(f"the learner failed (exit {procs['learn'].returncode}); see {d / 'learn.log'}")
     say("[4/4] summary")
     return _summary(s, store, time.monotonic() - started, [_shown(c) for c in cmds.values()])
@@ -193,38 +214,73 @@ def _progress(store: Any) -> str:
     return f"learner at version {row['version']}, {row['rollouts']} rewarded rollouts, latest version's reward {reward}"
 
 
-def reward_by_version(store: Any) -> list[dict[str, Any]]:
-    """Mean reward, correct-answer rate and calculator-use rate of the rollouts each policy version
-    sampled (complete groups only), with the mean staleness at which the learner trained on them."""
-    return store.query("""
+def wilson(successes: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a success rate (hand-written: five lines, where scipy or
+    statsmodels would be a dependency for one formula). Unlike the normal interval it stays in
+    [0, 1] and is not empty at a rate of 0 or 1, which the first and last versions reach."""
+    if n == 0:
+        return 0.0, 1.0
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def correct_by_version(store: Any) -> list[dict[str, Any]]:
+    """Per policy version, its rollouts (complete groups only): how many, the `correct` rate with
+    its 95% Wilson interval (`low`, `high`), the share that called the forecast tool, the mean
+    reward, tokens, and the mean staleness at which the learner trained on them."""
+    rows = store.query("""
         WITH r AS (SELECT o.rollout_id, o.min_version AS version, o.reward, o.tokens
                    FROM rollouts o JOIN groups g USING (run, group_id)
                    WHERE o.run = $run AND o.trainable AND g.complete),
              c AS (SELECT rollout_id, version AS consumed_by FROM consumed WHERE run = $run),
-             k AS (SELECT rollout_id,
-                          last(reward ORDER BY time) FILTER (WHERE reward_name = 'correct') AS correct,
-                          last(reward ORDER BY time) FILTER (WHERE reward_name = 'tool') AS tool
-                   FROM events WHERE kind = 'reward' AND run = $run GROUP BY rollout_id)
-        SELECT r.version, count(*) AS rollouts, avg(r.reward) AS reward, avg(k.correct) AS correct,
-               avg(CASE WHEN k.tool > 0 THEN 1.0 ELSE 0.0 END) AS used_calculator,
+             k AS (SELECT rollout_id, last(reward ORDER BY time) FILTER (WHERE reward_name = 'correct') AS correct
+                   FROM events WHERE kind = 'reward' AND run = $run GROUP BY rollout_id),
+             t AS (SELECT rollout_id, count(*) > 1 AS called FROM turns WHERE run = $run GROUP BY rollout_id)
+        SELECT r.version, count(*) AS rollouts, coalesce(sum(k.correct), 0) AS solved,
+               avg(CASE WHEN t.called THEN 1.0 ELSE 0.0 END) AS called_tool, avg(r.reward) AS reward,
                sum(r.tokens)::BIGINT AS tokens, avg(c.consumed_by - 1 - r.version) AS staleness
-        FROM r LEFT JOIN c USING (rollout_id) LEFT JOIN k USING (rollout_id)
+        FROM r LEFT JOIN c USING (rollout_id) LEFT JOIN k USING (rollout_id) LEFT JOIN t USING (rollout_id)
         GROUP BY r.version ORDER BY r.version
     """, {"run": RUN}).to_pylist()
+    for row in rows:
+        row["correct"] = row["solved"] / row["rollouts"]
+        row["low"], row["high"] = wilson(row["solved"], row["rollouts"])
+    return rows
+
+
+def last_quarter(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pooled `correct` rate (and interval) of the last quarter of the versions in `rows`."""
+    tail = rows[len(rows) - max(1, len(rows) // 4):]
+    solved, n = sum(r["solved"] for r in tail), sum(r["rollouts"] for r in tail)
+    low, high = wilson(solved, n)
+    return {"versions": [r["version"] for r in tail], "rollouts": n, "correct": solved / n if n else 0.0,
+            "low": low, "high": high}
+
+
+def _example(store: Any, where: str) -> str | None:
+    rows = store.query(f"""
+        SELECT o.rollout_id FROM rollouts o JOIN events e USING (rollout_id)
+        WHERE o.run = $run AND o.trainable AND e.kind = 'reward' AND e.reward_name = 'correct' AND {where}
+        ORDER BY o.min_version DESC, o.rollout_id LIMIT 1""", {"run": RUN}).to_pylist()
+    return rows[0]["rollout_id"] if rows else None
 
 
 def _summary(s: DemoSettings, store: Any, seconds: float, shown: list[str]) -> DemoResult:
-    rows = reward_by_version(store)
+    rows = correct_by_version(store)
     totals = store.query("""
         SELECT (SELECT count(*) FROM rollouts WHERE run = $run) AS rollouts,
                (SELECT coalesce(sum(tokens), 0) FROM rollouts WHERE run = $run)::BIGINT AS tokens,
                (SELECT coalesce(max(step), 0) FROM events WHERE kind = 'metric' AND run = $run) AS steps
     """, {"run": RUN}).to_pylist()[0]
-    best = store.query("SELECT rollout_id FROM rollouts WHERE run = $run AND trainable "
-                       "ORDER BY reward DESC, min_version DESC LIMIT 1", {"run": RUN}).to_pylist()
-    plot = plot_by_version(rows, s.directory / "reward_by_version.png") if rows else None
+    late = last_quarter(rows)["versions"][0] if rows else 0
+    failure = _example(store, "o.min_version = 0 AND e.reward = 0")
+    success = _example(store, f"o.min_version >= {int(late)} AND e.reward = 1")
+    plot = plot_by_version(rows, s.directory / "correct_by_version.png") if rows else None
     return DemoResult(s.directory, s.directory / "store", plot, rows, int(totals["steps"]), int(totals["rollouts"]),
-                      int(totals["tokens"]), seconds, shown, best[0]["rollout_id"] if best else None)
+                      int(totals["tokens"]), seconds, shown, failure, success)
 
 
 def plot_by_version(rows: list[dict[str, Any]], path: Path) -> Path:
@@ -235,21 +291,17 @@ def plot_by_version(rows: list[dict[str, Any]], path: Path) -> Path:
 
     versions = [r["version"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot(versions, [r["reward"] for r in rows], marker="o", label="mean reward")
-    if any(r["correct"] is not None for r in rows):
-        ax.plot(versions, [r["correct"] for r in rows], marker="s", label="correct answers (rate)")
-    ax.plot(versions, [r["used_calculator"] / 10 for r in rows], marker="^", linestyle="--",
-            label="used the calculator (rate / 10)")
+    ax.fill_between(versions, [r["low"] for r in rows], [r["high"] for r in rows], alpha=0.25,
+                    label="95% interval (Wilson)")
+    ax.plot(versions, [r["correct"] for r in rows], marker="o", label="correct: packed the right item")
+    ax.plot(versions, [r["called_tool"] for r in rows], linestyle="--", color="gray", label="called the forecast")
+    ax.axhline(1 / 4, color="red", linestyle=":", label="best without reading the forecast (1/4)")
     ax.set_xlabel("policy version that sampled the rollouts")
-    ax.set_ylabel("reward")
+    ax.set_ylabel("rate")
+    ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    stale = ax.twinx()
-    stale.bar(versions, [r["staleness"] or 0 for r in rows], alpha=0.2, color="gray", label="mean staleness")
-    stale.set_ylabel("staleness when trained (versions)")
-    lines, labels = ax.get_legend_handles_labels()
-    more, more_labels = stale.get_legend_handles_labels()
-    ax.legend(lines + more, labels + more_labels, loc="upper left")
-    ax.set_title("trajstore demo: calculator episodes, reward by policy version")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("trajstore demo: correct by policy version")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

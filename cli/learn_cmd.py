@@ -29,6 +29,8 @@ from trajstore import ESTIMATORS
 @click.option("--micro-batch-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Packed tokens per forward pass.")
 @click.option("--lr", type=float, default=1e-5, show_default=True, help="AdamW learning rate.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Raise the learning rate linearly to --lr over these first steps.")
 @click.option("--max-grad-norm", type=float, default=1.0, show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), help="Total optimizer steps to reach (counted across restarts).")
 @click.option("--follow", is_flag=True, help="Keep training as data arrives, until killed.")
@@ -63,7 +65,7 @@ from trajstore import ESTIMATORS
 @seal_interval_option
 def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, checkpoint_uri: str | None,
           max_staleness: int, groups_per_step: int,
-          micro_batch_tokens: int, lr: float, max_grad_norm: float, steps: int | None, follow: bool,
+          micro_batch_tokens: int, lr: float, warmup_steps: int, max_grad_norm: float, steps: int | None, follow: bool,
           publish_every: int, estimator: str, loss: str, aggregation: str, normalizer: int, clip_low: float,
           clip_high: float, is_cap: float, kl_coef: float, temperature: float, seed: int, lora: bool,
           lora_rank: int, lora_alpha: int, device: str, poll_interval: float, wait_timeout: float,
@@ -89,7 +91,8 @@ def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, checkp
     settings = LearnSettings(
         store=store_loc, run=run, model=model_dir, checkpoints=checkpoints_dir, checkpoint_uri=checkpoint_uri,
         max_staleness=max_staleness,
-        groups_per_step=groups_per_step, micro_batch_tokens=micro_batch_tokens, lr=lr, max_grad_norm=max_grad_norm,
+        groups_per_step=groups_per_step, micro_batch_tokens=micro_batch_tokens, lr=lr, warmup_steps=warmup_steps,
+        max_grad_norm=max_grad_norm,
         steps=steps, follow=follow, publish_every=publish_every, estimator=estimator,  # type: ignore[arg-type]
         loss=loss, aggregation=aggregation, normalizer=normalizer, clip_low=clip_low,  # type: ignore[arg-type]
         clip_high=clip_high, is_cap=is_cap, kl_coef=kl_coef, temperature=temperature, seed=seed, lora=lora,

@@ -84,6 +84,36 @@ def render(episode: Episode, console: Console, *, decode: Decode | None = None, 
                 console.print(_token_table(turn, decode))
 
 
+def _last_user_message(turn: ReplayTurn) -> str | None:
+    """The last user message of a decoded ChatML prompt (the templates of init-model and Qwen), if any."""
+    text = "".join(span.text or "" for span in turn.spans if span.kind == "prompt")
+    start = text.rfind("<|im_start|>user\n")
+    if start < 0:
+        return None
+    body = text[start + len("<|im_start|>user\n"):]
+    return body.split("<|im_end|>", 1)[0].strip() or None
+
+
+def render_answers(episode: Episode, console: Console) -> None:
+    """The brief form: the question, then per turn what the tool returned, what the model wrote and
+    the tools it called; no prompt tokens (`render` shows those)."""
+    rewards = ", ".join(f"{k}={v:g}" for k, v in episode.rewards.items()) or "none"
+    console.print(Text(f"rollout {episode.rollout_id} · policy v{', v'.join(map(str, episode.policy_versions))} · "
+                       f"reward {rewards}", style="bold"))
+    turns = [turn for segment in episode.segments for turn in segment.turns]
+    question = _last_user_message(turns[0]) if turns and episode.decoded else None
+    if question:
+        console.print(Text(f"user: {question}"))
+    for turn in turns:
+        for result in turn.tool_results:
+            console.print(Text(f"← tool result{f' ({result.name})' if result.name else ''}: {result.content}",
+                               style="magenta"))
+        wrote = "".join(_span_text(span) for span in turn.spans if span.kind != "prompt").strip()
+        console.print(Text(f"model (v{turn.policy_version}): ", style="bold").append(wrote, style="green"))
+        for call in turn.tool_calls:
+            console.print(Text(f"→ tool call {call.name} {call.arguments}", style="cyan"))
+
+
 @click.command("replay")
 @store_option
 @click.argument("rollout_id")
@@ -91,7 +121,8 @@ def render(episode: Episode, console: Console, *, decode: Decode | None = None, 
               help="Decode tokens with this checkpoint's tokenizer; without it, token ids are shown.")
 @click.option("--tokens", is_flag=True, help="Add every token: id, text, kind and logprob.")
 @click.option("--json", "as_json", is_flag=True, help="Print the episode as one JSON object.")
-def replay(store_loc: str, rollout_id: str, model_dir: str | None, tokens: bool, as_json: bool) -> None:
+@click.option("--brief", is_flag=True, help="Only the question, the tool traffic and what the model wrote.")
+def replay(store_loc: str, rollout_id: str, model_dir: str | None, tokens: bool, as_json: bool, brief: bool) -> None:
     """Show a past episode the way the model saw it.
 
     Per segment and turn: prompt and tool-observation tokens (dim) and sampled tokens (bold
@@ -116,6 +147,9 @@ def replay(store_loc: str, rollout_id: str, model_dir: str | None, tokens: bool,
                 for out, turn in zip(seg["turns"], segment.turns, strict=True):
                     out["tokens"] = token_rows(turn, decode)
         click.echo(json.dumps(payload, default=str))
+        return
+    if brief:
+        render_answers(episode, Console())
         return
     render(episode, Console(), decode=decode, tokens=tokens)
 

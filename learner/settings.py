@@ -47,6 +47,8 @@ class LearnSettings:
     groups_per_step: int = 8  # complete groups in one optimizer step
     micro_batch_tokens: int = 4096  # packed tokens per forward pass (a longer sample gets its own)
     lr: float = 1e-5  # AdamW, betas (0.9, 0.95), no weight decay
+    warmup_steps: int = 0  # the lr rises linearly to `lr` over these first steps (AdamW's first steps move every
+    # weight by about lr, whatever the size of its gradient: a noisy first step can undo a warm start)
     max_grad_norm: float = 1.0
     steps: int | None = None  # the total step count to reach (counted across restarts)
     follow: bool = False  # keep waiting for data forever (no step limit needed)
@@ -104,6 +106,8 @@ class LearnSettings:
             out.append(f"clip_low must be in [0, 1) so that 1 - clip_low stays positive (got {self.clip_low})")
         if self.clip_high < 0:
             out.append(f"clip_high must be >= 0 (got {self.clip_high})")
+        if self.warmup_steps < 0:
+            out.append(f"warmup_steps must be >= 0 (got {self.warmup_steps})")
         if self.kl_coef < 0:
             out.append(f"kl_coef must be >= 0 (got {self.kl_coef})")
         if self.steps is None and not self.follow:

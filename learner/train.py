@@ -373,10 +373,13 @@ def learn(settings: LearnSettings, *,
             loss_sum, kl_sum, stats = (sum(p[0] for p in parts), sum(p[1] for p in parts),
                                        sum((p[2] for p in parts), LossStats()))
             grad_norm = distributed.clip_grad_norm(params, s.max_grad_norm)
+            lr = s.lr * min(1.0, step / s.warmup_steps) if s.warmup_steps else s.lr  # from the step count: resumable
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             optimizer.step()
             elapsed = time.perf_counter() - started
 
-            metrics = {"loss": loss_sum, "grad_norm": grad_norm, "lr": s.lr, **stats.finalize(),
+            metrics = {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr, **stats.finalize(),
                        **shard_metrics(shard.samples, version),  # its "tokens" (all of them) replaces the stats'
                        "trainable_tokens": float(totals.trainable_tokens), "micro_batches": float(len(batches)),
                        "step_time": elapsed, "ranks": float(ranks.world),

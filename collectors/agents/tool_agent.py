@@ -28,17 +28,35 @@ Every call passes `tools=[tool_schema(f) for f in tools]` (in the given order),
 (done), when a reply is cut by max_tokens (`ctx.truncate("max_tokens")`, its tool calls, if
 any, are not run), or after `ctx.max_turns` model calls while the model still calls tools
 (the last reply's calls are run, then `ctx.truncate("max_turns")`).
+
+A tool that stands for the environment's hidden state (what the episode's task knows and the
+model does not, like the forecast where the user will be) reads it with `current_task()`:
+the agent sets it for the episode, and every tool call of that episode sees it (a sync tool
+runs in a thread that copies the context).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from collectors.agents.context import Agent, AgentContext
 from collectors.agents.tools import Tool, ToolSchemaError, call_tool, tool_schema
+from collectors.errors import CollectorError
+
+_TASK: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("trajstore_tool_agent_task")
+
+
+def current_task() -> dict[str, Any]:
+    """The task of the tool-agent episode this tool call belongs to (see the module docstring)."""
+    try:
+        return _TASK.get()
+    except LookupError:
+        raise CollectorError("current_task() is for tools the tool agent calls during an episode; call the "
+                             "tool from a tool_agent episode, or pass the task to the function it wraps") from None
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,7 @@ def tool_agent(tools: Sequence[Tool], *, max_parallel_calls: int = 4, max_output
         by_name[name] = tool
 
     async def agent(task: dict[str, Any], ctx: AgentContext) -> ToolAgentResult:
+        _TASK.set(task)  # this episode's own context: concurrent episodes each see their task
         messages = initial_messages(task, system)
         calls: list[tuple[str, str, str]] = []
         text = ""

@@ -60,7 +60,8 @@ remember love consider appear buy wait serve die expect build stay fall cut reac
 raise pass sell require report decide pull explain check fix update delete install configure compute
 return print import define train evaluate sample generate parse render load save merge split sort
 filter count sum mean average total number string integer float boolean array object null true false
-monday tuesday friday january march june london paris tokyo berlin sydney toronto celsius fahrenheit
+monday tuesday wednesday thursday friday saturday sunday january march june london paris tokyo berlin sydney
+toronto celsius fahrenheit forecast rain snow sun wind fog storm pack coat boots hat jacket lamp lantern umbrella
 kilometers miles dollars euros percent meters python rust javascript linux docker git shell json http""".split()
 
 _TOOLS = {
@@ -74,6 +75,7 @@ _TOOLS = {
     "list_directory": {"path": "PATH", "recursive": "BOOL"},
 }
 _CITIES = ["Paris", "London", "Tokyo", "Berlin", "Sydney", "Toronto", "Lagos", "Lima", "Oslo", "Seoul"]
+_WEATHER = ["rain", "snow", "sun", "wind", "fog", "storm", "clear", "cloudy"]
 
 
 _ONSETS = ["b", "br", "c", "ch", "d", "f", "g", "gr", "h", "j", "k", "l", "m", "n", "p", "pl", "r", "s", "sh",
@@ -141,7 +143,8 @@ def _code(rng: random.Random) -> str:
 
 
 def _tool_output(rng: random.Random) -> str:
-    return json.dumps({"city": rng.choice(_CITIES), "temperature": round(rng.uniform(-20, 40), 1),
+    return json.dumps({"city": rng.choice(_CITIES), "weather": rng.choice(_WEATHER),
+                       "temperature": round(rng.uniform(-20, 40), 1),
                        "results": [_sentence(rng) for _ in range(rng.randint(0, 2))], "ok": rng.random() < 0.9})
 
 

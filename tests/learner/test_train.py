@@ -217,6 +217,15 @@ def test_the_learn_command(template: Path, model_dir: Path, tmp_path: Path) -> N
     assert "lr must be > 0" in bad.output and "clip_low" in bad.output and "give steps" in bad.output
 
 
+def test_warmup_raises_the_lr_linearly_then_holds_it(template: Path, model_dir: Path, tmp_path: Path) -> None:
+    store_dir = fresh_store(template, tmp_path)
+    learn(settings(store_dir, model_dir, steps=4, warmup_steps=3))
+    lrs = trajstore.open_store(store_dir).query(
+        "SELECT value FROM metrics WHERE name = 'lr' ORDER BY step").column("value").to_pylist()
+    assert lrs == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
+    assert "warmup_steps must be >= 0" in " ".join(settings(store_dir, model_dir, warmup_steps=-1).problems())
+
+
 def test_settings_report_every_problem_at_once(tmp_path: Path) -> None:
     bad = LearnSettings(store=str(tmp_path / "s"), run="default", model=str(tmp_path / "missing"),
                         checkpoints=str(tmp_path),

@@ -19,8 +19,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from collectors.agents.context import AgentContext, RolloutInfo
-from collectors.agents.tool_agent import ToolAgentResult, initial_messages, tool_agent
+from collectors.agents.tool_agent import ToolAgentResult, current_task, initial_messages, tool_agent
 from collectors.agents.tools import ToolSchemaError
+from collectors.errors import CollectorError
 from collectors.policy import Sample, SamplingParams
 from tests.collectors.proxy_harness import MODEL, Harness, Scripted, running_proxy
 
@@ -198,3 +199,16 @@ def test_tools_are_checked_when_the_agent_is_made() -> None:
         tool_agent([globals()["add"], add])
     with pytest.raises(ValueError, match="max_parallel_calls"):
         tool_agent([], max_parallel_calls=0)
+
+
+def secret() -> str:
+    """Read the episode's hidden state."""
+    return current_task()["secret"]
+
+
+def test_a_tool_reads_its_episodes_task_and_only_inside_an_episode(proxy: Harness, tmp_path: Path) -> None:
+    script(proxy, call_text("secret"), "Done.")
+    result, _, _ = play(proxy, tool_agent([secret]), {"prompt": "What is hidden?", "secret": "opal"}, tmp_path)
+    assert result.tool_calls == [("secret", "{}", "opal")]
+    with pytest.raises(CollectorError, match="tool_agent episode"):
+        secret()
