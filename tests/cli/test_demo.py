@@ -78,6 +78,12 @@ def read_then(task: dict[str, Any], reply: str) -> ToolAgentResult:
     return ToolAgentResult(text=reply, messages=[], tool_calls=[("forecast", "{}", forecast)], turns=2)
 
 
+def test_bad_settings_are_all_reported() -> None:
+    problems = " ".join(DemoSettings(Path("unused"), warm_start_right=1.5, lr=0.0, steps=0, engine="tpu").problems())
+    for words in ("warm_start_right is a share", "lr must be > 0", "steps must be >= 1", "engine must be"):
+        assert words in problems, problems
+
+
 def test_the_preset_is_servable_by_vllm() -> None:
     assert DemoSettings(Path("unused")).size.vllm_problems() == []
     assert DemoSettings(Path("unused"), engine="vllm").problems() == []
