@@ -7,6 +7,7 @@ to leave them in the write-ahead log)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from deltalake import DeltaTable
 from cli.main import main
 from collectors.embedded.app import RunningServer
 from tests.collectors.proxy_harness import call, openai_client
-from trajstore import open_store
+from trajstore import open_store, owner
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -68,8 +69,12 @@ def test_the_command_serves_stores_and_seals_when_stopped(server: RunningServer,
     assert f"capture proxy on http://127.0.0.1:{port}" in output
     rows = open_store(store).query("SELECT run, turns, reward, status FROM rollouts").to_pylist()
     assert rows == [{"run": "cli-run", "turns": 1, "reward": 0.5, "status": "completed"}]
-    sealed = DeltaTable(str(store / "events")).to_pyarrow_table(columns=["kind"]).column("kind").to_pylist()
-    assert sorted(sealed) == ["reward", "status", "status", "turn"]  # an external reader sees them all
+    sealed = DeltaTable(str(store / "events")).to_pyarrow_table(columns=["kind", "writer"])
+    assert sorted(sealed.column("kind").to_pylist()) == ["reward", "status", "status", "turn"]  # all sealed
+    # the default writer name is unique across machines (host, pid and this disk's spool id), not `proxy-PORT`
+    spool = owner.spool_id(open_store(store).location.wal_root)
+    (writer,) = set(sealed.column("writer").to_pylist())
+    assert re.fullmatch(rf"proxy-[\w.-]+-{proc.pid}-{spool:x}", writer), writer
 
 
 def test_serve_stops_cleanly_on_sigterm(tiny_model: Path) -> None:
