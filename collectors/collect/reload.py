@@ -129,7 +129,7 @@ class Reloader:
             return False
         if time.monotonic() < self._retry_at:
             return False
-        where = head.uri or head.path
+        where = path = head.uri or head.path  # `path`: what the server loaded, once it says
         try:
             if head.uri is not None and head.digest is not None and isinstance(self.client, PublishedLoader):
                 path = await self.client.load_published(head.version, uri=head.uri, digest=head.digest,

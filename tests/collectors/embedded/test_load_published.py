@@ -158,6 +158,9 @@ def test_a_server_loads_a_version_by_its_published_uri_and_refuses_what_it_canno
 
     status, body = load(served, {**v1, "version": 1})  # refused before any download
     assert status == 409 and "versions only go up" in body["error"]["message"]
+    # a second collector of the same server, a step behind: the conflict means the version is already served
+    other = asyncio.run(reload(Head(version=1, path=v1["path"], uri=uri, digest=digest), tmp_path / "other-cache"))
+    assert (other.served, other.failures) == (1, 0)
 
     # where the server's disk holds the announced directory (the learner's host), it is loaded in place
     uri2, digest2 = publish(served, tiny_model, tmp_path / "learner" / "v2", "ckpts/v000002")
