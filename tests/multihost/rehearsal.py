@@ -1,11 +1,12 @@
-"""The multi-host rehearsal: one object store, two collector hosts, a learner host; faults; one JSON report.
+"""The multi-host rehearsal: an object store, two collector hosts, a policy-server host, a learner host; faults.
 
 Run only inside a sandbox (`tests/multihost/test_rehearsal.py` starts it with
 `sandbox.enter`; hosts refuse to be made anywhere else). Each host has its own disk (a
 directory under --work, mounted as its /tmp, so the test can read it afterwards), hostname,
 process ids and network namespace; the collector hosts share one hostname, as two containers
-can. Only the object store (moto with atomic conditional writes, `tests/moto_s3.py`, which
-also drops the reply to every Nth Delta commit after performing it) is reachable across hosts.
+can. Across hosts, the collectors reach the policy server; everything else meets only in the
+object store (moto with atomic conditional writes, `tests/moto_s3.py`, which also drops the
+reply to every Nth Delta commit after performing it). One JSON report comes out at the end.
 
 1. Visibility: c1 appends (metrics, then statuses), c2 watches as another machine, and
    the report gives the append-to-visible latency per kind with `--seal-interval 1`.
@@ -13,11 +14,20 @@ also drops the reply to every Nth Delta commit after performing it) is reachable
    differ); c1's link is cut mid-append and restored; c2 is killed mid-append, restarted on
    its own disk, and appends again (sealing what the dead writer acknowledged); the learner
    host watches throughout (snapshots only grow). Every acknowledged event must be there once.
-3. The control route: `trajstore serve --control-token` on c1, reloaded from c2 with the
-   token (and refused without it). Then the closed loop: `trajstore learn` on the learner host, `trajstore collect --follow` on each
-   collector host (embedded policy server each), until the learner has published --versions
-   versions; meanwhile the learner host is killed mid-publish and restarted, c2 is killed and
-   restarted, and c1's link is cut and restored. Then `probe check` reports the invariants.
+3. The closed loop. While phase 2 runs, the learner host makes the initial model and
+   the policy host starts `trajstore serve --control-token` on its copy. Its control route is
+   checked from c2 (refused without the token; with it, a version named by a location nothing
+   was published at is refused and version 0 keeps serving). Then `trajstore learn` on the
+   learner host and `trajstore collect --follow --server POLICY` on each collector host, which
+   reload the shared server by each version's published URI, until the learner has published
+   --versions versions; meanwhile the learner host is killed mid-publish and restarted, c2 is
+   killed and restarted, and c1's link is cut and restored. Then `probe check` reports the
+   invariants.
+
+Where the time goes: `cpu_seconds_by_command` in the report samples every process of the
+sandbox. The object store (moto, in Python) takes the most: every reader's poll lists the
+Delta log and reads the sealed files, so the loop polls once a second (learner and collectors)
+and its groups are of 2 rollouts, enough for a group advantage.
 """
 
 from __future__ import annotations
@@ -90,7 +100,7 @@ class Rehearsal:
         endpoint = f"http://{self.store.ip}:9000"
         self.env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": "/tmp/home", "TRAJSTORE_SPOOL": "/tmp/spool",
                     "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal",
-                    "AWS_REGION": "us-east-1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+                    "AWS_REGION": "us-east-1", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "TOKENIZERS_PARALLELISM": "false"}
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "TRAJSTORE_CHECKPOINT_CACHE",
                      "TRAJSTORE_STORE", "TRAJSTORE_SEAL_INTERVAL"):
             self.env.pop(name, None)
@@ -203,7 +213,10 @@ class Rehearsal:
 
     # ------------------------------------------------------------------ 3. the closed loop
 
-    def closed_loop(self) -> None:
+    def prepare_loop(self) -> None:
+        """Ready the closed loop's hosts: the initial model (made on the learner host, copied to every other host's
+        disk), the task files, and the policy server on its host. Runs in the background during phase 2."""
+        t = time.monotonic()
         self.learner.run(python("-m", "cli.main", "init-model", "/tmp/model", "--layers", "1", "--hidden-size", "32",
                                 "--heads", "1", "--kv-heads", "1", "--intermediate-size", "64", "--vocab-size", "512"),
                          env=self.env, timeout=180)
@@ -212,11 +225,33 @@ class Rehearsal:
         for name in ("c1", "c2"):
             tasks = [{"id": f"{name}-t{i}", "prompt": f"Count to {i} on {name}."} for i in range(400)]
             (self.work / name / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
-        server = self.with_pid(self.policy, python("-m", "cli.main", "serve", "--model", "/tmp/model", "--host",
-                                                   self.policy.ip, "--port", "8000", "--device", "cpu", "--threads",
-                                                   "1", "--control-token", TOKEN), "serve")
+        self.server = self.with_pid(self.policy, python("-m", "cli.main", "serve", "--model", "/tmp/model", "--host",
+                                                        self.policy.ip, "--port", "8000", "--device", "cpu",
+                                                        "--threads", "1", "--control-token", TOKEN), "serve")
         wait_for("the policy server on its host", lambda: "serving" in read(self.work / "policy" / "serve.log")
-                 or server.poll() is not None, 120, poll=0.2)
+                 or self.server.poll() is not None, 120, poll=0.2)
+        if self.server.poll() is not None:
+            raise Failed(f"the policy server exited ({self.server.returncode}): {read(self.work / 'policy' / 'serve.log')}")
+        self.report["prepare_loop_seconds"] = round(time.monotonic() - t, 1)
+
+    def prepare_in_background(self) -> None:
+        def run() -> None:
+            try:
+                self.prepare_loop()
+            except BaseException as exc:  # noqa: BLE001 - reported when the closed loop needs it
+                self.prepared_error = exc
+
+        self.prepared_error: BaseException | None = None
+        self.preparing = threading.Thread(target=run, daemon=True)
+        self.preparing.start()
+
+    def closed_loop(self) -> None:
+        if not hasattr(self, "preparing"):
+            self.prepare_in_background()
+        self.preparing.join()
+        if self.prepared_error is not None:
+            raise self.prepared_error
+        server = self.server
         self.control_route()
         started = time.monotonic()
         marks = self.report["loop_timeline_s"] = {}
@@ -226,7 +261,7 @@ class Rehearsal:
 
         # a reader on the store's host takes snapshots throughout: they must only grow
         watch = self.on(self.store, python("-m", "tests.multihost.probe", "watch", "--store", self.uri, "--prefix",
-                                           "none", "--expect", "1", "--timeout", "600", "--poll", "1", "--out",
+                                           "none", "--expect", "1", "--timeout", "600", "--poll", "2", "--out",
                                            "/tmp/loop-seen.json", "--stop", "/tmp/stop-loop-watch"), "loop-watch.log")
         self.start_learner()
         for host in (self.c1, self.c2):
@@ -338,17 +373,17 @@ class Rehearsal:
         self.learner_proc = self.on(self.learner, python(
             "-m", "cli.main", "learn", "--store", self.uri, "--run", RUN, "--model", "/tmp/model", "--checkpoints",
             "/tmp/ckpts", "--groups-per-step", "2", "--steps", str(self.versions), "--max-staleness", str(K),
-            "--seal-interval", "1", "--poll-interval", "0.5", "--lr", "1e-3", "--device", "cpu", "--create-store"),
+            "--seal-interval", "1", "--poll-interval", "1", "--lr", "1e-3", "--device", "cpu", "--create-store"),
             f"learn-{n}.log")
         self.learner_log = self.work / "learner" / f"learn-{n}.log"
 
     def start_collector(self, host: Host) -> None:
         self.collectors = getattr(self, "collectors", {})
         cmd = python("-m", "cli.main", "collect", "--store", self.uri, "--run", RUN, "--tasks",
-               "/tmp/tasks.jsonl", "--n", "4", "--server", self.policy_url, "--control-token", TOKEN, "--model",
+               "/tmp/tasks.jsonl", "--n", "2", "--server", self.policy_url, "--control-token", TOKEN, "--model",
                "/tmp/model", "--reward", "tests.collectors.agents_for_tests:score", "--max-tokens", "8",
                "--max-turns", "1", "--concurrency", "4", "--follow", "--plain", "--max-staleness", str(K),
-               "--seal-interval", "1", "--seed", "1")
+               "--seal-interval", "1", "--poll-interval", "1", "--seed", "1")
         self.collectors[host.name] = self.with_pid(host, cmd, "collect")
 
 
@@ -370,7 +405,7 @@ def cpu_by_command(stop: threading.Event, out: dict[str, float], every: float = 
                 label = " ".join(argv[argv.index("-m") + 1:argv.index("-m") + 3])
             else:
                 label = Path(argv[0]).name + (" -c" if "-c" in argv else "")
-            seen[key] = (label, cpu)
+            seen[key] = (seen[key][0] if key in seen and not argv[0] else label, cpu)  # an exited one has no argv
     for label, cpu in seen.values():
         out[label] = round(out.get(label, 0.0) + cpu, 1)
 
@@ -389,6 +424,8 @@ def main() -> None:
         r = Rehearsal(box, a.work, a.versions)
         r.start_store()
         for phase in a.phases.split(","):
+            if phase != "visibility" and "closed_loop" in a.phases and not hasattr(r, "preparing"):
+                r.prepare_in_background()  # during the store faults, not while latencies are measured
             t = time.monotonic()
             getattr(r, phase)()
             r.report[f"{phase}_seconds"] = round(time.monotonic() - t, 1)

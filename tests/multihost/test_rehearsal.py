@@ -1,20 +1,21 @@
 """The multi-host rehearsal (tests/multihost/rehearsal.py) passes, faults included, with its invariants.
 
-One sandbox, four hosts (object store, two collectors sharing a hostname, a learner), the real
-`trajstore collect --follow` and `trajstore learn` across them. Checked at the end:
+One sandbox, five hosts (object store, two collectors sharing a hostname, a policy server, a
+learner), the real `trajstore collect --follow`, `trajstore serve` and `trajstore learn` across
+them. Checked at the end:
 
 - visibility: every event acknowledged on one host becomes visible on another (statuses are
   sealed at once, other events after `--seal-interval 1`); the latencies are reported;
 - store faults (a link cut mid-append, a host killed mid-append and restarted, the store dropping
   replies to commits it performed): every acknowledged event is stored exactly once, and no
   snapshot a reader took ever shrank;
-- a policy server on one collector host, started with a control token, is reloaded from the other
-  host with the token and refused without it;
+- the policy server on its own host, started with a control token, refuses a collector host
+  without the token, and with it refuses a version it cannot fetch, still serving version 0;
 - the closed loop, through a learner killed mid-publish, a collector host killed and restarted
   and a link cut: versions 0..N contiguous, each rollout consumed by exactly one published
   version, never staler than the bound, no physical duplicate of any event, every writer's
-  sequence gap-free, nothing left unsealed, and every collector hot-reloaded checkpoints it
-  could only fetch from the object store.
+  sequence gap-free, nothing left unsealed; both collector hosts sampled versions that the policy
+  host fetched from the object store itself (named by their URI), and fetched nothing themselves.
 
 Timing is reported (printed), never asserted. Needs root for the namespaces; skipped, saying
 why, where that is missing.
