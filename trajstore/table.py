@@ -207,6 +207,8 @@ class Table:
                 if self._files is None or self._files[0] != dt.version():
                     files = self._delta("list the files of", lambda: _files_of(dt, self.location, self._known))
                     self._known = {f.path: f for f in files}
+                    # fragments of files compacted away are dropped (a read pinned before remakes its own)
+                    self._fragments = {p: frag for p, frag in self._fragments.items() if p in self._known}
                     self._files = (dt.version(), tuple(files))
                 sealed = self._delta("read the writers' progress in", lambda: {w: sealed_seq(dt, w) for w in writers})
                 return TableSnapshot(self._files[0], self._files[1], sealed)
