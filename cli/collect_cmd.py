@@ -55,6 +55,8 @@ from cli.options import seal_interval_option, store_option
 @click.option("--max-staleness", type=int,
               help="Start a group only if the learner will train it at most K versions after the one sampling it.")
 @click.option("--groups-per-version", type=int, help="The learner's groups per step (default: its announcement).")
+@click.option("--poll-interval", type=float, default=0.5, show_default=True,
+              help="Seconds between reads of the store for the learner's newest version and the groups it holds.")
 @click.option("--workdir", type=click.Path(file_okay=False),
               help="Parent of the per-rollout directories (default: <tmp>/trajstore-RUN).")
 @click.option("--keep-workdirs", is_flag=True, help="Keep usable rollouts' directories (failed ones are always kept).")
@@ -73,7 +75,7 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
             reward: str | None, reward_cmd: str | None, no_reward: bool, concurrency: int, rollout_timeout: float,
             retries: int, max_turns: int, max_tokens: int, temperature: float, top_p: float, top_k: int,
             seed: int | None, epochs: int,
-            forever: bool, follow: bool, max_staleness: int | None, groups_per_version: int | None,
+            forever: bool, follow: bool, max_staleness: int | None, groups_per_version: int | None, poll_interval: float,
             workdir: str | None, keep_workdirs: bool, checkpoint_cache: str | None, policy_version: int, device: str,
             max_batch: int, threads: int | None, plain: bool, seal_interval: float) -> None:
     """Run an agent over a task file, N rollouts per task, every model call stored token-exact.
@@ -106,7 +108,7 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
         max_staleness=max_staleness, groups_per_version=groups_per_version, workdir=workdir,
         keep_workdirs=keep_workdirs, display="plain" if plain else "auto", policy_version=policy_version,
         device=device, max_batch=max_batch, threads=threads, checkpoint_cache=checkpoint_cache,
-        seal_interval=seal_interval)
+        seal_interval=seal_interval, poll_interval_s=poll_interval)
     summary = run_collect(settings)
     Console().print(summary_table(summary))
     if summary.interrupted:

@@ -65,20 +65,28 @@ def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, h
 @click.option("--control-token", envvar="TRAJSTORE_CONTROL_TOKEN", show_envvar=True,
               help="Let callers on other machines reload weights: /v1/load_weights then answers only requests "
                    "sending `Authorization: Bearer TOKEN` (collect --control-token), loopback included.")
+@click.option("--checkpoint-cache", type=click.Path(file_okay=False), metavar="DIR",
+              help="Where versions that collectors name by their published URI are fetched to (default: "
+                   "$TRAJSTORE_CHECKPOINT_CACHE or ~/.cache/trajstore/checkpoints).")
 def serve(model_dir: str, host: str, port: int, max_batch: int, device: str, policy_version: int,
-          served_model_name: str | None, threads: int | None, control_token: str | None) -> None:
+          served_model_name: str | None, threads: int | None, control_token: str | None,
+          checkpoint_cache: str | None) -> None:
     """Serve a model with vLLM's completions API (token ids in, token ids and logprobs out).
 
     Concurrent requests share batched decode steps; each response reports the policy version
     that sampled it (field `policy_version`, header X-Policy-Version). Load a new checkpoint
-    while serving with POST /v1/load_weights {"path": DIR, "version": N}.
+    while serving with POST /v1/load_weights {"path": DIR, "version": N}, or name a version the
+    learner published to object storage by {"uri": URI, "digest": SHA256, "version": N}: the server
+    fetches and verifies it itself, so collectors on other hosts can reload it (with --control-token).
 
     \b
     Example:
       trajstore serve --model tiny-model --port 8000
+      trajstore serve --model tiny-model --host 10.0.0.5 --control-token "$TOKEN"   # reloaded from other hosts
       curl localhost:8000/v1/completions -d '{"prompt": [1, 2, 3], "max_tokens": 8, "return_token_ids": true}'
     """
     from collectors.embedded import run_server
 
     run_server(model_dir, host=host, port=port, model_name=served_model_name, device=device, max_batch=max_batch,
-               policy_version=policy_version, threads=threads, control_token=control_token)
+               policy_version=policy_version, threads=threads, control_token=control_token,
+               checkpoint_cache=checkpoint_cache)

@@ -30,7 +30,8 @@ from cli.options import seal_interval_option, store_option
 @click.option("--max-model-len", type=click.IntRange(min=2), help="Context length (default: the checkpoint's).")
 @click.option("--default-max-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Sampled tokens when a call sets no max_tokens (never past the context).")
-@click.option("--writer", help="Store writer name, unique per process (default: proxy-PORT).")
+@click.option("--writer", help="Store writer name, unique per process and machine (default: proxy-HOST-PID-SPOOLID, "
+                              "unique across machines whatever their hostnames).")
 @seal_interval_option
 def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, run: str, upstream_kind: str,
           upstream_model: str | None, policy_version: int, model_names: tuple[str, ...], max_model_len: int | None,
@@ -60,7 +61,7 @@ def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, r
         return EmbeddedClient(upstream, model=upstream_model)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = ProxyConfig(model_dir=model_dir, run=run, writer=writer or f"proxy-{port}", model_names=model_names,
+    config = ProxyConfig(model_dir=model_dir, run=run, writer=writer, model_names=model_names,
                          max_model_len=max_model_len, default_max_tokens=default_max_tokens,
                          seal_interval=seal_interval)
     run_proxy(client, store_loc, config, host=host, port=port)

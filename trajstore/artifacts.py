@@ -21,8 +21,14 @@ Promises:
   `CACHE/.lock-KEY`: one downloads, the others then find its copy. A lock dies with its process,
   so a fetch killed midway never blocks the next one, which first removes its leftovers.
 
+`local_copy` is what a consumer calls with an announcement (path on the publisher's host, URI,
+digest): the announced path when this host's disk holds that very directory, else a verified copy
+in the cache, which then keeps only the KEEP most recently used copies. Collectors call it for
+their vLLM; `trajstore serve` calls it itself when a collector on another host names a version by
+its URI (`/v1/load_weights`).
+
 Limits: files are hashed on both sides (one pass to publish, one to fetch; about 1 GB/s a core).
-The cache keeps every version it fetched; `prune` removes all but the newest few (the reloader
+The cache keeps every version it fetched; `prune` removes all but the newest few (`local_copy`
 calls it after each fetch). A manifest on a shared mount (not S3) is written in place, so a
 reader racing the writer may see it torn: that reads as damage and is retried, never used.
 Hand-written because pyarrow's filesystems copy files but have no notion of a finished
@@ -37,6 +43,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Collection, Iterator, Mapping
@@ -51,8 +58,15 @@ from trajstore.location import directory
 
 MANIFEST = "trajstore_manifest.json"
 CACHE_ENV = "TRAJSTORE_CHECKPOINT_CACHE"
+KEEP = 3  # fetched copies `local_copy` keeps: the one served, the one loading, one spare
 _CHUNK = 8 << 20
 _PARTIAL = ".partial-"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def is_digest(text: object) -> bool:
+    """True for what `digest` returns: 64 lowercase hex digits."""
+    return isinstance(text, str) and _DIGEST.fullmatch(text) is not None
 
 
 def default_cache() -> Path:
@@ -214,7 +228,8 @@ def fetch(uri: str, cache: str | os.PathLike[str], *, expect: str | None = None,
         data = _read(fs, f"{root}/{MANIFEST}")
         if data is None:
             raise ArtifactError(f"{uri} has no {MANIFEST}: its upload has not finished (or was cut short), so it "
-                                "is not read; the learner uploads it again when it restarts")
+                                "is not read, and the learner uploads it again when it restarts; or nothing was "
+                                "published there (check the URI's bucket and prefix)")
         if expect is not None and digest(data) != expect:
             raise ArtifactError(f"{uri}/{MANIFEST} is not the one announced (sha256 {digest(data)[:12]}..., "
                                 f"announced {expect[:12]}...): the directory was replaced after it was published")
@@ -259,3 +274,20 @@ def prune(cache: str | os.PathLike[str], keep: int) -> list[Path]:
             shutil.rmtree(gone, ignore_errors=True)
             removed.append(old)
     return removed
+
+
+def local_copy(path: str | None, uri: str, expect: str, cache: str | os.PathLike[str], *,
+               keep: int = KEEP, storage_options: Mapping[str, str] | None = None) -> Path:
+    """A directory on this host holding the directory announced at `uri` with digest `expect`:
+    `path` (the publisher's own directory) when this host's disk holds that very one, else a
+    verified copy `fetch`ed into `cache`, which then keeps its `keep` most recently used copies.
+
+    Blocking (downloads and hashes): run it off an event loop. Raises ArtifactError (unfinished,
+    damaged, or not the announced directory), ValueError (`uri` is not a path or `s3://` URI) and
+    OSError (the object store cannot be reached or refuses).
+    """
+    if path is not None and holds(path, expect):
+        return Path(path)
+    local = fetch(uri, cache, expect=expect, storage_options=storage_options)
+    prune(cache, keep)
+    return local

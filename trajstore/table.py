@@ -130,6 +130,7 @@ class Table:
         self._files: tuple[int, tuple[FileInfo, ...]] | None = None
         self._known: dict[str, FileInfo] = {}
         self._verified: set[str] = set()  # sealed files whose footer matched the CRC in their name
+        self._fragments: dict[str, ds.ParquetFileFragment] = {}  # sealed files' fragments (footers once read)
         self._log = deltalog.LogChecker(location)
 
     # ------------------------------------------------------------------ open / create
@@ -206,6 +207,8 @@ class Table:
                 if self._files is None or self._files[0] != dt.version():
                     files = self._delta("list the files of", lambda: _files_of(dt, self.location, self._known))
                     self._known = {f.path: f for f in files}
+                    # fragments of files compacted away are dropped (a read pinned before remakes its own)
+                    self._fragments = {p: frag for p, frag in self._fragments.items() if p in self._known}
                     self._files = (dt.version(), tuple(files))
                 sealed = self._delta("read the writers' progress in", lambda: {w: sealed_seq(dt, w) for w in writers})
                 return TableSnapshot(self._files[0], self._files[1], sealed)
@@ -310,16 +313,30 @@ class Table:
         self._verified.add(f.path)
 
     def open_dataset(self, files: list[FileInfo] | tuple[FileInfo, ...]) -> ds.Dataset:
-        """A pyarrow dataset over sealed files that verifies footers and page checksums as it reads."""
+        """A pyarrow dataset over sealed files that verifies footers and page checksums as it reads.
+
+        Sealed files never change, so each file's fragment is made once per process, with the size
+        the Delta log records: a later scan neither asks the object store for the size (a HEAD per
+        file) nor reads the footer again (pyarrow keeps it in the fragment once read)."""
         for f in files:
             self.check_footer(f)
-        fmt = ds.ParquetFileFormat(
-            default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
-        )
-        paths = [self.location.data_path(f.path) for f in files]
-        return ds.dataset(paths, schema=EVENT_SCHEMA, format=fmt, filesystem=self.location.filesystem)
+        with self._lock:
+            fragments = []
+            for f in files:
+                fragment = self._fragments.get(f.path)
+                if fragment is None:
+                    fragment = _FORMAT.make_fragment(self.location.data_path(f.path), self.location.filesystem,
+                                                     file_size=f.size)
+                    fragment.ensure_complete_metadata()  # its footer, read once: later scans reuse it
+                    self._fragments[f.path] = fragment
+                fragments.append(fragment)
+        return ds.FileSystemDataset(fragments, schema=EVENT_SCHEMA, format=_FORMAT,
+                                    filesystem=self.location.filesystem)
 
 
+_FORMAT = ds.ParquetFileFormat(
+    default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+)
 _CRC_NAME = re.compile(r"-f([0-9a-f]{8})c([0-9a-f]{8})(?:s([0-9a-f]{8}))?\.zstd\.parquet$")
 
 

@@ -9,11 +9,21 @@ never stops collection (the server keeps serving the weights it has).
 
 Across hosts: the `path` is the learner's own directory. When the learner also published the
 version where every host can read it, the event carries `uri` and `digest`
-(`learner.checkpoints.upload`); a collector whose disk does not hold the announced directory
-(`trajstore.artifacts.holds`) fetches it into its checkpoint cache (`--checkpoint-cache`,
-default `trajstore.artifacts.default_cache()`), verified file by file, and loads the local copy.
-An unfinished or damaged upload is a failed load like any other: reported, retried, never
-loaded. The cache keeps the CACHE_KEEP most recently used copies.
+(`learner.checkpoints.upload`). Then the directory a policy server loads comes from
+`trajstore.artifacts.local_copy`: the learner's own when that disk holds the announced
+directory, else a copy fetched from `uri` into a checkpoint cache and verified file by file.
+Who fetches depends on the server:
+
+- `trajstore serve` (the in-process server of `collect`, or one at `--server`, perhaps on its
+  own host) fetches for itself (`PublishedLoader`): the collector sends path, uri and digest,
+  and the server resolves them on its own disk, into its own cache (`serve --checkpoint-cache`;
+  for the in-process server, the collector's `--checkpoint-cache`). Nothing is fetched on a
+  collector host whose server is elsewhere.
+- vLLM (started beside the collector on its host) is given a local path: the collector fetches
+  into its own cache (`--checkpoint-cache`, default `trajstore.artifacts.default_cache()`).
+
+An unfinished or damaged upload, or an unreachable store, is a failed load like any other:
+reported, retried, never loaded. The cache keeps the `artifacts.KEEP` most recently used copies.
 """
 
 from __future__ import annotations
@@ -30,14 +40,13 @@ import aiohttp
 
 from collectors.collect.admission import Queryable
 from collectors.errors import VersionConflict
-from collectors.policy import PolicyClient
+from collectors.policy import PolicyClient, PublishedLoader
 from trajstore import artifacts
 
 log = logging.getLogger(__name__)
 HEAD_SQL = "SELECT version, meta FROM checkpoints WHERE run = ? ORDER BY version DESC LIMIT 1"
 G_SQL = """SELECT meta FROM checkpoints WHERE run = ? AND json_extract(meta, '$.groups_per_version') IS NOT NULL
            ORDER BY version DESC LIMIT 1"""
-CACHE_KEEP = 3  # fetched versions kept on disk: the one served, the one loading, one spare
 
 
 @dataclass(frozen=True)
@@ -80,11 +89,9 @@ def read_head(snapshot: Queryable, run: str) -> Head:
 def local_checkpoint(head: Head, cache: Path) -> str | None:
     """A directory on this host holding `head`'s checkpoint: the learner's own when this host has it,
     else a verified copy fetched into `cache` (blocking: run it in a thread). Raises ArtifactError."""
-    if head.uri is None or head.digest is None or (head.path is not None and artifacts.holds(head.path, head.digest)):
+    if head.uri is None or head.digest is None:
         return head.path
-    local = artifacts.fetch(head.uri, cache, expect=head.digest)
-    artifacts.prune(cache, CACHE_KEEP)
-    return str(local)
+    return str(artifacts.local_copy(head.path, head.uri, head.digest, cache))
 
 
 async def served_version(client: PolicyClient, fallback: int = 0) -> int:
@@ -122,10 +129,14 @@ class Reloader:
             return False
         if time.monotonic() < self._retry_at:
             return False
-        where = head.uri or head.path
+        where = path = head.uri or head.path  # `path`: what the server loaded, once it says
         try:
-            path = await asyncio.to_thread(local_checkpoint, head, self.cache)
-            await self.client.load_weights(path, head.version)  # type: ignore[arg-type]
+            if head.uri is not None and head.digest is not None and isinstance(self.client, PublishedLoader):
+                path = await self.client.load_published(head.version, uri=head.uri, digest=head.digest,
+                                                        path=head.path)  # the server resolves it on its disk
+            else:
+                path = await asyncio.to_thread(local_checkpoint, head, self.cache)
+                await self.client.load_weights(path, head.version)  # type: ignore[arg-type]
         except VersionConflict:
             # someone else (another collector on the same server) loaded it or a newer one already
             log.info("the policy server already serves version %d or newer", head.version)

@@ -92,6 +92,11 @@ def _plugins(settings: CollectSettings) -> tuple[Any, Any, list[str]]:
     return agent, reward, problems
 
 
+def _checkpoint_cache(settings: CollectSettings) -> Path:
+    """Where this host keeps copies of versions published on other hosts (--checkpoint-cache)."""
+    return Path(settings.checkpoint_cache) if settings.checkpoint_cache else artifacts.default_cache()
+
+
 async def _start_policy(settings: CollectSettings, stack: AsyncExitStack, workdir: Path) -> PolicyClient:
     from collectors.policy import EmbeddedClient
 
@@ -105,7 +110,8 @@ async def _start_policy(settings: CollectSettings, stack: AsyncExitStack, workdi
     engine = await asyncio.to_thread(Engine, settings.model, device=settings.device, max_batch=settings.max_batch,
                                      policy_version=settings.policy_version, threads=settings.threads)
     stack.callback(engine.close)
-    runner, url = await start_server(engine)
+    # the reloader names published versions by URI: this server fetches them into the collector's cache
+    runner, url = await start_server(engine, checkpoint_cache=_checkpoint_cache(settings))
     stack.push_async_callback(runner.cleanup)
     return EmbeddedClient(url)
 
@@ -192,8 +198,7 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
                          max_turns=settings.max_turns, max_tokens=settings.max_tokens, sampling=_sampling(settings),
                          agent=agent, agent_cmd=settings.agent_cmd, reward=reward, reward_cmd=settings.reward_cmd,
                          keep_workdirs=settings.keep_workdirs, http_client=http)
-        cache = Path(settings.checkpoint_cache) if settings.checkpoint_cache else artifacts.default_cache()
-        reloader = Reloader(client, await served_version(client, settings.policy_version), cache)
+        reloader = Reloader(client, await served_version(client, settings.policy_version), _checkpoint_cache(settings))
         run = Collection(settings, store, env, reloader, progress, stop, needs_reward=progress.scored)
         await run.poll_once()  # the learner's newest checkpoint is loaded before the first rollout
         progress.started = time.monotonic()  # rates count collection, not start-up

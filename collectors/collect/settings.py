@@ -67,7 +67,7 @@ class CollectSettings:
             if value is not None and value < low:
                 out.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
         if self.rollout_timeout <= 0 or self.poll_interval_s <= 0 or not 0 < self.seal_interval < float("inf"):
-            out.append("--rollout-timeout, --seal-interval and the poll interval must be positive")
+            out.append("--rollout-timeout, --seal-interval and --poll-interval must be positive")
         if not (0 <= self.temperature <= 2 and 0 < self.top_p <= 1 and 0 <= self.top_k <= TOP_K_MAX):
             out.append(f"sampling needs 0 <= --temperature <= 2, 0 < --top-p <= 1 and --top-k 0 (off) to {TOP_K_MAX} "
                        f"(got {self.temperature}, {self.top_p}, {self.top_k})")

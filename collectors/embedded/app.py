@@ -7,7 +7,9 @@ Routes (request and response JSON in `collectors.embedded.protocol`):
     GET  /health            200 while the engine runs
     GET  /stats             the engine's counters (requests, prefill/decode steps, batch peak)
     POST /v1/load_weights   {"path": DIR, "version": N}: hot reload; loopback callers only, or, when the
-                            server has a control token, callers sending `Authorization: Bearer TOKEN`
+                            server has a control token, callers sending `Authorization: Bearer TOKEN`;
+                            or {"uri": URI, "digest": SHA256, "version": N[, "path": DIR]}: a published
+                            version by its checkpoint event's location, fetched by the server itself
 
 Every response carries `X-Policy-Version`; a completion's is the version that sampled its
 tokens, elsewhere the version being served. Errors are OpenAI-style bodies with a message
@@ -22,6 +24,16 @@ with one (`trajstore serve --control-token`, for collectors on other machines re
 policy-server host) it answers any caller that sends the token, and no caller without it,
 loopback included. The token is compared in constant time; it travels in clear over HTTP,
 so keep the control route on a private network.
+
+A version named by `uri` + `digest` (a collector on another host than this server, or than the
+learner) is resolved with `trajstore.artifacts.local_copy`: `path` when this host's disk holds
+the announced directory there, else a copy fetched from `uri` into this server's checkpoint
+cache (`serve --checkpoint-cache`) and checked file by file against the manifest `digest` names.
+Only then is anything loaded: a malformed uri or digest is a 400, an unfinished, damaged or
+replaced upload a 422, an unreachable store a 502, a version not above the served one a 409 (before
+any download), and after each the server keeps serving the version it had. A caller holding the
+token can make the server read any location its credentials reach (as `path` already lets it
+load any directory on its disk).
 
 `serve_in_thread` (tests, notebooks) and `start_server` (inside a running event loop) start
 it in-process on a loopback port of the OS's choosing; `run` is the blocking CLI entry.
@@ -70,11 +82,13 @@ from collectors.serving import (
     run_until_interrupted,
     start_app,
 )
+from trajstore import ArtifactError, artifacts
 
 log = logging.getLogger(__name__)
 ENGINE = web.AppKey("engine", Engine)
 MODEL_NAME = web.AppKey("model_name", str)
 CONTROL_TOKEN = web.AppKey("control_token", str)  # "" when none: loopback callers only
+CHECKPOINT_CACHE = web.AppKey("checkpoint_cache", Path)  # copies of versions fetched by URI
 MIN_TOKEN_CHARS = 16
 MAX_BODY = 8 << 20
 TOKENIZE_OFF_LOOP_CHARS = 64 << 10  # longer text prompts are tokenized on a worker thread
@@ -254,13 +268,33 @@ async def load_weights(request: web.Request) -> web.Response:
                            "send that token", status=403, kind="PermissionDeniedError")
     check_control(request)
     body = await read_json(request, MAX_BODY)
-    path, version = (body.get("path"), body.get("version")) if isinstance(body, dict) else (None, None)
-    if not isinstance(path, str) or not path:
-        raise RequestError('`path` must be the checkpoint directory, e.g. {"path": "ckpt/v3", "version": 3}',
-                           param="path")
+    body = body if isinstance(body, dict) else {}
+    path, uri, digest, version = (body.get(k) for k in ("path", "uri", "digest", "version"))
     if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= MAX_POLICY_VERSION:
         raise RequestError(f"`version` must be an integer policy version from 0 to {MAX_POLICY_VERSION}, got "
                            f"{version!r}", param="version")
+    if path is not None and (not isinstance(path, str) or not path):
+        raise RequestError(f"`path` must be a checkpoint directory on this server's host, got {path!r}", param="path")
+    if uri is None and digest is None:
+        if path is None:
+            raise RequestError('`path` must be the checkpoint directory, e.g. {"path": "ckpt/v3", "version": 3}, '
+                               'or name a published version by `uri` and `digest` (its checkpoint event\'s meta)',
+                               param="path")
+        loaded = await _load(engine, path, version)
+    else:
+        if not isinstance(uri, str) or not uri:
+            raise RequestError(f"`uri` must be where the version was published (the checkpoint event's meta.uri, "
+                               f"e.g. s3://bucket/store/checkpoints/RUN/v000003), got {uri!r}", param="uri")
+        if not artifacts.is_digest(digest):
+            raise RequestError(f"`digest` must be the published manifest's sha256 (64 lowercase hex digits, the "
+                               f"checkpoint event's meta.digest), got {digest!r}", param="digest")
+        loaded = await _load_published(engine, request.app[CHECKPOINT_CACHE], path, uri, digest, version)
+    return _json({"status": "ok", "policy_version": engine.policy_version, "path": loaded},
+                 version=engine.policy_version)
+
+
+async def _load(engine: Engine, path: str, version: int) -> str:
+    """Load directory `path` of this host as `version`; a refusal is a RequestError, the old weights keep serving."""
     try:
         await asyncio.get_running_loop().run_in_executor(None, engine.load_weights, path, version)
     except VersionConflict as exc:
@@ -269,7 +303,27 @@ async def load_weights(request: web.Request) -> web.Response:
         raise RequestError(str(exc), param="path") from exc
     except EngineError as exc:
         raise RequestError(str(exc), status=503, kind="ServiceUnavailableError") from exc
-    return _json({"status": "ok", "policy_version": engine.policy_version, "path": path}, version=engine.policy_version)
+    return path
+
+
+async def _load_published(engine: Engine, cache: Path, path: str | None, uri: str, digest: str, version: int) -> str:
+    """Load the version published at `uri`: `path` when this host holds the announced directory there, else a
+    verified copy fetched into `cache` (`trajstore.artifacts.local_copy`)."""
+    try:
+        engine.check_newer(version)  # before any download
+    except VersionConflict as exc:
+        raise RequestError(str(exc), param="version", status=409, kind="ConflictError") from exc
+    still = f"still serving version {engine.policy_version}"
+    try:
+        local = await asyncio.to_thread(artifacts.local_copy, path, uri, digest, cache)
+    except ValueError as exc:
+        raise RequestError(f"{exc}; {still}", param="uri") from exc
+    except ArtifactError as exc:
+        raise RequestError(f"{exc}; {still}", param="uri", status=422, kind="UnprocessableEntityError") from exc
+    except OSError as exc:  # the object store is unreachable or refuses, or the cache cannot be written
+        raise RequestError(f"could not fetch {uri} into this server's checkpoint cache {cache}: {exc}; {still}",
+                           param="uri", status=502, kind="BadGatewayError") from exc
+    return await _load(engine, str(local), version)
 
 
 def check_token(token: str | None) -> None:
@@ -278,11 +332,15 @@ def check_token(token: str | None) -> None:
                          "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)")
 
 
-def create_app(engine: Engine, model_name: str | None = None, control_token: str | None = None) -> web.Application:
+def create_app(engine: Engine, model_name: str | None = None, control_token: str | None = None,
+               checkpoint_cache: str | Path | None = None) -> web.Application:
+    """The server's routes over `engine`; versions named by URI are fetched into `checkpoint_cache`
+    (default `trajstore.artifacts.default_cache()`)."""
     check_token(control_token)
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
     app[ENGINE] = engine
     app[CONTROL_TOKEN] = control_token or ""
+    app[CHECKPOINT_CACHE] = Path(checkpoint_cache) if checkpoint_cache is not None else artifacts.default_cache()
     app[MODEL_NAME] = model_name or engine.model_dir
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
@@ -293,9 +351,10 @@ def create_app(engine: Engine, model_name: str | None = None, control_token: str
 
 
 async def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 0, model_name: str | None = None,
-                       control_token: str | None = None) -> tuple[web.AppRunner, str]:
+                       control_token: str | None = None,
+                       checkpoint_cache: str | Path | None = None) -> tuple[web.AppRunner, str]:
     """Serve `engine` from the running event loop; port 0 takes a free one. Returns (runner, base URL)."""
-    return await start_app(create_app(engine, model_name, control_token), host, port)
+    return await start_app(create_app(engine, model_name, control_token, checkpoint_cache), host, port)
 
 
 @dataclass
@@ -306,7 +365,8 @@ class RunningServer:
 
 @contextmanager
 def serve_in_thread(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 0, model_name: str | None = None,
-                    control_token: str | None = None, **engine_options: Any) -> Iterator[RunningServer]:
+                    control_token: str | None = None, checkpoint_cache: str | Path | None = None,
+                    **engine_options: Any) -> Iterator[RunningServer]:
     """Run the server on its own event-loop thread; yields the base URL and the engine.
 
         with serve_in_thread("tiny-model") as server:
@@ -314,7 +374,7 @@ def serve_in_thread(model_dir: str | Path, *, host: str = "127.0.0.1", port: int
     """
     engine = Engine(model_dir, **engine_options)
     try:
-        with app_in_thread(lambda: start_server(engine, host, port, model_name, control_token),
+        with app_in_thread(lambda: start_server(engine, host, port, model_name, control_token, checkpoint_cache),
                            name="trajstore-serve") as (_, url):
             yield RunningServer(url=url, engine=engine)
     finally:
@@ -322,13 +382,14 @@ def serve_in_thread(model_dir: str | Path, *, host: str = "127.0.0.1", port: int
 
 
 def run_server(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-               control_token: str | None = None, **engine_options: Any) -> None:
+               control_token: str | None = None, checkpoint_cache: str | Path | None = None,
+               **engine_options: Any) -> None:
     """Serve until interrupted (the `trajstore serve` command)."""
     check_token(control_token)  # before the model loads
     engine = Engine(model_dir, **engine_options)
     try:
         run_until_interrupted(
-            lambda: start_server(engine, host, port, model_name, control_token),
+            lambda: start_server(engine, host, port, model_name, control_token, checkpoint_cache),
             lambda _, url: f"serving {engine.model_dir} (policy version {engine.policy_version}) on {url} "
                            f"[device {engine.device}, max batch {engine.max_batch}]",
         )

@@ -262,15 +262,19 @@ class Engine:
         finally:
             seq.cancel()  # a no-op once finished; otherwise the engine drops the row at its next step
 
+    def check_newer(self, version: int) -> None:
+        """Raise VersionConflict unless `version` is above the served one (versions only go up)."""
+        if version <= self.policy_version:
+            raise VersionConflict(f"policy version {version} is not above the served version "
+                                  f"{self.policy_version}; versions only go up, publish the next one")
+
     def load_weights(self, path: str | Path, version: int) -> None:
         """Serve the checkpoint at `path` as `version` from the next admitted request on.
 
         Blocks until the swap happened. In-flight requests finish on the old weights first.
         """
         with self._reload_lock:
-            if version <= self.policy_version:
-                raise VersionConflict(f"policy version {version} is not above the served version "
-                                      f"{self.policy_version}; versions only go up, publish the next one")
+            self.check_newer(version)
             path = str(path)
             if not any((Path(path) / name).is_file() for name in ("config.json", ADAPTER_CONFIG)):
                 raise WeightLoadError(f"{path} has no config.json (a Hugging Face checkpoint) and no {ADAPTER_CONFIG} "

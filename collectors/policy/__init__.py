@@ -13,6 +13,7 @@ from collectors.policy.contract import (
     TOP_K_MAX,
     Chunk,
     PolicyClient,
+    PublishedLoader,
     Sample,
     SamplingParams,
     StreamedSample,
@@ -35,6 +36,6 @@ from collectors.policy.vllm_client import VLLMClient
 __all__ = [
     "MAX_POLICY_VERSION", "SAMPLING_EPS", "SEED_MAX", "SEED_MIN", "TOP_K_MAX", "Chunk", "EmbeddedClient",
     "PolicyClient", "PolicyServerBadResponse", "PolicyServerError", "PolicyServerFailed", "PolicyServerRejected",
-    "PolicyServerTimeout", "PolicyServerUnreachable", "Sample", "SamplingParams", "StreamedSample", "VLLMClient",
-    "completion_body", "parse_chunk", "parse_completion", "server_message",
+    "PolicyServerTimeout", "PolicyServerUnreachable", "PublishedLoader", "Sample", "SamplingParams", "StreamedSample",
+    "VLLMClient", "completion_body", "parse_chunk", "parse_completion", "server_message",
 ]

@@ -134,7 +134,8 @@ class StreamedSample:
 
 @runtime_checkable
 class PolicyClient(Protocol):
-    """A policy server. Implementations: `EmbeddedClient`, `VLLMClient` (collectors.policy.clients)."""
+    """A policy server. Implementations: `EmbeddedClient`, `VLLMClient` (collectors.policy.clients).
+    `EmbeddedClient` is also a `PublishedLoader`."""
 
     base_url: str
 
@@ -159,4 +160,19 @@ class PolicyClient(Protocol):
         ...
 
     async def aclose(self) -> None:
+        ...
+
+
+@runtime_checkable
+class PublishedLoader(Protocol):
+    """A policy server that fetches a published checkpoint itself (`trajstore serve`; not vLLM).
+
+    A collector names the version as the learner announced it; the server loads `path` when its
+    own disk holds the announced directory there, else fetches `uri` into its own checkpoint
+    cache and checks it against `digest` (`trajstore.artifacts.local_copy`). So a server on
+    another host than the collector's, or than the learner's, needs no shared disk.
+    """
+
+    async def load_published(self, version: int, *, uri: str, digest: str, path: str | None = None) -> str:
+        """Load the version published at `uri` (manifest sha256 `digest`); returns the directory the server loaded."""
         ...

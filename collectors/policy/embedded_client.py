@@ -2,7 +2,9 @@
 
 The server answers each completion with the policy version that sampled all of its tokens
 (`policy_version`, header X-Policy-Version); the client passes it through. Reloads go through
-`POST /v1/load_weights`, and the server finishes in-flight requests on the old weights itself.
+`POST /v1/load_weights`, and the server finishes in-flight requests on the old weights itself:
+by a directory on the server's disk (`load_weights`), or by the location the learner announced
+(`load_published`: the server fetches and verifies it itself, so it may run on any host).
 """
 
 from __future__ import annotations
@@ -89,19 +91,33 @@ class EmbeddedClient:
 
     async def load_weights(self, path: str, version: int) -> None:
         """POST /v1/load_weights: the server finishes in-flight requests on the old weights itself."""
+        await self._load({"path": str(path), "version": version}, str(path))
+
+    async def load_published(self, version: int, *, uri: str, digest: str, path: str | None = None) -> str:
+        """POST /v1/load_weights with the announced location: the server loads `path` if its disk holds the
+        announced directory, else fetches `uri` into its own cache and verifies it (`PublishedLoader`)."""
+        body = {"uri": uri, "digest": digest, "version": version, **({"path": path} if path is not None else {})}
+        loaded = await self._load(body, uri)
+        return loaded if isinstance(loaded, str) else uri
+
+    async def _load(self, body: dict[str, Any], what: str) -> Any:
+        """One reload call; returns the directory the server says it loaded."""
+        version = body["version"]
         try:
-            reply = await self._http.call("POST", "/v1/load_weights", body={"path": str(path), "version": version},
-                                          headers=self._control, timeout_s=self._reload_timeout_s)
+            reply = await self._http.call("POST", "/v1/load_weights", body=body, headers=self._control,
+                                          timeout_s=self._reload_timeout_s)
         except PolicyServerRejected as exc:
             if exc.status == 409:
                 raise VersionConflict(exc.server_message or str(exc)) from exc
-            raise WeightLoadError(f"the policy server at {self.base_url} did not load {path}: "
+            raise WeightLoadError(f"the policy server at {self.base_url} did not load {what}: "
                                   f"{exc.server_message}") from exc
         except PolicyServerFailed as exc:
-            raise WeightLoadError(f"the policy server at {self.base_url} failed loading {path}: "
+            raise WeightLoadError(f"the policy server at {self.base_url} failed loading {what}: "
                                   f"{exc.server_message}; see the server's log") from exc
-        body = self._http.json(reply, "/v1/load_weights")
-        self.policy_version = body.get("policy_version", version) if isinstance(body, dict) else version
+        answer = self._http.json(reply, "/v1/load_weights")
+        answer = answer if isinstance(answer, dict) else {}
+        self.policy_version = answer.get("policy_version", version)
+        return answer.get("path")
 
     async def aclose(self) -> None:
         await self._http.close()

@@ -86,7 +86,7 @@ class ProxyConfig:
 
     model_dir: str
     run: str = "default"
-    writer: str = "proxy"
+    writer: str | None = None  # None: `proxy-<host>-<pid>-<spool id>`, unique across machines (trajstore.owner)
     model_names: tuple[str, ...] = ()  # accepted `model` values besides the upstream's names; "*": any
     max_model_len: int | None = None  # default: the checkpoint's max_position_embeddings
     default_max_tokens: int = 4096
@@ -367,7 +367,7 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
 
     async def startup(app: web.Application) -> None:
         client = client_factory()
-        writer = store.writer(config.writer, seal_interval=config.seal_interval)
+        writer = store.writer(config.writer or store.unique_writer_name("proxy-"), seal_interval=config.seal_interval)
         capture = Capture(client, renderer, writer, run=config.run, max_model_len=max_len,
                           default_max_tokens=config.default_max_tokens, stored=store.holds_rollout)
         names = [*config.model_names, *await _served_names(client)]
@@ -426,6 +426,9 @@ def run_proxy(client_factory: Callable[[], PolicyClient], store_location: str, c
     """Serve until interrupted (the `trajstore proxy` command)."""
     config.check()
     store = open_store(store_location)
+    orphans = store.seal_orphans()  # default names never repeat: what an earlier, killed proxy here acknowledged
+    if any(orphans.values()):
+        log.warning("sealed what stopped writers of this machine had left unsealed: %s", orphans)
 
     def banner(runner: web.AppRunner, url: str) -> str:
         capture = runner.app[STATE].capture

@@ -87,8 +87,10 @@ def test_collect_lists_every_problem_before_starting(tmp_path: Path) -> None:
     tasks = tmp_path / "bad.jsonl"
     tasks.write_text('{"prompt": "ok"}\n{"oops"\n{"id": "x"}\n')
     out = invoke("collect", "--store", str(tmp_path / "s"), "--run", "r", "--tasks", str(tasks), "--n", "0",
-                 "--agent", "nomodule", "--agent-cmd", "true", "--reward", "json:nothing_here", code=1)
+                 "--agent", "nomodule", "--agent-cmd", "true", "--reward", "json:nothing_here", "--poll-interval", "0",
+                 code=1)
     for expected in ("--n must be at least 1", "--agent and --agent-cmd", "no policy: pass --model",
+                     "--poll-interval must be positive",
                      "must be written module:name", "module json has no 'nothing_here'", "line 2: not valid JSON",
                      "line 3: needs `prompt`"):
         assert expected in out, out

@@ -61,15 +61,14 @@ def watch(a: argparse.Namespace) -> None:
             if snap.table_version < version:
                 shrank.append(f"table version went back from {version} to {snap.table_version}")
             version = snap.table_version
-            counts = snap.query("SELECT writer, count(*) AS n FROM events GROUP BY writer").to_pylist()
-            ids = snap.query("SELECT event_id FROM events WHERE starts_with(event_id, ?)",
-                             [a.prefix + "-"]).column(0).to_pylist()
+            counts = snap.query("SELECT writer, count(*) AS n, list(event_id) FILTER (WHERE starts_with(event_id, ?)) "
+                                "AS ids FROM events GROUP BY writer", [a.prefix + "-"]).to_pylist()  # one scan
         for row in counts:
             if row["n"] < high.get(row["writer"], 0):
                 shrank.append(f"writer {row['writer']}: {high[row['writer']]} events, then {row['n']}")
             high[row["writer"]] = max(row["n"], high.get(row["writer"], 0))
-        for eid in ids:
-            seen.setdefault(eid, now)
+            for eid in row["ids"] or ():
+                seen.setdefault(eid, now)
         time.sleep(a.poll)
     with open(a.out, "w") as f:
         json.dump({"seen": seen, "shrank": shrank, "table_version": version, "snapshots": snapshots}, f)

@@ -1,11 +1,12 @@
-"""The multi-host rehearsal: one object store, two collector hosts, a learner host; faults; one JSON report.
+"""The multi-host rehearsal: an object store, two collector hosts, a policy-server host, a learner host; faults.
 
 Run only inside a sandbox (`tests/multihost/test_rehearsal.py` starts it with
 `sandbox.enter`; hosts refuse to be made anywhere else). Each host has its own disk (a
 directory under --work, mounted as its /tmp, so the test can read it afterwards), hostname,
 process ids and network namespace; the collector hosts share one hostname, as two containers
-can. Only the object store (moto with atomic conditional writes, `tests/moto_s3.py`, which
-also drops the reply to every Nth Delta commit after performing it) is reachable across hosts.
+can. Across hosts, the collectors reach the policy server; everything else meets only in the
+object store (moto with atomic conditional writes, `tests/moto_s3.py`, which also drops the
+reply to every Nth Delta commit after performing it). One JSON report comes out at the end.
 
 1. Visibility: c1 appends (metrics, then statuses), c2 watches as another machine, and
    the report gives the append-to-visible latency per kind with `--seal-interval 1`.
@@ -13,11 +14,20 @@ also drops the reply to every Nth Delta commit after performing it) is reachable
    differ); c1's link is cut mid-append and restored; c2 is killed mid-append, restarted on
    its own disk, and appends again (sealing what the dead writer acknowledged); the learner
    host watches throughout (snapshots only grow). Every acknowledged event must be there once.
-3. The control route: `trajstore serve --control-token` on c1, reloaded from c2 with the
-   token (and refused without it). Then the closed loop: `trajstore learn` on the learner host, `trajstore collect --follow` on each
-   collector host (embedded policy server each), until the learner has published --versions
-   versions; meanwhile the learner host is killed mid-publish and restarted, c2 is killed and
-   restarted, and c1's link is cut and restored. Then `probe check` reports the invariants.
+3. The closed loop. While phase 2 runs, the learner host makes the initial model and
+   the policy host starts `trajstore serve --control-token` on its copy. Its control route is
+   checked from c2 (refused without the token; with it, a version named by a location nothing
+   was published at is refused and version 0 keeps serving). Then `trajstore learn` on the
+   learner host and `trajstore collect --follow --server POLICY` on each collector host, which
+   reload the shared server by each version's published URI, until the learner has published
+   --versions versions; meanwhile the learner host is killed mid-publish and restarted, c2 is
+   killed and restarted, and c1's link is cut and restored. Then `probe check` reports the
+   invariants.
+
+Where the time goes: `cpu_seconds_by_command` in the report samples every process of the
+sandbox. The object store (moto, in Python) takes the most: every reader's poll lists the
+Delta log and reads the sealed files, so the loop polls once a second (learner and collectors)
+and its groups are of 2 rollouts, enough for a group advantage.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +53,7 @@ BUCKET = "rehearsal"
 RUN = "loop"
 K = 1  # max staleness
 DROP_EVERY = 7  # the store drops its reply to every 7th Delta commit
+TOKEN = "rehearsal-control-token-0123"  # the policy server's control token
 
 
 class Failed(RuntimeError):
@@ -82,11 +94,13 @@ class Rehearsal:
         self.c1 = box.add_host("c1", hostname="collector", disk=self.disk("c1"))
         self.c2 = box.add_host("c2", hostname="collector", disk=self.disk("c2"))
         self.learner = box.add_host("learner", disk=self.disk("learner"))
+        self.policy = box.add_host("policy", disk=self.disk("policy"))
+        self.policy_url = f"http://{self.policy.ip}:8000"
         self.uri = f"s3://{BUCKET}/store"
         endpoint = f"http://{self.store.ip}:9000"
         self.env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": "/tmp/home", "TRAJSTORE_SPOOL": "/tmp/spool",
                     "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal",
-                    "AWS_REGION": "us-east-1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+                    "AWS_REGION": "us-east-1", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "TOKENIZERS_PARALLELISM": "false"}
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "TRAJSTORE_CHECKPOINT_CACHE",
                      "TRAJSTORE_STORE", "TRAJSTORE_SEAL_INTERVAL"):
             self.env.pop(name, None)
@@ -199,14 +213,45 @@ class Rehearsal:
 
     # ------------------------------------------------------------------ 3. the closed loop
 
-    def closed_loop(self) -> None:
+    def prepare_loop(self) -> None:
+        """Ready the closed loop's hosts: the initial model (made on the learner host, copied to every other host's
+        disk), the task files, and the policy server on its host. Runs in the background during phase 2."""
+        t = time.monotonic()
         self.learner.run(python("-m", "cli.main", "init-model", "/tmp/model", "--layers", "1", "--hidden-size", "32",
                                 "--heads", "1", "--kv-heads", "1", "--intermediate-size", "64", "--vocab-size", "512"),
                          env=self.env, timeout=180)
-        for name in ("c1", "c2"):
+        for name in ("c1", "c2", "policy"):  # each host its own copy of the initial model (collectors: its tokenizer)
             shutil.copytree(self.work / "learner" / "model", self.work / name / "model")
+        for name in ("c1", "c2"):
             tasks = [{"id": f"{name}-t{i}", "prompt": f"Count to {i} on {name}."} for i in range(400)]
             (self.work / name / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+        self.server = self.with_pid(self.policy, python("-m", "cli.main", "serve", "--model", "/tmp/model", "--host",
+                                                        self.policy.ip, "--port", "8000", "--device", "cpu",
+                                                        "--threads", "1", "--control-token", TOKEN), "serve")
+        wait_for("the policy server on its host", lambda: "serving" in read(self.work / "policy" / "serve.log")
+                 or self.server.poll() is not None, 120, poll=0.2)
+        if self.server.poll() is not None:
+            raise Failed(f"the policy server exited ({self.server.returncode}): {read(self.work / 'policy' / 'serve.log')}")
+        self.report["prepare_loop_seconds"] = round(time.monotonic() - t, 1)
+
+    def prepare_in_background(self) -> None:
+        def run() -> None:
+            try:
+                self.prepare_loop()
+            except BaseException as exc:  # noqa: BLE001 - reported when the closed loop needs it
+                self.prepared_error = exc
+
+        self.prepared_error: BaseException | None = None
+        self.preparing = threading.Thread(target=run, daemon=True)
+        self.preparing.start()
+
+    def closed_loop(self) -> None:
+        if not hasattr(self, "preparing"):
+            self.prepare_in_background()
+        self.preparing.join()
+        if self.prepared_error is not None:
+            raise self.prepared_error
+        server = self.server
         self.control_route()
         started = time.monotonic()
         marks = self.report["loop_timeline_s"] = {}
@@ -216,7 +261,7 @@ class Rehearsal:
 
         # a reader on the store's host takes snapshots throughout: they must only grow
         watch = self.on(self.store, python("-m", "tests.multihost.probe", "watch", "--store", self.uri, "--prefix",
-                                           "none", "--expect", "1", "--timeout", "600", "--poll", "1", "--out",
+                                           "none", "--expect", "1", "--timeout", "600", "--poll", "2", "--out",
                                            "/tmp/loop-seen.json", "--stop", "/tmp/stop-loop-watch"), "loop-watch.log")
         self.start_learner()
         for host in (self.c1, self.c2):
@@ -254,8 +299,14 @@ class Rehearsal:
         wait_for(f"version {self.versions}", lambda: seen_versions() >= self.versions, 240, poll=0.5)
         mark(f"version {self.versions}")
         self.finish(self.learner_proc, "the learner (reaching --steps)", 60)
+        health = ("import json, sys, urllib.request\n"
+                  "print(json.load(urllib.request.urlopen(sys.argv[1] + '/health'))['policy_version'])\n")
+        served = lambda: int(self.c1.run(python("-c", health, self.policy_url), env=self.env).stdout)
+        wait_for(f"the collectors to reload version {self.versions} into the policy server",
+                 lambda: served() >= self.versions, 30, poll=0.5)
         for host in (self.c1, self.c2):
             self.stop(host, self.collectors[host.name], "collect")
+        self.stop(self.policy, server, "serve")
         (self.work / "store" / "stop-loop-watch").touch()
         self.finish(watch, "the reader on the store's host", 60)
         seen = json.loads(read(self.work / "store" / "loop-seen.json"))
@@ -263,36 +314,31 @@ class Rehearsal:
                                         "--max-staleness", str(K)), env=self.env)
         self.report["loop"] = json.loads(check.stdout.strip().splitlines()[-1])
         self.report["loop"]["reader"] = {"snapshots": seen["snapshots"], "shrank": seen["shrank"]}
-        self.report["loop"]["fetched_checkpoints"] = {
+        self.report["loop"]["fetched_checkpoints"] = {  # the policy host fetched them; its collectors did not
             name: sorted(p.parent.name for p in (self.work / name / "home").rglob("trajstore_manifest.json"))
-            for name in ("c1", "c2")}
+            for name in ("policy", "c1", "c2")}
         self.report["dropped_commit_replies"] = read(self.work / "store" / "moto.log").count("dropped the reply")
         self.report["loop"]["unsealed_segments"] = {
             name: [str(p.relative_to(self.work)) for p in (self.work / name / "spool").rglob("*.arrows")]
             for name in ("c1", "c2", "learner")}
 
     def control_route(self) -> None:
-        """A policy server on c1 with a control token: c2 (another host) reloads it with the token, not without."""
-        token = "rehearsal-control-token-0123"
-        server = self.with_pid(self.c1, python("-m", "cli.main", "serve", "--model", "/tmp/model", "--host",
-                                               self.c1.ip, "--port", "8000", "--device", "cpu", "--threads", "1",
-                                               "--control-token", token), "serve")
-        url = f"http://{self.c1.ip}:8000"
+        """The policy host's control route, from collector host c2: refused without the token; with it, a version
+        named by a location nothing was published at is refused too, and the server keeps serving version 0."""
         probe = ("import asyncio, json, sys\n"
                  "from collectors.policy import EmbeddedClient\n"
-                 "async def load(token, version):\n"
+                 "async def load(token):\n"
                  "    async with EmbeddedClient(sys.argv[1], control_token=token) as c:\n"
                  "        try:\n"
-                 "            await c.load_weights('/tmp/model', version)\n"
+                 "            await c.load_published(1, uri=sys.argv[3], digest='0' * 64)\n"
                  "            return 'loaded'\n"
                  "        except Exception as exc:\n"
                  "            return f'{type(exc).__name__}: {exc}'\n"
-                 "print(json.dumps([asyncio.run(load(None, 1)), asyncio.run(load(sys.argv[2], 1))]))\n")
-        wait_for("the policy server on c1", lambda: "serving" in read(self.work / "c1" / "serve.log")
-                 or server.poll() is not None, 120, poll=0.2)
-        answers = json.loads(self.c2.run(python("-c", probe, url, token), env=self.env).stdout.strip().splitlines()[-1])
-        self.report["control_route"] = {"without_token": answers[0], "with_token": answers[1]}
-        self.stop(self.c1, server, "serve")
+                 "print(json.dumps([asyncio.run(load(None)), asyncio.run(load(sys.argv[2]))]))\n")
+        nowhere = f"s3://{BUCKET}/nothing-published-here"
+        answers = json.loads(self.c2.run(python("-c", probe, self.policy_url, TOKEN, nowhere),
+                                         env=self.env).stdout.strip().splitlines()[-1])
+        self.report["control_route"] = {"without_token": answers[0], "with_token_unpublished": answers[1]}
 
     def with_pid(self, host: Host, argv: list[str], name: str) -> subprocess.Popen[Any]:
         """Start `argv` on `host`, its pid (as the host sees it) in /tmp/NAME.pid, its output in NAME.log."""
@@ -327,18 +373,41 @@ class Rehearsal:
         self.learner_proc = self.on(self.learner, python(
             "-m", "cli.main", "learn", "--store", self.uri, "--run", RUN, "--model", "/tmp/model", "--checkpoints",
             "/tmp/ckpts", "--groups-per-step", "2", "--steps", str(self.versions), "--max-staleness", str(K),
-            "--seal-interval", "1", "--poll-interval", "0.5", "--lr", "1e-3", "--device", "cpu", "--create-store"),
+            "--seal-interval", "1", "--poll-interval", "1", "--lr", "1e-3", "--device", "cpu", "--create-store"),
             f"learn-{n}.log")
         self.learner_log = self.work / "learner" / f"learn-{n}.log"
 
     def start_collector(self, host: Host) -> None:
         self.collectors = getattr(self, "collectors", {})
         cmd = python("-m", "cli.main", "collect", "--store", self.uri, "--run", RUN, "--tasks",
-               "/tmp/tasks.jsonl", "--n", "4", "--model", "/tmp/model", "--reward",
-               "tests.collectors.agents_for_tests:score", "--max-tokens", "8", "--max-turns", "1", "--concurrency",
-               "4", "--follow", "--plain", "--max-staleness", str(K), "--seal-interval", "1", "--threads", "1",
-               "--device", "cpu", "--seed", "1")
+               "/tmp/tasks.jsonl", "--n", "2", "--server", self.policy_url, "--control-token", TOKEN, "--model",
+               "/tmp/model", "--reward", "tests.collectors.agents_for_tests:score", "--max-tokens", "8",
+               "--max-turns", "1", "--concurrency", "4", "--follow", "--plain", "--max-staleness", str(K),
+               "--seal-interval", "1", "--poll-interval", "1", "--seed", "1")
         self.collectors[host.name] = self.with_pid(host, cmd, "collect")
+
+
+def cpu_by_command(stop: threading.Event, out: dict[str, float], every: float = 0.5) -> None:
+    """Sample every process of the sandbox (all hosts) until `stop`: CPU seconds per command, e.g.
+    `cli.main learn` or `tests.moto_s3` (what a process spends after its last sample is missed)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seen: dict[tuple[str, str], tuple[str, float]] = {}
+    while not stop.wait(every):
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            # after the command's name: utime and stime are fields 14 and 15 of stat, starttime 22
+            key, cpu = (pid, stat[19]), (int(stat[11]) + int(stat[12])) / tick
+            if "-m" in argv:
+                label = " ".join(argv[argv.index("-m") + 1:argv.index("-m") + 3])
+            else:
+                label = Path(argv[0]).name + (" -c" if "-c" in argv else "")
+            seen[key] = (seen[key][0] if key in seen and not argv[0] else label, cpu)  # an exited one has no argv
+    for label, cpu in seen.values():
+        out[label] = round(out.get(label, 0.0) + cpu, 1)
 
 
 def main() -> None:
@@ -348,13 +417,21 @@ def main() -> None:
     ap.add_argument("--phases", default="visibility,store_faults,closed_loop")
     a = ap.parse_args()
     started = time.monotonic()
+    stop, cpu = threading.Event(), dict[str, float]()
+    sampler = threading.Thread(target=cpu_by_command, args=(stop, cpu), daemon=True)
+    sampler.start()
     with Sandbox() as box:
         r = Rehearsal(box, a.work, a.versions)
         r.start_store()
         for phase in a.phases.split(","):
+            if phase != "visibility" and "closed_loop" in a.phases and not hasattr(r, "preparing"):
+                r.prepare_in_background()  # during the store faults, not while latencies are measured
             t = time.monotonic()
             getattr(r, phase)()
             r.report[f"{phase}_seconds"] = round(time.monotonic() - t, 1)
+    stop.set()
+    sampler.join()
+    r.report["cpu_seconds_by_command"] = dict(sorted(cpu.items(), key=lambda kv: -kv[1]))
     r.report["seconds"] = round(time.monotonic() - started, 1)
     r.report["load"] = os.getloadavg()
     used = resource.getrusage(resource.RUSAGE_CHILDREN)  # every host process was waited for by its nsenter

@@ -7,6 +7,7 @@ to leave them in the write-ahead log)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from deltalake import DeltaTable
 from cli.main import main
 from collectors.embedded.app import RunningServer
 from tests.collectors.proxy_harness import call, openai_client
-from trajstore import open_store
+from trajstore import open_store, owner
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -68,8 +69,48 @@ def test_the_command_serves_stores_and_seals_when_stopped(server: RunningServer,
     assert f"capture proxy on http://127.0.0.1:{port}" in output
     rows = open_store(store).query("SELECT run, turns, reward, status FROM rollouts").to_pylist()
     assert rows == [{"run": "cli-run", "turns": 1, "reward": 0.5, "status": "completed"}]
-    sealed = DeltaTable(str(store / "events")).to_pyarrow_table(columns=["kind"]).column("kind").to_pylist()
-    assert sorted(sealed) == ["reward", "status", "status", "turn"]  # an external reader sees them all
+    sealed = DeltaTable(str(store / "events")).to_pyarrow_table(columns=["kind", "writer"])
+    assert sorted(sealed.column("kind").to_pylist()) == ["reward", "status", "status", "turn"]  # all sealed
+    # the default writer name is unique across machines (host, pid and this disk's spool id), not `proxy-PORT`
+    spool = owner.spool_id(open_store(store).location.wal_root)
+    (writer,) = set(sealed.column("writer").to_pylist())
+    assert re.fullmatch(rf"proxy-[\w.-]+-{proc.pid}-{spool:x}", writer), writer
+
+
+def test_a_proxy_killed_with_unsealed_turns_has_them_sealed_by_the_next_proxy_on_its_machine(
+        server: RunningServer, tiny_model: Path, tmp_path: Path) -> None:
+    """Default writer names never repeat (each carries the pid), so no later proxy reopens a killed one's
+    write-ahead log: `trajstore proxy` seals what stopped writers of its machine left when it starts."""
+    store = tmp_path / "store"
+    code = "import sys; from cli.main import main; main(['proxy', *sys.argv[1:]])"
+
+    def start() -> tuple[subprocess.Popen, str]:
+        port = free_port()
+        args = ["--upstream", server.url, "--model", str(tiny_model), "--store", str(store), "--port", str(port),
+                "--model-name", "tiny", "--seal-interval", "3600"]
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc)
+        return proc, url
+
+    first, url = start()
+    try:
+        rollout = call(url + "/rollouts", {"group_id": "g"}).body
+        openai_client(rollout).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                       max_tokens=4)
+    finally:
+        first.kill()  # SIGKILL: its acknowledged turn is in its write-ahead log only
+        first.communicate(timeout=60)
+    assert not (store / "events" / "_delta_log").exists() or "turn" not in DeltaTable(
+        str(store / "events")).to_pyarrow_table(columns=["kind"]).column("kind").to_pylist()
+    second, _ = start()
+    second.send_signal(signal.SIGTERM)
+    output = second.communicate(timeout=60)[0]
+    assert second.returncode == 0 and "sealed what stopped writers" in output, output
+    sealed = DeltaTable(str(store / "events")).to_pyarrow_table(columns=["kind", "writer"]).to_pylist()
+    assert {"kind": "turn", "writer": f"proxy-{socket.gethostname()}-{first.pid}-"
+            f"{owner.spool_id(open_store(store).location.wal_root):x}"} in sealed, sealed
 
 
 def test_serve_stops_cleanly_on_sigterm(tiny_model: Path) -> None:
