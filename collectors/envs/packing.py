@@ -28,9 +28,10 @@ Why this task for a demo of RL on a CPU (a tiny model, a few minutes):
   seeds of 3. A weak demonstrator leaves a small weather-dependent preference for RL to
   sharpen, as supervised data does before RL on real models;
 - what RL must learn is one decision the model makes from what the tool returned: which item
-  goes with which weather. That mapping exists only in the reward. It is an association from
-  a token the tool wrote (and the model repeated) to the next token the model writes, which a
-  tiny model learns from reward in a few dozen steps, unlike copying long digit strings (see
+  goes with which weather. The warm start shows that mapping only as a weak preference; the
+  reward is what sharpens it. It is an association from a token the tool wrote (and the model
+  repeated) to the next token the model writes, which a tiny model learns from reward in a few
+  dozen steps, unlike copying long digit strings (see
   `arithmetic`, whose tiny model learns to use the calculator but rarely gets the digits right).
 
 Pieces, each plugged into `trajstore collect` / the warm start by import path: `forecast`

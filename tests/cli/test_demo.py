@@ -34,9 +34,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from cli.demo import DemoSettings, last_quarter, run_demo, wilson  # noqa: E402
-from collectors.agents.tool_agent import ToolAgentResult  # noqa: E402
-from collectors.envs import packing  # noqa: E402
+from cli.demo import DemoSettings, last_quarter, run_demo, wilson
+from collectors.agents.tool_agent import ToolAgentResult
+from collectors.envs import packing
 
 
 def z_rise(first: tuple[float, int], last: tuple[float, int]) -> float:
