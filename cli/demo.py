@@ -144,7 +144,8 @@ def commands(s: DemoSettings, model: Path) -> dict[str, list[str]]:
                    "--max-turns", s.max_turns, "--max-tokens", s.max_tokens, "--temperature", s.temperature,
                    "--concurrency", s.concurrency, "--max-staleness", s.max_staleness,
                    "--groups-per-version", s.groups_per_step * s.publish_every, "--follow", "--plain",
-                   "--seed", s.seed, *(["--vllm"] if s.engine == "vllm" else []))
+                   "--seed", s.seed, "--workdir", d / "work",  # rollouts' directories and vLLM's log
+                   *(["--vllm"] if s.engine == "vllm" else []))
     return {"learn": learn, "collect": collect}
 
 

@@ -27,7 +27,8 @@ console = Console()
               show_default=True, help="A new directory for the model, checkpoints, store, logs and plot.")
 @click.option("--quick", is_flag=True, help="The CI-sized loop: the same task, 60 learner steps instead of 90.")
 @click.option("--steps", type=click.IntRange(min=1), help="Learner steps (default: the preset's).")
-@click.option("--minutes", type=click.FloatRange(min=0.5), help="Time limit for collect + learn (default: the preset's).")
+@click.option("--minutes", type=click.FloatRange(min=0.5),
+              help="Time limit for collect + learn (default: the preset's; 20 with --engine vllm).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--engine", type=click.Choice(["embedded", "vllm"]), default="embedded", show_default=True,
               help="Who serves the model to the collector: the embedded server, or vLLM from .venv-vllm "
@@ -51,6 +52,8 @@ def demo(directory: Path, quick: bool, steps: int | None, minutes: float | None,
     settings = dataclasses.replace(settings, engine=engine)
     if steps is not None:
         settings = dataclasses.replace(settings, steps=steps)
+    if minutes is None and engine == "vllm" and not quick:
+        minutes = 20  # vLLM's per-step costs dominate a model this small: the 90 steps took 12.6 min here, not 6-8
     if minutes is not None:
         settings = dataclasses.replace(settings, time_limit_s=minutes * 60)
     result = run_demo(settings, say=console.print)

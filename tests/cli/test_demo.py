@@ -103,3 +103,26 @@ def test_the_closed_loop_makes_the_model_pack_the_right_item(tmp_path: Path) -> 
     assert result.plot is not None and result.plot.stat().st_size > 1000
     assert result.failure and result.success and result.failure != result.success
     assert [r["version"] for r in rows] == sorted(r["version"] for r in rows)
+
+
+@pytest.mark.parametrize(("args", "limit"), [([], 480.0), (["--engine", "vllm"], 1200.0),
+                                             (["--engine", "vllm", "--minutes", "9"], 540.0),
+                                             (["--engine", "vllm", "--quick"], 1800.0)])
+def test_the_time_limit_the_demo_command_runs_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   args: list[str], limit: float) -> None:
+    """vLLM's per-step costs make the same 90 steps take about 13 minutes here (README), so
+    `--engine vllm` gets 20 minutes unless told otherwise; the embedded preset keeps its 8."""
+    from click.testing import CliRunner
+
+    import cli.demo
+    from cli.main import main
+
+    seen: list[DemoSettings] = []
+
+    def fake_run_demo(settings: DemoSettings, say: object) -> None:
+        seen.append(settings)
+        raise KeyboardInterrupt  # stop before any work; only the settings matter here
+
+    monkeypatch.setattr(cli.demo, "run_demo", fake_run_demo)
+    CliRunner().invoke(main, ["demo", "--dir", str(tmp_path / "d"), *args])
+    assert [s.time_limit_s for s in seen] == [limit]
