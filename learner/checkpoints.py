@@ -36,8 +36,6 @@ resumed learner uploads the version again before announcing it.
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,7 +48,7 @@ from learner import distributed
 from learner.distributed import GatheredState
 from learner.errors import LearnerError
 from trajstore import Checkpoint, artifacts
-from trajstore.durable import fsync_path, fsync_tree
+from trajstore.durable import staged_directory
 
 INFO_FILE = "trajstore_checkpoint.json"
 STATE_FILE = "learner_state.pt"
@@ -122,9 +120,7 @@ def publish(root: str | Path, version: int, step: int, model: torch.nn.Module, t
                               "into this checkpoint directory; give each run its own --checkpoints")
     root.mkdir(parents=True, exist_ok=True)
     base = Path(tokenizer_dir).resolve()
-    tmp = root / f"{PARTIAL_PREFIX}{final.name}-{secrets.token_hex(4)}"
-    tmp.mkdir()
-    try:
+    with staged_directory(final, PARTIAL_PREFIX) as tmp:
         if adapter:
             from learner.lora import save_adapter  # peft only when LoRA is on
 
@@ -142,12 +138,6 @@ def publish(root: str | Path, version: int, step: int, model: torch.nn.Module, t
         record = {**dict(info), "version": version, "step": step, "adapter": adapter, "base_model": str(base),
                   "consumed": list(info.get("consumed", ()))}
         (tmp / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
-        fsync_tree(tmp)
-        os.rename(tmp, final)
-        fsync_path(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 

@@ -44,7 +44,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path, PurePosixPath
@@ -52,7 +51,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from trajstore.durable import fsync_path, fsync_tree, write_durably
+from trajstore.durable import staged_directory, write_durably
 from trajstore.errors import ArtifactError
 from trajstore.location import directory
 
@@ -236,21 +235,10 @@ def fetch(uri: str, cache: str | os.PathLike[str], *, expect: str | None = None,
         files = _entries(data, uri)
         for old in cache.glob(f"{_PARTIAL}{key}-*"):  # what a killed fetch left
             shutil.rmtree(old, ignore_errors=True)
-        tmp = cache / f"{_PARTIAL}{key}-{secrets.token_hex(4)}"
-        tmp.mkdir()
-        try:
+        with staged_directory(final, _PARTIAL, replace=True) as tmp:  # replace: a stale copy of a replaced directory
             for rel, entry in files.items():
                 _download(fs, f"{root}/{rel}", tmp / rel, entry, uri, rel)
             (tmp / MANIFEST).write_bytes(data)
-            fsync_tree(tmp)
-            if final.exists():  # a stale copy of a replaced directory
-                os.rename(final, cache / f"{_PARTIAL}{key}-stale")
-                shutil.rmtree(cache / f"{_PARTIAL}{key}-stale")
-            os.rename(tmp, final)
-            fsync_path(cache)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return final
 
 

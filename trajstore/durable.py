@@ -8,6 +8,10 @@ sealed files, checkpoints) goes through these.
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -36,3 +40,27 @@ def write_durably(path: Path, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_path(path.parent)
+
+
+@contextmanager
+def staged_directory(final: Path, prefix: str, *, replace: bool = False) -> Iterator[Path]:
+    """A new directory beside `final` (`<prefix><final name>-<random>`) for the caller to fill.
+
+    When the block ends without error, the directory is made durable and renamed to `final`, so
+    readers see all of it or nothing; with `replace`, a `final` already there (a stale copy) is
+    moved aside and removed first, else a `final` that appeared meanwhile fails the rename. On
+    any error the new directory is removed and the error raised."""
+    tmp = final.parent / f"{prefix}{final.name}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        fsync_tree(tmp)
+        if replace and final.exists():
+            stale = final.parent / f"{prefix}{final.name}-stale"
+            os.rename(final, stale)
+            shutil.rmtree(stale)
+        os.rename(tmp, final)
+        fsync_path(final.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
