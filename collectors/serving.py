@@ -11,18 +11,31 @@ problem; a client that disconnects while sending is `ClientGone`, logged in one 
 traceback. Control routes (`check_control`) take only `application/json` and no cross-site
 `Origin`: a browser page on another site can send a "simple" POST (`text/plain`, no preflight)
 to a loopback server, but never with a JSON content type.
+
+Every app served by `start_app` (the policy server, the capture proxy, the viewer) answers only
+requests whose `Host` names this server (`check_host`): a loopback name or address, the host it
+was started with (`--host`), or, bound to every interface (`0.0.0.0`, `::`), any IP address. A
+web page whose own name an attacker re-points at 127.0.0.1 (DNS rebinding) reaches the socket
+with its own name in `Host` and is refused (421) before any route runs; its `Origin` is refused
+for the same reason (`check_origin` does not trust a `Host` it has not checked). Requests
+without `Host` (HTTP/1.0 programs; no browser omits it) pass. Bound to a name, the server answers
+that name; to be reached under more names than its `--host`, list them in the environment
+variable `TRAJSTORE_ALLOWED_HOSTS` (comma-separated).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import os
 import re
 import signal
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,9 +43,11 @@ from aiohttp import ClientPayloadError, web
 
 from collectors.errors import CollectorError
 
+ALLOWED_HOSTS_ENV = "TRAJSTORE_ALLOWED_HOSTS"
 Start = Callable[[], Awaitable[tuple[web.AppRunner, str]]]
 DECODE_OFF_LOOP_BYTES = 256 << 10  # smaller bodies decode faster than a hop to a worker thread
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate, paired or not
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
 
 class BadRequest(CollectorError):
@@ -106,18 +121,95 @@ def check_control(request: web.Request) -> None:
                          f"application/json (got {request.content_type!r})", status=415)
 
 
+@dataclass(frozen=True)
+class HostRule:
+    """Which `Host` names a server answers (see the module docstring): loopback ones, its bound host, those
+    listed in `TRAJSTORE_ALLOWED_HOSTS`, and any IP address when bound to every interface."""
+
+    bound: str = "127.0.0.1"
+    extra: frozenset[str] = frozenset()
+
+    @classmethod
+    def for_bound(cls, host: str) -> HostRule:
+        listed = os.environ.get(ALLOWED_HOSTS_ENV, "")
+        return cls(_bare(host), frozenset(_bare(n) for n in listed.split(",") if n.strip()))
+
+    def allows(self, name: str) -> bool:
+        """Whether `name` (a host without its port) is one of this server's names."""
+        name = _bare(name)
+        if name == "localhost" or name == self.bound or name in self.extra:
+            return True
+        try:
+            address = ipaddress.ip_address(name)
+        except ValueError:
+            return False  # a DNS name: only the listed ones (any other may have been re-pointed here)
+        return address.is_loopback or self.bound in _WILDCARDS
+
+    def names(self) -> str:
+        shown = ["localhost", "127.0.0.1", "[::1]", *sorted({self.bound, *self.extra} - _WILDCARDS - {"localhost"})]
+        if self.bound in _WILDCARDS:
+            shown.append("any IP address")
+        return ", ".join(dict.fromkeys(shown))
+
+
+def _bare(host: str) -> str:
+    """A host name compared as DNS does: lower case, no trailing dot, no IPv6 brackets."""
+    return host.strip().strip("[]").rstrip(".").lower()
+
+
+def _host_of(netloc: str) -> str:
+    """The host of a `Host` header or an origin's netloc, without its port."""
+    if netloc.startswith("["):
+        return netloc[1:netloc.find("]")] if "]" in netloc else netloc
+    return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
+
+
+HOST_RULE = web.AppKey("host_rule", HostRule)
+
+
+def _rule(request: web.Request) -> HostRule:
+    return request.app.get(HOST_RULE) or HostRule()
+
+
+def check_host(request: web.Request) -> None:
+    """Refuse a request for a name that is not this server's (DNS rebinding; see the module docstring)."""
+    host = request.headers.get("Host")
+    if host is None:
+        return  # no browser sends a request without Host
+    rule = _rule(request)
+    if not rule.allows(_host_of(host)):
+        raise BadRequest(f"this server answers requests for {rule.names()} only, not for Host {host[:100]!r} (a web "
+                         "page whose name was pointed at this machine is refused); call it by one of those names, "
+                         "or start it with --host NAME to serve NAME (more names: "
+                         f"{ALLOWED_HOSTS_ENV}=NAME,NAME)", status=421)
+
+
 def check_origin(request: web.Request) -> None:
     """Refuse a browser request sent from a page of another origin (its `Origin` header names it)."""
     origin = request.headers.get("Origin")
     if origin is None:
         return  # not a browser's cross-site request: SDKs, curl and agents send no Origin
-    if urlsplit(origin).netloc.lower() != request.host.lower():
-        raise BadRequest(f"requests from web pages of other sites are refused (Origin {origin!r}); call this server "
-                         "from a program, not a browser page", status=403)
+    netloc = urlsplit(origin).netloc.lower()
+    if netloc != request.host.lower() or not _rule(request).allows(_host_of(netloc)):
+        raise BadRequest(f"requests from web pages of other sites are refused (Origin {origin[:100]!r}); call this "
+                         "server from a program, not a browser page", status=403)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                 ) -> web.StreamResponse:
+    """Host and Origin, checked before any route; inside the app's own error middleware, which renders a
+    refusal in the app's error shape."""
+    check_host(request)
+    check_origin(request)
+    return await handler(request)
 
 
 async def start_app(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
-    """Serve `app` from the running event loop; port 0 takes a free one. Returns (runner, base URL)."""
+    """Serve `app` from the running event loop; port 0 takes a free one. Returns (runner, base URL).
+    The app answers only requests for this server's names, and from no other site's page (`_guard`)."""
+    app[HOST_RULE] = HostRule.for_bound(host)
+    app.middlewares.append(_guard)  # last: innermost, so the app's own middleware renders a refusal
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)

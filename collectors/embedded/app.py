@@ -77,7 +77,6 @@ from collectors.serving import (
     ClientGone,
     app_in_thread,
     check_control,
-    check_origin,
     read_json,
     run_until_interrupted,
     start_app,
@@ -108,7 +107,6 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Route, size and unexpected failures become OpenAI-style JSON errors; the server keeps serving."""
     version = request.app[ENGINE].policy_version
     try:
-        check_origin(request)
         return await handler(request)
     except RequestError as exc:
         return _error(exc, version)

@@ -67,7 +67,6 @@ from collectors.serving import (
     ClientGone,
     app_in_thread,
     check_control,
-    check_origin,
     read_json,
     run_until_interrupted,
     start_app,
@@ -172,7 +171,6 @@ def _error(request: web.Request, err: ChatError) -> web.Response:
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure answers in the protocol of the route: OpenAI's error shape, Anthropic's on /v1/messages."""
     try:
-        check_origin(request)
         return await handler(request)
     except ChatError as err:
         return _error(request, err)

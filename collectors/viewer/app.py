@@ -33,6 +33,7 @@ from urllib.parse import quote, urlencode
 import jinja2
 from aiohttp import web
 
+from collectors.serving import BadRequest as Refused
 from collectors.serving import app_in_thread, run_until_interrupted, start_app
 from collectors.viewer import charts
 from collectors.viewer.data import (
@@ -277,6 +278,8 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         if exc.status == 404:
             message += "; pages: /, /rollouts, /rollouts/ROLLOUT_ID, /groups/GROUP_ID (and the same under /api/)"
         return _error(request, exc.status, message)
+    except Refused as exc:  # a request for another host name, or from another site's page (collectors.serving)
+        return _error(request, exc.status, exc.message)
     except NotFound as exc:
         return _error(request, 404, str(exc))
     except (BadRequest, ValueError) as exc:
