@@ -193,3 +193,22 @@ def test_the_command_fails_in_one_line_before_serving(tmp_path: Path) -> None:
     bad = CliRunner().invoke(main, ["view", "--store", str(tmp_path / "empty"), "--port", "70000"])
     assert bad.exit_code == 1 and "--port 70000 is not a TCP port" in bad.output
     assert "Example:" in CliRunner().invoke(main, ["view", "--help"]).output
+
+
+def test_one_runs_extreme_values_do_not_break_the_runs_page(tmp_path: Path) -> None:
+    """A finite reward and metric range near the float limit in one run: the runs page (every run's) was a 500."""
+    events = generate_run(run="extreme", groups=1, group_size=2, seed=3)
+    for event, value in zip([e for e in events if e["kind"] == "reward"], (1.7e308, -1.7e308), strict=False):
+        event["reward"] = value
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in [*events, *generate_run(run="plain", groups=1,
+                                                                                   group_size=2, seed=4)]))
+    store = trajstore.open_store(tmp_path / "store")
+    store.ingest(path, writer="collector")
+    with store.writer("learner") as w:
+        w.append([Metric(run="extreme", step=s, policy_version=0, metrics={"loss": v}, consumed=[])
+                  for s, v in ((1, 1.7e308), (2, -1.7e308), (3, 5e-324))])
+    with viewer_in_thread(ViewerSettings(store=str(tmp_path / "store"), port=0)) as url:
+        status, html, _ = get(url + "/")
+    assert status == 200, html
+    assert "plain" in html and "extreme" in html and html.count("<svg") >= 4
