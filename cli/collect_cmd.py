@@ -8,7 +8,7 @@ import sys
 import click
 from rich.console import Console
 
-from cli.options import seal_interval_option, store_option
+from cli.options import control_token_option, seal_interval_option, store_option
 
 
 @click.command("collect")
@@ -25,8 +25,7 @@ from cli.options import seal_interval_option, store_option
 @click.option("--vllm-reload", type=click.Choice(["weights", "follow", "lora"]), default="weights", show_default=True,
               help="weights: this collector reloads vLLM's weights (one per server); follow: another collector "
                    "does, turns carry the version vLLM reports; lora: load the learner's adapters at runtime.")
-@click.option("--control-token", envvar="TRAJSTORE_CONTROL_TOKEN", show_envvar=True,
-              help="The --control-token of the `trajstore serve` at --server, to reload it from another machine.")
+@control_token_option("The --control-token of the `trajstore serve` at --server, to reload it from another machine.")
 @click.option("--proxy", metavar="URL", help="An external capture proxy writing to the same store (default: in-process).")
 @click.option("--agent", metavar="MODULE:FN", help="Python agent: async def agent(task, ctx) -> result.")
 @click.option("--tools", metavar="MOD:FN,...", help="The built-in tool-calling agent with these tools.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from cli.options import control_token_option
 from collectors.model.build import ModelSize
 
 _DEFAULT = ModelSize()
@@ -62,9 +63,8 @@ def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, h
               help="Version reported for the weights in --model.")
 @click.option("--served-model-name", help="Name in /v1/models and the `model` field (default: the --model path).")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (1 is fastest for tiny models).")
-@click.option("--control-token", envvar="TRAJSTORE_CONTROL_TOKEN", show_envvar=True,
-              help="Let callers on other machines reload weights: /v1/load_weights then answers only requests "
-                   "sending `Authorization: Bearer TOKEN` (collect --control-token), loopback included.")
+@control_token_option("Let callers on other machines reload weights: /v1/load_weights then answers only requests "
+                      "sending `Authorization: Bearer TOKEN` (collect --control-token), loopback included.")
 @click.option("--checkpoint-cache", type=click.Path(file_okay=False), metavar="DIR",
               help="Where versions that collectors name by their published URI are fetched to (default: "
                    "$TRAJSTORE_CHECKPOINT_CACHE or ~/.cache/trajstore/checkpoints).")
@@ -82,7 +82,7 @@ def serve(model_dir: str, host: str, port: int, max_batch: int, device: str, pol
     \b
     Example:
       trajstore serve --model tiny-model --port 8000
-      trajstore serve --model tiny-model --host 10.0.0.5 --control-token "$TOKEN"   # reloaded from other hosts
+      TRAJSTORE_CONTROL_TOKEN="$TOKEN" trajstore serve --model tiny-model --host 10.0.0.5   # reloaded from other hosts
       curl localhost:8000/v1/completions -d '{"prompt": [1, 2, 3], "max_tokens": 8, "return_token_ids": true}'
     """
     from collectors.embedded import run_server

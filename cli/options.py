@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import stat
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -49,6 +52,62 @@ def seal_interval_option(func: Callable[..., Any]) -> Callable[..., Any]:
         help="Seconds before appended events are sealed into the table, which is when other machines see them "
              "(in an s3:// store, checkpoint and status events are sealed at once).",
     )(func)
+
+
+CONTROL_TOKEN_ENV = "TRAJSTORE_CONTROL_TOKEN"
+
+
+def control_token_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--control-token TOKEN and --control-token-file FILE, resolved into the command's `control_token`
+    argument. A token on the command line shows in `ps` to every user of the machine: it still works, with a
+    warning naming the safe ways (the environment variable, a file only its owner reads)."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def command(*args: Any, control_token_file: str | None, **kwargs: Any) -> Any:
+            kwargs["control_token"] = _control_token(kwargs.get("control_token"), control_token_file)
+            return func(*args, **kwargs)
+
+        command = click.option(
+            "--control-token-file", type=click.Path(dir_okay=False), metavar="FILE",
+            help="Read the control token from FILE (its first line; keep it readable by its owner only).",
+        )(command)
+        return click.option(
+            "--control-token", envvar=CONTROL_TOKEN_ENV, show_envvar=True, metavar="TOKEN",
+            help=help + f" Prefer ${CONTROL_TOKEN_ENV} or --control-token-file: a command line shows in `ps`.",
+        )(command)
+
+    return decorate
+
+
+def _control_token(given: str | None, path: str | None) -> str | None:
+    ctx = click.get_current_context()
+    on_argv = ctx.get_parameter_source("control_token") == click.core.ParameterSource.COMMANDLINE
+    if path is not None:
+        if on_argv:
+            raise click.UsageError("give the control token once: --control-token or --control-token-file, not both")
+        return _read_token(Path(path))
+    if given is not None and on_argv:
+        click.echo(f"warning: --control-token on the command line is visible to every user of this machine (`ps`); "
+                   f"set {CONTROL_TOKEN_ENV} or use --control-token-file FILE instead", err=True)
+    return given
+
+
+def _read_token(path: Path) -> str:
+    try:
+        lines = path.read_text().splitlines()
+        mode = path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read the control token from {path}: {exc}",
+                                 param_hint="--control-token-file") from exc
+    if not lines or not lines[0].strip():
+        raise click.BadParameter(f"{path} is empty; write the token on its first line "
+                                 "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe())' > FILE`)",
+                                 param_hint="--control-token-file")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        click.echo(f"warning: {path} is readable by other users (mode {stat.S_IMODE(mode):o}); `chmod 600 {path}`",
+                   err=True)
+    return lines[0].strip()
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:

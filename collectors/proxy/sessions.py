@@ -31,6 +31,7 @@ from collectors.proxy.chat import ChatError
 from collectors.proxy.segmenter import SessionState
 
 KEY_PREFIX = "ts-"
+SHOWN_KEY_CHARS = 4  # of an unknown key, in its 401: it may be a real secret sent to the wrong server
 SESSION_HEADER = "X-Trajstore-Session"
 DEFAULT_SESSION = "main"
 SESSION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -141,7 +142,7 @@ class Registry:
     def lookup(self, key: str) -> Rollout:
         rollout = self.by_key.get(key)
         if rollout is None:
-            shown = key[:12] + "..." if len(key) > 12 else key
+            shown = key[:SHOWN_KEY_CHARS] + "..." if len(key) > SHOWN_KEY_CHARS else key  # enough to tell keys apart
             raise _unauthorized(f"unknown API key {shown!r}: this proxy never issued it (or it restarted since); "
                                 f"{_HOW}")
         if rollout.closed:

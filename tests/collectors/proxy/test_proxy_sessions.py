@@ -85,6 +85,8 @@ def test_a_key_reaches_only_its_own_rollout(proxy: Harness) -> None:
     other = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-something-else", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as aerr:
         other.messages.create(model=MODEL, max_tokens=4, messages=messages)
+    shown = aerr.value.body["error"]["message"]  # a real key sent to the wrong server: at most 4 characters of it
+    assert "'sk-a...'" in shown and "sk-an" not in shown, shown
     assert aerr.value.body == {"type": "error", "error": {"type": "authentication_error",
                                                           "message": aerr.value.body["error"]["message"]}}
     nokey = call(proxy.url + "/v1/messages", {"model": MODEL, "max_tokens": 4, "messages": messages})
