@@ -34,6 +34,12 @@ from cli.options import control_token_option, seal_interval_option, store_option
                    "ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY and TRAJSTORE_TASK_FILE set; its stdout is the result.")
 @click.option("--reward", metavar="MODULE:FN", help="reward(task, result, rollout) -> float or {name: float}.")
 @click.option("--reward-cmd", metavar="CMD", help="Test command run in the rollout's directory: exit 0 = 1.0, else 0.0.")
+@click.option("--pass-env", metavar="NAME", multiple=True,
+              help="Let --agent-cmd and --reward-cmd see this variable of collect's environment (repeatable; NAME* "
+                   "a prefix). By default they see only PATH, HOME, locale, temp and virtualenv paths and the "
+                   "rollout's own variables: no credentials.")
+@click.option("--inherit-env", is_flag=True,
+              help="Let --agent-cmd and --reward-cmd see all of collect's environment (its credentials included).")
 @click.option("--no-reward", is_flag=True,
               help="Collect unscored rollouts on purpose; they are not trainable until `trajstore reward` scores them.")
 @click.option("--concurrency", type=int, default=16, show_default=True, help="Rollouts in flight at once.")
@@ -71,7 +77,8 @@ from cli.options import control_token_option, seal_interval_option, store_option
 @seal_interval_option
 def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None, server: str | None, vllm: bool,
             vllm_reload: str, control_token: str | None, proxy: str | None, agent: str | None, tools: str | None, agent_cmd: str | None,
-            reward: str | None, reward_cmd: str | None, no_reward: bool, concurrency: int, rollout_timeout: float,
+            reward: str | None, reward_cmd: str | None, pass_env: tuple[str, ...], inherit_env: bool,
+            no_reward: bool, concurrency: int, rollout_timeout: float,
             retries: int, max_turns: int, max_tokens: int, temperature: float, top_p: float, top_k: int,
             seed: int | None, epochs: int,
             forever: bool, follow: bool, max_staleness: int | None, groups_per_version: int | None, poll_interval: float,
@@ -103,6 +110,7 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
         concurrency=concurrency, rollout_timeout=rollout_timeout, max_turns=max_turns, max_tokens=max_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, epochs=epochs, forever=forever, follow=follow,
         agent=agent, tools=tools, agent_cmd=agent_cmd, reward=reward, reward_cmd=reward_cmd, no_reward=no_reward,
+        pass_env=pass_env, inherit_env=inherit_env,
         retries=retries,
         max_staleness=max_staleness, groups_per_version=groups_per_version, workdir=workdir,
         keep_workdirs=keep_workdirs, display="plain" if plain else "auto", policy_version=policy_version,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from collectors.agents.context import AgentContext, RolloutInfo
-from collectors.collect.agent_cmd import CommandResult, run_command
+from collectors.collect.agent_cmd import CommandEnv, CommandResult, run_command
 from collectors.collect.rewards import call_reward, command_reward
 from collectors.collect.tasks import chat_messages, write_files
 from collectors.errors import CollectorError
@@ -207,6 +207,7 @@ class RolloutEnv:
     agent_cmd: str | None = None  # an external command
     reward: Callable[..., Any] | None = None
     reward_cmd: str | None = None
+    command_env: CommandEnv = CommandEnv()  # what of this process's environment the commands see
     keep_workdirs: bool = False
     workdirs: Workdirs = field(default_factory=Workdirs)  # removes usable rollouts' directories
     http_client: httpx2.AsyncClient | None = None  # one pool for every rollout's SDK clients (`shared_http_client`)
@@ -308,9 +309,10 @@ async def _run(job: Job, env: RolloutEnv, opened: Opened, ctx: AgentContext, wor
                meta: dict[str, Any], stop: asyncio.Event) -> Outcome:
     # in a thread, as they are removed: file system calls can take milliseconds, the event loop's time
     await asyncio.to_thread(_prepare_workdir, job.task, workdir, task_json)
-    cmd_env = {**ctx.env(), "TRAJSTORE_TASK_FILE": str(workdir / TASK_FILE), "TRAJSTORE_TASK_ID": job.task_id,
+    own = {**ctx.env(), "TRAJSTORE_TASK_FILE": str(workdir / TASK_FILE), "TRAJSTORE_TASK_ID": job.task_id,
                "TRAJSTORE_RUN": env.run, "TRAJSTORE_GROUP_ID": job.group_id, "TRAJSTORE_SLOT": str(job.slot),
                "TRAJSTORE_ATTEMPT": str(job.attempt), "TRAJSTORE_WORKDIR": str(workdir)}
+    cmd_env = env.command_env.build(own)  # scrubbed: no credential of this process reaches the commands
 
     timeout_s = float(job.task.get("timeout_s") or env.timeout_s)
     if env.agent_cmd is not None:

@@ -197,7 +197,7 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
                          timeout_s=settings.rollout_timeout, model=await link.model_name(),
                          max_turns=settings.max_turns, max_tokens=settings.max_tokens, sampling=_sampling(settings),
                          agent=agent, agent_cmd=settings.agent_cmd, reward=reward, reward_cmd=settings.reward_cmd,
-                         keep_workdirs=settings.keep_workdirs, http_client=http)
+                         command_env=settings.command_env, keep_workdirs=settings.keep_workdirs, http_client=http)
         reloader = Reloader(client, await served_version(client, settings.policy_version), _checkpoint_cache(settings))
         run = Collection(settings, store, env, reloader, progress, stop, needs_reward=progress.scored)
         await run.poll_once()  # the learner's newest checkpoint is loaded before the first rollout

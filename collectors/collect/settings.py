@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors.collect.agent_cmd import CommandEnv
 from collectors.policy.contract import TOP_K_MAX
 
 DISPLAYS = ("auto", "live", "plain", "off")
@@ -41,6 +42,8 @@ class CollectSettings:
     agent_cmd: str | None = None  # shell command, run per rollout in its directory
     reward: str | None = None  # module:function
     reward_cmd: str | None = None  # shell command: exit 0 = 1.0
+    pass_env: tuple[str, ...] = ()  # this process's variables the commands see besides the allow-list
+    inherit_env: bool = False  # the commands see all of this process's environment (the control token aside)
     no_reward: bool = False  # collect unscored rollouts on purpose (`trajstore reward` scores them later)
     retries: int = 2
     max_staleness: int | None = None
@@ -55,6 +58,10 @@ class CollectSettings:
     poll_interval_s: float = 0.5
     seal_interval: float = 60.0  # seconds before turns are sealed (visible to other machines); statuses at once
     checkpoint_cache: str | None = None  # copies of checkpoints published on other hosts; None: the default cache
+
+    @property
+    def command_env(self) -> CommandEnv:
+        return CommandEnv(self.pass_env, self.inherit_env)
 
     def problems(self) -> list[str]:
         out = []
@@ -81,6 +88,9 @@ class CollectSettings:
         if not (self.reward or self.reward_cmd or self.no_reward):
             out.append("no reward: give --reward MODULE:FN or --reward-cmd CMD; or --no-reward to collect unscored "
                        "rollouts on purpose (the store counts them untrainable until `trajstore reward` scores them)")
+        out += self.command_env.problems()
+        if (self.pass_env or self.inherit_env) and not (self.agent_cmd or self.reward_cmd):
+            out.append("--pass-env and --inherit-env choose what --agent-cmd and --reward-cmd see; give one of those")
         if self.no_reward and (self.reward or self.reward_cmd):
             out.append("--no-reward with --reward or --reward-cmd: give one or the other")
         if not Path(self.tasks).is_file():

@@ -11,6 +11,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from collectors.collect.runner import collect
 from collectors.collect.settings import CollectSettings
 from collectors.embedded.app import RunningServer
@@ -138,3 +140,52 @@ def test_anthropic_sdk_command_with_a_reward_command(server: RunningServer, tiny
     protocols = store.query("SELECT DISTINCT json_extract_string(meta, '$.protocol') AS p FROM turns").to_pylist()
     assert protocols == [{"p": "anthropic"}] and all(r["turns"] == 1 for r in rows)
     assert os.environ.get("ANTHROPIC_BASE_URL") is None  # the rollout's variables never leak into the runner
+
+
+SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-secret-1", "TRAJSTORE_CONTROL_TOKEN": "control-token-0123456789",
+           "HF_TOKEN": "hf-secret-2", "MY_SETTING": "mine", "TEAM_A": "a", "TEAM_B": "b"}
+
+
+def _command_envs(tmp_path: Path, server: RunningServer, tiny_model: Path, name: str,
+                  **kw: object) -> tuple[dict[str, str], dict[str, str]]:
+    """The environments an agent command and a reward command of one rollout saw."""
+    (tmp_path / name).mkdir()
+    settings = settings_for(tmp_path / name, server, tiny_model, [{"id": "t", "prompt": "hi"}], n=1, retries=0,
+                            keep_workdirs=True, agent_cmd="env -0 > agent.env; echo done",
+                            reward_cmd="env -0 > reward.env", **kw)
+    assert asyncio.run(collect(settings)).groups_complete == 1
+    (workdir,) = [d for d in (tmp_path / name / "work").iterdir() if d.is_dir()]
+
+    def read(file: str) -> dict[str, str]:
+        pairs = (entry.split("=", 1) for entry in (workdir / file).read_text().split("\0") if entry)
+        return dict(pairs)
+
+    return read("agent.env"), read("reward.env")
+
+
+def test_commands_see_no_secret_of_the_collector(server: RunningServer, tiny_model: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """--agent-cmd and --reward-cmd ran with the collector's whole environment (cloud credentials, the control
+    token); they now see an allow-list, the rollout's own variables, and what --pass-env / --inherit-env add."""
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    for seen in _command_envs(tmp_path, server, tiny_model, "scrubbed"):
+        assert not set(SECRETS) & set(seen), sorted(seen)
+        assert seen["PATH"] == os.environ["PATH"] and seen["OPENAI_BASE_URL"].startswith("http://")
+        assert seen["OPENAI_API_KEY"].startswith("ts-") and seen["TRAJSTORE_TASK_ID"] == "t"
+    for seen in _command_envs(tmp_path, server, tiny_model, "passed", pass_env=("MY_SETTING", "TEAM_*")):
+        assert {k: seen.get(k) for k in SECRETS} == {**dict.fromkeys(SECRETS), "MY_SETTING": "mine", "TEAM_A": "a",
+                                                     "TEAM_B": "b"}
+    for seen in _command_envs(tmp_path, server, tiny_model, "inherited", inherit_env=True):
+        assert seen["AWS_SECRET_ACCESS_KEY"] == "aws-secret-1" and seen["HF_TOKEN"] == "hf-secret-2"
+        assert "TRAJSTORE_CONTROL_TOKEN" not in seen  # only a --pass-env naming it passes it
+
+
+def test_pass_env_names_are_checked(tmp_path: Path, server: RunningServer, tiny_model: Path) -> None:
+    bad = settings_for(tmp_path, server, tiny_model, [{"id": "t", "prompt": "hi"}], agent_cmd="true",
+                       pass_env=("AWS KEY", "A*B"))
+    assert [p for p in bad.problems() if "--pass-env" in p] == [
+        "--pass-env 'AWS KEY' is not a variable name (letters, digits, _; a trailing * passes every name it starts)",
+        "--pass-env 'A*B' is not a variable name (letters, digits, _; a trailing * passes every name it starts)"]
+    python_agent = replace(bad, agent_cmd=None, agent=f"{A}:faulty", reward=f"{A}:score", pass_env=("X",))
+    assert any("give one of those" in p for p in python_agent.problems())
