@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import shard as shard_bench  # noqa: E402  (the generated stores)
 
 import trajstore  # noqa: E402
+from collectors.children import spawn_child  # noqa: E402
 from collectors.viewer.listing import ROW_SQL  # noqa: E402
 
 EPISODE_TURNS = ("SELECT run, group_id, session_id, segment_id, turn_index, policy_version, prompt_ids, output_ids, "
@@ -48,7 +49,7 @@ EPISODE_EVENTS = ("SELECT kind, reward, reward_name, segment_id, status, error, 
 
 
 def start_viewer(store: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "view", "--store", str(store), "--port", "0"],
+    proc = spawn_child([sys.executable, "-m", "cli.main", "view", "--store", str(store), "--port", "0"],
                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
     line = proc.stdout.readline()  # type: ignore[union-attr]
     if "http://" not in line:

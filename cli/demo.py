@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from collectors.children import spawn_child
 from collectors.envs import packing
 from collectors.model.build import ModelSize, init_model
 from learner.sft import warm_start
@@ -180,7 +181,7 @@ def run_demo(s: DemoSettings, say: Callable[[str], None] = print) -> DemoResult:
     logs = {name: open(d / f"{name}.log", "w") for name in cmds}  # noqa: SIM115 - closed below
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     store = open_store(d / "store")  # created here: `learn` refuses a store that does not exist
-    procs = {name: subprocess.Popen(cmd, stdout=logs[name], stderr=subprocess.STDOUT, env=env)
+    procs = {name: spawn_child(cmd, stdout=logs[name], stderr=subprocess.STDOUT, env=env)  # die with the demo
              for name, cmd in cmds.items()}
     try:
         last = ""

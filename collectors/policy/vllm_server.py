@@ -43,6 +43,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collectors.children import spawn_child
 from collectors.errors import CollectorError
 
 VLLM_VERSION = "0.32.0"  # the version `make vllm` installs and the tests were written against
@@ -182,8 +183,9 @@ def start_vllm(model_dir: str | Path, *, served_name: str | None = None, port: i
         args += ["--max-num-queued-reqs", str(max_queued)]
     log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
     log = open(log_path, "wb")  # noqa: SIM115 - closed by VLLMServer.stop
-    process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True)
+    # its own session (stop() kills the group); SIGTERM when this process dies, however it dies
+    process = spawn_child(args, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                          start_new_session=True)
     server = VLLMServer(f"http://127.0.0.1:{port}", name, process, log_path, log)
     deadline = time.monotonic() + timeout_s
     while True:

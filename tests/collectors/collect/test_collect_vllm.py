@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.children import spawn_child
 from collectors.policy import Sample
 from collectors.policy.vllm_server import VLLMServer
 from tests.collectors.agents_for_tests import rollout_rows, write_tasks
@@ -60,7 +61,7 @@ def test_two_collectors_share_one_vllm_one_reloads_and_both_stamp_the_version_th
         announce(first)
         tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": f"t{i}", "prompt": f"task {i}"} for i in range(6)])
         env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-        procs = {role: subprocess.Popen(
+        procs = {role: spawn_child(
             [TRAJSTORE, "collect", "--store", str(store_dir), "--run", "two", "--tasks", tasks, "--n", "2",
              "--model", str(vllm_model), "--server", vllm_server.url, "--vllm", "--vllm-reload", role,
              "--policy-version", str(first), "--agent", f"{A}:chat", "--reward", f"{A}:score", "--forever",

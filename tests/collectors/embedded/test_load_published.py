@@ -23,6 +23,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from collectors.children import spawn_child
 from collectors.collect.reload import Head, Reloader
 from collectors.errors import WeightLoadError
 from collectors.policy import EmbeddedClient, PublishedLoader
@@ -59,11 +60,12 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
                      aws_secret_access_key="testing").create_bucket(Bucket=Served.bucket)
         port, cache = free_port(), root / "server-cache"
-        env = {**os.environ, **aws, "PYTHONPATH": str(REPO), "HOME": str(root / "server-home")}
+        env = {**os.environ, **aws, "PYTHONPATH": str(REPO), "HOME": str(root / "server-home"),
+               "TRAJSTORE_CONTROL_TOKEN": TOKEN}  # not on argv, where `ps` shows it
         env.pop("AWS_PROFILE", None)
-        server = subprocess.Popen(
+        server = spawn_child(
             [sys.executable, "-m", "cli.main", "serve", "--model", str(tiny_model), "--port", str(port), "--threads",
-             "1", "--device", "cpu", "--control-token", TOKEN, "--checkpoint-cache", str(cache)],
+             "1", "--device", "cpu", "--checkpoint-cache", str(cache)],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
