@@ -248,7 +248,7 @@ async def count_tokens(request: web.Request, wire: WireProtocol) -> web.Response
                                                       request.headers.get(SESSION_HEADER))
     req = wire.parse_count(await _body(request))
     await state.check_model(req.model)
-    return web.json_response(wire.count_response(state.capture.count_tokens(rollout, session, req)))
+    return web.json_response(wire.count_response(await state.capture.count_tokens(rollout, session, req)))
 
 
 async def models(request: web.Request) -> web.Response:
@@ -373,6 +373,7 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
 
     async def cleanup(app: web.Application) -> None:
         capture = app[STATE].capture
+        capture.close()
         await capture.client.aclose()
         await asyncio.to_thread(capture.writer.close)
 

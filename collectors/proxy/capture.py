@@ -21,8 +21,15 @@ stops sampling it) and stores nothing: the agent never received that reply, so n
 of its can extend it; it is counted in /stats (`stream_disconnects`). An upstream failure
 before the first token is an HTTP error; after it, the protocol's error event ends the stream.
 `max_tokens` above the room left in the context is lowered to that room (finish `length`
-says so); a prompt that leaves no room at all is refused. A long prompt is tokenized on a
-worker thread, so the event loop keeps serving others. Rollout open and close write
+says so); a prompt that leaves no room at all is refused.
+
+The costliest work a request asks for (reconciling its history, rendering it with the chat
+template, tokenizing it; `count_tokens` alike) runs on the proxy's render threads, never on
+the event loop: a call carrying megabytes of conversation takes seconds there while every other
+rollout, and /health, is answered meanwhile. A rollout runs at most
+`collectors.proxy.sessions.RENDERS_PER_ROLLOUT` of these at once, whatever number of sessions
+it opens, so one rollout cannot take every render thread; and a request whose text alone is more tokens than the context holds is refused by its
+size before anything is rendered (`ChatRenderer.check_fits`). Rollout open and close write
 `status` (and `reward`) events; a rollout id the caller chooses is refused when the store
 already holds it (opened by another proxy, or by this one before a restart): a rollout is
 opened once, so nobody can overwrite another's reward or status.
@@ -36,6 +43,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +54,7 @@ from collectors.proxy.appender import BatchAppender
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
-from collectors.proxy.segmenter import TurnPlan, plan_turn, record_turn
+from collectors.proxy.segmenter import SessionState, TurnPlan, plan_turn, record_turn
 from collectors.proxy.sessions import Registry, Rollout, SessionSlot
 from collectors.proxy.streaming import ReplyStream, TextStream
 from collectors.proxy.wire import WireProtocol, stream_body
@@ -54,7 +62,7 @@ from trajstore import InvalidEventError, Reward, Status, Turn, Writer, new_id
 from trajstore.schema import TERMINAL_STATUSES
 
 log = logging.getLogger(__name__)
-TOKENIZE_OFF_LOOP_CHARS = 64 << 10
+RENDER_THREADS = 4  # prompts rendered at once; more wait their turn, off the event loop
 
 
 @dataclass
@@ -134,6 +142,23 @@ class Capture:
         self.registry = Registry()
         self.stats = ProxyStats()
         self._appender = BatchAppender(writer.append)  # concurrent turns share one append and its fsync
+        self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="proxy-render")
+
+    def close(self) -> None:
+        """Stop the render threads (the app's cleanup; calls in flight have finished by then)."""
+        self._render_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest
+                        ) -> tuple[list[Message], str, str, TurnPlan]:
+        """`req` reconciled with `state`, rendered and planned: on a render thread (see the module docstring)."""
+        self.renderer.check_fits(req, self.max_model_len)
+        async with rollout.renders:
+            return await asyncio.get_running_loop().run_in_executor(self._render_pool, self._render, state, req)
+
+    def _render(self, state: SessionState, req: ChatRequest) -> tuple[list[Message], str, str, TurnPlan]:
+        messages, history = reconcile(req.messages, state.answered)
+        prompt_text = self.renderer.prompt_text(req, messages)
+        return messages, history, prompt_text, plan_turn(state, prompt_text, self.renderer.encode, new_id)
 
     async def _append(self, events: list[Any]) -> None:
         try:
@@ -157,12 +182,7 @@ class Capture:
         if rollout.closed:
             raise ChatError(f"rollout {rollout.rollout_id} was closed while this call waited", status=401,
                             kind="authentication")
-        messages, history = reconcile(req.messages, slot.state.answered)
-        prompt_text = self.renderer.prompt_text(req, messages)
-        if len(prompt_text) > TOKENIZE_OFF_LOOP_CHARS:  # tokenizing megabytes would stall every other call
-            plan = await asyncio.to_thread(plan_turn, slot.state, prompt_text, self.renderer.encode, new_id)
-        else:
-            plan = plan_turn(slot.state, prompt_text, self.renderer.encode, new_id)
+        messages, history, prompt_text, plan = await self._rendered(rollout, slot.state, req)
         return Prepared(rollout, session, slot, req, wire, messages, history, prompt_text, plan,
                         self._max_tokens(req, len(plan.full_ids)), _hex_id(wire.reply_prefix), int(time.time()))
 
@@ -318,11 +338,10 @@ class Capture:
         await self._store(prep, sample, reply, response, body_text, body)
         yield Step(sample.policy_version, rest, None, reply)
 
-    def count_tokens(self, rollout: Rollout, session: str, req: ChatRequest) -> int:
+    async def count_tokens(self, rollout: Rollout, session: str, req: ChatRequest) -> int:
         """The prompt tokens `req` would be sent with in `session` now (its history reconciled); samples nothing."""
-        state = rollout.session(session).state
-        messages, _ = reconcile(req.messages, state.answered)
-        return len(plan_turn(state, self.renderer.prompt_text(req, messages), self.renderer.encode, new_id).full_ids)
+        *_, plan = await self._rendered(rollout, rollout.session(session).state, req)
+        return len(plan.full_ids)
 
     async def open_rollout(self, *, run: str | None, group_id: str | None, rollout_id: str | None,
                            group_size: int | None, meta: dict[str, Any] | None) -> Rollout:

@@ -9,11 +9,18 @@ serves) and is the only place the capture proxy renders or tokenizes:
   cut off, as the server does) parsed by `collectors.proxy.toolcalls`.
 
 `encode` never adds special tokens: Qwen-style templates write every control token themselves.
+
+`check_fits` refuses, before anything is rendered, a request whose text alone needs more
+tokens than the context holds: no token of the vocabulary spells more than
+`longest_token_chars` characters, so N characters of text are at least N / that many tokens.
+The bound is exact (never refuses a prompt that fits) and catches a prompt far over the
+context, whose rendering and tokenization would be the costliest work a request can ask for.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from jinja2 import TemplateError
@@ -45,6 +52,9 @@ class ChatRenderer:
         plain = backend is not None and backend.truncation is None and backend.padding is None and not (
             getattr(tokenizer, "split_special_tokens", False) or backend.encode_special_tokens)
         self._backend = backend if plain else None
+        # byte-level and SentencePiece vocabularies spell a token with at least as many symbols as its text has
+        # characters; added tokens (control tokens) are written by the template, not by the request's text
+        self.longest_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
 
     def encode(self, text: str) -> list[int]:
         if self._backend is not None:
@@ -71,6 +81,15 @@ class ChatRenderer:
         return self._render(req.messages if messages is None else messages, req.tools,
                             generation_prompt=not req.continue_final, continue_final=req.continue_final)
 
+    def check_fits(self, req: ChatRequest, max_model_len: int) -> None:
+        """Refuse `req` when its text alone needs more tokens than `max_model_len` (see the module docstring)."""
+        chars = _text_chars([req.messages, req.tools])
+        at_least = math.ceil(chars / self.longest_token_chars)
+        if at_least > max_model_len:
+            raise ChatError(f"the prompt is at least {at_least:,} tokens ({chars:,} characters of text; no token of "
+                            f"this model spells more than {self.longest_token_chars}) but the model's context holds "
+                            f"{max_model_len:,}: shorten or compact the conversation", param="messages")
+
     @property
     def special_ids(self) -> set[int]:
         """Ids of the tokenizer's special tokens: any of them may be the token that ends a reply."""
@@ -95,3 +114,17 @@ class ChatRenderer:
                          output_logprobs=list(sample.output_logprobs), token_texts=texts,
                          policy_version=sample.policy_version, trajstore=trajstore,
                          top_logprobs=sample.top_logprobs, top_n=int(req.options.get("top_logprobs") or 0))
+
+
+def _text_chars(value: Any) -> int:
+    """The characters of every string value in `value` (iterative: any depth)."""
+    total, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return total

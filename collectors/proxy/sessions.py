@@ -31,6 +31,7 @@ from collectors.proxy.chat import ChatError
 from collectors.proxy.segmenter import SessionState
 
 KEY_PREFIX = "ts-"
+RENDERS_PER_ROLLOUT = 2  # of a rollout's calls, rendered at once (collectors.proxy.capture)
 SHOWN_KEY_CHARS = 4  # of an unknown key, in its 401: it may be a real secret sent to the wrong server
 SESSION_HEADER = "X-Trajstore-Session"
 DEFAULT_SESSION = "main"
@@ -85,6 +86,7 @@ class Rollout:
     closed: bool = False
     status: str | None = None
     tally: TurnTally = field(default_factory=TurnTally)
+    renders: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(RENDERS_PER_ROLLOUT))
 
     def session(self, name: str) -> SessionSlot:
         slot = self.sessions.get(name)
