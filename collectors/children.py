@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None  # resolved before any fork
+# looked up here, before any fork: the child between fork and exec only calls it
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def _tie_to(parent: int, sig: int) -> Callable[[], None]:

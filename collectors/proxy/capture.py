@@ -28,8 +28,9 @@ template, tokenizing it; `count_tokens` alike) runs on the proxy's render thread
 the event loop: a call carrying megabytes of conversation takes seconds there while every other
 rollout, and /health, is answered meanwhile. A rollout runs at most
 `collectors.proxy.sessions.RENDERS_PER_ROLLOUT` of these at once, whatever number of sessions
-it opens, so one rollout cannot take every render thread; and a request whose text alone is more tokens than the context holds is refused by its
-size before anything is rendered (`ChatRenderer.check_fits`). Rollout open and close write
+it opens, so one rollout cannot take every render thread; and a request whose text alone is
+more tokens than the context holds is refused by its size before anything is rendered
+(`ChatRenderer.check_fits`). Rollout open and close write
 `status` (and `reward`) events; a rollout id the caller chooses is refused when the store
 already holds it (opened by another proxy, or by this one before a restart): a rollout is
 opened once, so nobody can overwrite another's reward or status.

@@ -58,7 +58,8 @@ def test_a_rebound_host_is_refused_by_every_server(server: RunningServer, proxy:
              (viewer, "GET", "/", None), (viewer, "GET", "/api/runs", None)]
     for url, method, path, body in calls:
         port = urlsplit(url).port
-        for host in (f"evil.example:{port}", "evil.example", f"localhost.evil.example:{port}", f"127.0.0.1.nip.io:{port}"):
+        for host in (f"evil.example:{port}", "evil.example", f"localhost.evil.example:{port}",
+                     f"127.0.0.1.nip.io:{port}"):
             status, text = send(url, method, path, host, body, headers={"Origin": f"http://{host}"})
             assert status == 421, (url, path, host, status, text)
             assert "evil.example" in text or "nip.io" in text, text
