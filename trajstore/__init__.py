@@ -26,7 +26,7 @@ _EXPORTS: dict[str, str] = {
     "EVENT_SCHEMA": "trajstore.schema", "SCHEMA_VERSION": "trajstore.schema",
     "Shard": "trajstore.shard",
     "Store": "trajstore.store", "open_store": "trajstore.store",
-    "ESTIMATORS": "trajstore.views", "VIEW_NAMES": "trajstore.views", "Estimator": "trajstore.views",
+    **dict.fromkeys(("ESTIMATORS", "ESTIMATOR_TITLES", "Estimator", "GROUP_ESTIMATORS", "VIEW_NAMES"), "trajstore.views"),
     "AppendResult": "trajstore.writer", "Writer": "trajstore.writer",
 }
 __all__ = sorted(_EXPORTS)
@@ -64,5 +64,5 @@ if TYPE_CHECKING:
     from trajstore.schema import EVENT_SCHEMA, SCHEMA_VERSION
     from trajstore.shard import Shard
     from trajstore.store import Store, open_store
-    from trajstore.views import ESTIMATORS, VIEW_NAMES, Estimator
+    from trajstore.views import ESTIMATOR_TITLES, ESTIMATORS, GROUP_ESTIMATORS, VIEW_NAMES, Estimator
     from trajstore.writer import AppendResult, Writer

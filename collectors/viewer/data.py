@@ -27,7 +27,7 @@ from typing import Any
 
 from collectors.replay import Decode, Episode, build_episode, episode_rows, token_rows, tokenizer_decode
 from collectors.viewer.listing import ROW_SQL
-from trajstore import Snapshot, Store
+from trajstore import ESTIMATOR_TITLES, GROUP_ESTIMATORS, Snapshot, Store
 from trajstore.errors import TrajstoreError
 from trajstore.read import Pinned
 from trajstore.schema import EVENT_SCHEMA
@@ -239,7 +239,8 @@ def group_view(snap: Snapshot, group_id: str, decode: Decode | None) -> dict[str
     if not group:
         raise NotFound(f"no group {group_id!r} in the store; open one from the rollouts table (/rollouts)")
     rows = snap.query(f"""
-        SELECT x.*, a.grpo, a.dr_grpo, a.rloo FROM ({ROW_SQL}) x LEFT JOIN advantages a USING (rollout_id)
+        SELECT x.*, {", ".join(f"a.{name}" for name in GROUP_ESTIMATORS)}
+        FROM ({ROW_SQL}) x LEFT JOIN advantages a USING (rollout_id)
         ORDER BY x.started, x.rollout_id""").to_pylist()
     components: dict[str, dict[str, float]] = {}
     for c in snap.query("""
@@ -253,7 +254,8 @@ def group_view(snap: Snapshot, group_id: str, decode: Decode | None) -> dict[str
         ids = last.get(row["rollout_id"]) or []
         row["last_output"] = decode(ids) if decode else " ".join(map(str, ids))
     return {"group": {k: _clean(v) for k, v in group[0].items()}, "rollouts": rows,
-            "component_names": sorted({n for c in components.values() for n in c})}
+            "component_names": sorted({n for c in components.values() for n in c}),
+            "estimators": {name: ESTIMATOR_TITLES[name] for name in GROUP_ESTIMATORS}}
 
 
 # ------------------------------------------------------------------ episode
