@@ -25,10 +25,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from collectors.errors import CollectorError
 from collectors.replay import Decode, Episode, build_episode, episode_rows, token_rows, tokenizer_decode
 from collectors.viewer.listing import ROW_SQL
 from trajstore import ESTIMATOR_TITLES, GROUP_ESTIMATORS, Snapshot, Store
-from trajstore.errors import TrajstoreError
 from trajstore.read import Pinned
 from trajstore.schema import EVENT_SCHEMA
 from trajstore.table import TableSnapshot
@@ -55,12 +55,9 @@ STEP_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _EMPTY = Pinned(TableSnapshot(-1, (), {}), EVENT_SCHEMA.empty_table())
 
 
-class NotFound(TrajstoreError):
-    """The page's rollout, group or table version is not in the store."""
-
-
-class BadRequest(TrajstoreError):
-    """A request the viewer cannot answer as asked; the message says what to change."""
+class NotFound(CollectorError):
+    """The page's rollout, group or table version is not in the store (a 404; a request asked
+    wrongly is `collectors.serving.BadRequest`, a 400)."""
 
 
 @dataclass
