@@ -32,7 +32,7 @@ from cli.options import seal_interval_option, store_option
               help="Sampled tokens when a call sets no max_tokens (never past the context).")
 @click.option("--writer", help="Store writer name, unique per process and machine (default: proxy-HOST-PID-SPOOLID, "
                               "unique across machines whatever their hostnames).")
-@seal_interval_option
+@seal_interval_option(60.0)  # ProxyConfig's: its module loads the proxy, too heavy for --help
 def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, run: str, upstream_kind: str,
           upstream_model: str | None, policy_version: int, model_names: tuple[str, ...], max_model_len: int | None,
           default_max_tokens: int, writer: str | None, seal_interval: float) -> None:

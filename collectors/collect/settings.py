@@ -1,11 +1,13 @@
-"""The settings of `trajstore collect` (`CollectSettings`): one frozen dataclass, checked all at once."""
+"""The settings of `trajstore collect` (`CollectSettings`): one frozen dataclass, checked all at once.
+
+Its field defaults are the CLI's option defaults (`cli.collect_cmd` reads them), so this module
+stays light: `collect --help` imports it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-from collectors.policy.contract import TOP_K_MAX
 
 DISPLAYS = ("auto", "live", "plain", "off")
 VLLM_RELOADS = ("weights", "follow", "lora")  # collectors.policy.VLLMClient's `reload`
@@ -57,6 +59,8 @@ class CollectSettings:
     checkpoint_cache: str | None = None  # copies of checkpoints published on other hosts; None: the default cache
 
     def problems(self) -> list[str]:
+        from collectors.policy.contract import TOP_K_MAX  # the policy package loads its clients: not for --help
+
         out = []
         for name, low in (("n", 1), ("concurrency", 1), ("max_turns", 1), ("max_tokens", 1), ("epochs", 1),
                           ("max_batch", 1), ("retries", 0), ("policy_version", 0)):
