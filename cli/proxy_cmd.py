@@ -20,7 +20,8 @@ from cli.options import seal_interval_option, store_option
 @click.option("--port", type=click.IntRange(0, 65535), default=8100, show_default=True)
 @click.option("--run", default="default", show_default=True, help="Run name for rollouts opened without one.")
 @click.option("--upstream-kind", type=click.Choice(["embedded", "vllm"]), default="embedded", show_default=True,
-              help="embedded: versions come from the server; vllm: stamped by the client (see collectors.policy.clients).")
+              help="embedded: versions come from the server; vllm: stamped by the client "
+                   "(see collectors.policy.vllm_client).")
 @click.option("--upstream-model",
               help="The served model name to send as `model` (default: none, the server's only model).")
 @click.option("--policy-version", type=click.IntRange(min=0), default=0, show_default=True,

@@ -1,4 +1,4 @@
-"""The dependency direction of DESIGN.md: cli -> collectors, learner -> trajstore."""
+"""The package layout: imports flow cli -> collectors, learner -> trajstore; small modules; one home per contract."""
 
 from __future__ import annotations
 
