@@ -13,8 +13,9 @@ its light modules (`trajstore.errors`), costs nothing until the store is used: t
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trajstore.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("ArtifactError", "CommitConflictError", "CorruptionError", "InvalidEventError", "QueryError",
@@ -30,19 +31,7 @@ _EXPORTS: dict[str, str] = {
     "AppendResult": "trajstore.writer", "Writer": "trajstore.writer",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trajstore' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # loaded once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:

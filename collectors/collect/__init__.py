@@ -12,8 +12,9 @@ the proxy and the policy clients.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trajstore.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "CollectSummary": "collectors.collect.progress",
@@ -23,19 +24,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("TaskFileError", "load_tasks"), "collectors.collect.tasks"),
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'collectors.collect' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # loaded once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:
