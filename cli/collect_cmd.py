@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import click
 from rich.console import Console
 
-from cli.options import control_token_option, seal_interval_option, store_option
+from cli.options import control_token_option, seal_interval_option, setting_default, store_option
+from collectors.collect.settings import VLLM_RELOADS, CollectSettings
+
+
+def _default(name: str) -> Any:
+    return setting_default(CollectSettings, name)
 
 
 @click.command("collect")
@@ -16,13 +22,13 @@ from cli.options import control_token_option, seal_interval_option, store_option
 @click.option("--run", required=True, help="Run name: the rollouts, the learner and its checkpoints share it.")
 @click.option("--tasks", "tasks_file", required=True, type=click.Path(dir_okay=False),
               help="Task file: JSON lines or Parquet; each task has `prompt` or `messages`, optional `id` and `files`.")
-@click.option("--n", type=int, default=4, show_default=True, help="Rollouts per task (one group).")
+@click.option("--n", type=int, default=_default("n"), show_default=True, help="Rollouts per task (one group).")
 @click.option("--model", type=click.Path(file_okay=False),
               help="Checkpoint directory: served in-process unless --server is given; its tokenizer renders prompts.")
 @click.option("--server", metavar="URL", help="A running policy server (`trajstore serve`, or vLLM with --vllm).")
 @click.option("--vllm", is_flag=True,
               help="Sample from vLLM: the one at --server, or one started on --model from .venv-vllm (`make vllm`).")
-@click.option("--vllm-reload", type=click.Choice(["weights", "follow", "lora"]), default="weights", show_default=True,
+@click.option("--vllm-reload", type=click.Choice(VLLM_RELOADS), default=_default("vllm_reload"), show_default=True,
               help="weights: this collector reloads vLLM's weights (one per server); follow: another collector "
                    "does, turns carry the version vLLM reports; lora: load the learner's adapters at runtime.")
 @control_token_option("The --control-token of the `trajstore serve` at --server, to reload it from another machine.")
@@ -42,25 +48,25 @@ from cli.options import control_token_option, seal_interval_option, store_option
               help="Let --agent-cmd and --reward-cmd see all of collect's environment (its credentials included).")
 @click.option("--no-reward", is_flag=True,
               help="Collect unscored rollouts on purpose; they are not trainable until `trajstore reward` scores them.")
-@click.option("--concurrency", type=int, default=16, show_default=True, help="Rollouts in flight at once.")
-@click.option("--rollout-timeout", type=float, default=600.0, show_default=True,
+@click.option("--concurrency", type=int, default=_default("concurrency"), show_default=True, help="Rollouts in flight at once.")
+@click.option("--rollout-timeout", type=float, default=_default("rollout_timeout"), show_default=True,
               help="Seconds an agent (and, separately, its reward) may take; then it is aborted and retried.")
-@click.option("--retries", type=int, default=2, show_default=True,
+@click.option("--retries", type=int, default=_default("retries"), show_default=True,
               help="New attempts for a rollout that failed or timed out (same group, same slot).")
-@click.option("--max-turns", type=int, default=8, show_default=True, help="Model calls an agent may make.")
-@click.option("--max-tokens", type=int, default=512, show_default=True, help="Sampled tokens per model call.")
-@click.option("--temperature", type=float, default=1.0, show_default=True)
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0: off.")
+@click.option("--max-turns", type=int, default=_default("max_turns"), show_default=True, help="Model calls an agent may make.")
+@click.option("--max-tokens", type=int, default=_default("max_tokens"), show_default=True, help="Sampled tokens per model call.")
+@click.option("--temperature", type=float, default=_default("temperature"), show_default=True)
+@click.option("--top-p", type=float, default=_default("top_p"), show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=_default("top_k"), show_default=True, help="0: off.")
 @click.option("--seed", type=int, help="Seeds every call (each slot and attempt its own, the same on a rerun).")
-@click.option("--epochs", type=int, default=1, show_default=True, help="Passes over the tasks (a group per pass).")
+@click.option("--epochs", type=int, default=_default("epochs"), show_default=True, help="Passes over the tasks (a group per pass).")
 @click.option("--forever", is_flag=True, help="Cycle over the tasks, epoch after epoch, until interrupted.")
 @click.option("--follow", is_flag=True,
               help="Wait for the learner to announce itself, then collect like --forever as it publishes.")
 @click.option("--max-staleness", type=int,
               help="Start a group only if the learner will train it at most K versions after the one sampling it.")
 @click.option("--groups-per-version", type=int, help="The learner's groups per step (default: its announcement).")
-@click.option("--poll-interval", type=float, default=0.5, show_default=True,
+@click.option("--poll-interval", type=float, default=_default("poll_interval_s"), show_default=True,
               help="Seconds between reads of the store for the learner's newest version and the groups it holds.")
 @click.option("--workdir", type=click.Path(file_okay=False),
               help="Parent of the per-rollout directories (default: <tmp>/trajstore-RUN).")
@@ -68,13 +74,13 @@ from cli.options import control_token_option, seal_interval_option, store_option
 @click.option("--checkpoint-cache", type=click.Path(file_okay=False), metavar="DIR",
               help="Where checkpoints the learner published on another host are fetched to (default: "
                    "$TRAJSTORE_CHECKPOINT_CACHE or ~/.cache/trajstore/checkpoints).")
-@click.option("--policy-version", type=int, default=0, show_default=True,
+@click.option("--policy-version", type=int, default=_default("policy_version"), show_default=True,
               help="Version of the weights the server starts with (in-process server, or vLLM).")
-@click.option("--device", default="auto", show_default=True, help="In-process server: auto, cpu, cuda, cuda:1.")
-@click.option("--max-batch", type=int, default=16, show_default=True, help="In-process server: batch size.")
+@click.option("--device", default=_default("device"), show_default=True, help="In-process server: auto, cpu, cuda, cuda:1.")
+@click.option("--max-batch", type=int, default=_default("max_batch"), show_default=True, help="In-process server: batch size.")
 @click.option("--threads", type=int, help="In-process server: torch CPU threads.")
 @click.option("--plain", is_flag=True, help="One progress line every few seconds instead of the live table.")
-@seal_interval_option
+@seal_interval_option(_default("seal_interval"))
 def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None, server: str | None, vllm: bool,
             vllm_reload: str, control_token: str | None, proxy: str | None, agent: str | None, tools: str | None, agent_cmd: str | None,
             reward: str | None, reward_cmd: str | None, pass_env: tuple[str, ...], inherit_env: bool,
@@ -101,7 +107,7 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
       trajstore collect ... --model tiny-model --vllm --server http://127.0.0.1:8000 --vllm-reload follow
     """
     from collectors.collect.progress import summary_table
-    from collectors.collect.runner import CollectSettings, run_collect
+    from collectors.collect.runner import run_collect
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = CollectSettings(

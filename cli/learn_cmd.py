@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import Any, get_args
 
 import click
 
-from cli.options import seal_interval_option, store_option
+from cli.options import seal_interval_option, setting_default, store_option
 from learner.settings import AggregationName, DeviceName, LearnSettings, LossName
 from trajstore import ESTIMATORS
+
+
+def _default(name: str) -> Any:
+    return setting_default(LearnSettings, name)
 
 
 @click.command("learn")
@@ -22,47 +26,47 @@ from trajstore import ESTIMATORS
               help="Where every host can load the versions from too: s3://bucket/prefix or a directory every host "
                    "mounts; `none`: only --checkpoints. Default: STORE/checkpoints/RUN for an s3:// store, none "
                    "for a local one.")
-@click.option("--max-staleness", type=click.IntRange(min=0), default=1, show_default=True,
+@click.option("--max-staleness", type=click.IntRange(min=0), default=_default("max_staleness"), show_default=True,
               help="Train on groups whose oldest tokens are at most this many versions old.")
-@click.option("--groups-per-step", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--groups-per-step", type=click.IntRange(min=1), default=_default("groups_per_step"), show_default=True,
               help="Complete groups per optimizer step.")
-@click.option("--micro-batch-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
+@click.option("--micro-batch-tokens", type=click.IntRange(min=1), default=_default("micro_batch_tokens"), show_default=True,
               help="Packed tokens per forward pass.")
-@click.option("--lr", type=float, default=1e-5, show_default=True, help="AdamW learning rate.")
-@click.option("--warmup-steps", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--lr", type=float, default=_default("lr"), show_default=True, help="AdamW learning rate.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=_default("warmup_steps"), show_default=True,
               help="Raise the learning rate linearly to --lr over these first steps.")
-@click.option("--max-grad-norm", type=float, default=1.0, show_default=True)
+@click.option("--max-grad-norm", type=float, default=_default("max_grad_norm"), show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), help="Total optimizer steps to reach (counted across restarts).")
 @click.option("--follow", is_flag=True, help="Keep training as data arrives, until killed.")
-@click.option("--publish-every", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--publish-every", type=click.IntRange(min=1), default=_default("publish_every"), show_default=True,
               help="Optimizer steps per published version.")
-@click.option("--estimator", type=click.Choice(ESTIMATORS), default="grpo", show_default=True,
+@click.option("--estimator", type=click.Choice(ESTIMATORS), default=_default("estimator"), show_default=True,
               help="Advantage estimator (computed by the store's SQL; batch: the shard's mean reward as baseline).")
-@click.option("--loss", type=click.Choice(get_args(LossName)), default="ppo", show_default=True,
+@click.option("--loss", type=click.Choice(get_args(LossName)), default=_default("loss"), show_default=True,
               help="ppo: clipped ratio to the behaviour logprobs; tis: REINFORCE with truncated IS weights.")
-@click.option("--aggregation", type=click.Choice(get_args(AggregationName)), default="token_mean",
+@click.option("--aggregation", type=click.Choice(get_args(AggregationName)), default=_default("aggregation"),
               show_default=True, help="How token losses become the step's loss.")
-@click.option("--normalizer", type=click.IntRange(min=1), default=1024, show_default=True,
+@click.option("--normalizer", type=click.IntRange(min=1), default=_default("normalizer"), show_default=True,
               help="seq_mean_token_sum's constant divisor (e.g. the max generation length).")
-@click.option("--clip-low", type=float, default=0.2, show_default=True)
-@click.option("--clip-high", type=float, default=0.28, show_default=True)
-@click.option("--is-cap", type=float, default=2.0, show_default=True, help="Truncated IS cap (--loss tis).")
-@click.option("--kl-coef", type=float, default=0.0, show_default=True, help="k3 KL to the initial model.")
-@click.option("--temperature", type=float, default=1.0, show_default=True,
+@click.option("--clip-low", type=float, default=_default("clip_low"), show_default=True)
+@click.option("--clip-high", type=float, default=_default("clip_high"), show_default=True)
+@click.option("--is-cap", type=float, default=_default("is_cap"), show_default=True, help="Truncated IS cap (--loss tis).")
+@click.option("--kl-coef", type=float, default=_default("kl_coef"), show_default=True, help="k3 KL to the initial model.")
+@click.option("--temperature", type=float, default=_default("temperature"), show_default=True,
               help="The collectors' sampling temperature.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=_default("seed"), show_default=True)
 @click.option("--lora", is_flag=True, help="Train LoRA adapters and publish adapter checkpoints.")
-@click.option("--lora-rank", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--lora-alpha", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--device", type=click.Choice(get_args(DeviceName)), default="auto", show_default=True)
-@click.option("--poll-interval", type=float, default=1.0, show_default=True,
+@click.option("--lora-rank", type=click.IntRange(min=1), default=_default("lora_rank"), show_default=True)
+@click.option("--lora-alpha", type=click.IntRange(min=1), default=_default("lora_alpha"), show_default=True)
+@click.option("--device", type=click.Choice(get_args(DeviceName)), default=_default("device"), show_default=True)
+@click.option("--poll-interval", type=float, default=_default("poll_interval"), show_default=True,
               help="Seconds between looks at the store while waiting for groups.")
-@click.option("--wait-timeout", type=float, default=600.0, show_default=True,
+@click.option("--wait-timeout", type=float, default=_default("wait_timeout"), show_default=True,
               help="Without --follow: stop after this many seconds without a full step of data.")
 @click.option("--writer", help="Store writer name (default: learner-RUN).")
 @click.option("--create-store", is_flag=True,
               help="Create the store if it does not exist (without it, a store that is not there is an error).")
-@seal_interval_option
+@seal_interval_option(_default("seal_interval"))
 def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, checkpoint_uri: str | None,
           max_staleness: int, groups_per_step: int,
           micro_batch_tokens: int, lr: float, warmup_steps: int, max_grad_norm: float, steps: int | None, follow: bool,

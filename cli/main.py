@@ -207,8 +207,8 @@ def walkthrough(store_loc: str, groups: int, group_size: int, seed: int) -> None
         ("3. groups: completeness and reward spread",
          "SELECT group_id, size, complete, trainable, reward_mean, reward_std, min_version FROM groups "
          "ORDER BY group_id LIMIT 6"),
-        ("4. advantages by SQL: GRPO, Dr. GRPO, RLOO, batch baseline",
-         "SELECT rollout_id, reward, grpo, dr_grpo, rloo, batch FROM advantages ORDER BY rollout_id LIMIT 8"),
+        ("4. advantages by SQL: " + ", ".join(trajstore.ESTIMATOR_TITLES[name] for name in trajstore.ESTIMATORS),
+         f"SELECT rollout_id, reward, {', '.join(trajstore.ESTIMATORS)} FROM advantages ORDER BY rollout_id LIMIT 8"),
         ("5. one sample: tokens, loss mask (prompt and tool tokens 0) and behaviour logprobs",
          "SELECT segment_id, len(tokens) AS n, prompt_tokens, trainable_tokens, "
          "loss_mask[prompt_tokens - 1:prompt_tokens + 2] AS mask_around_first_output, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import signal
@@ -44,14 +45,25 @@ def store_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
-def seal_interval_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--seal-interval SECONDS, shared by the commands that append to a store."""
+def setting_default(settings: type[Any], name: str) -> Any:
+    """The default of field `name` of the settings dataclass `settings`: a command's option defaults are
+    read from the settings it builds, so that the two cannot drift apart."""
+    for field in dataclasses.fields(settings):
+        if field.name == name:
+            if field.default is dataclasses.MISSING:
+                raise TypeError(f"{settings.__name__}.{name} has no default to show as an option's default")
+            return field.default
+    raise TypeError(f"{settings.__name__} has no field {name!r}")
+
+
+def seal_interval_option(default: float) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--seal-interval SECONDS, shared by the commands that append to a store (each gives its settings' default)."""
     return click.option(
-        "--seal-interval", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+        "--seal-interval", type=click.FloatRange(min=0, min_open=True), default=default, show_default=True,
         envvar="TRAJSTORE_SEAL_INTERVAL", show_envvar=True,
         help="Seconds before appended events are sealed into the table, which is when other machines see them "
              "(in an s3:// store, checkpoint and status events are sealed at once).",
-    )(func)
+    )
 
 
 CONTROL_TOKEN_ENV = "TRAJSTORE_CONTROL_TOKEN"

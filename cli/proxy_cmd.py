@@ -20,7 +20,8 @@ from cli.options import seal_interval_option, store_option
 @click.option("--port", type=click.IntRange(0, 65535), default=8100, show_default=True)
 @click.option("--run", default="default", show_default=True, help="Run name for rollouts opened without one.")
 @click.option("--upstream-kind", type=click.Choice(["embedded", "vllm"]), default="embedded", show_default=True,
-              help="embedded: versions come from the server; vllm: stamped by the client (see collectors.policy.clients).")
+              help="embedded: versions come from the server; vllm: stamped by the client "
+                   "(see collectors.policy.vllm_client).")
 @click.option("--upstream-model",
               help="The served model name to send as `model` (default: none, the server's only model).")
 @click.option("--policy-version", type=click.IntRange(min=0), default=0, show_default=True,
@@ -32,7 +33,7 @@ from cli.options import seal_interval_option, store_option
               help="Sampled tokens when a call sets no max_tokens (never past the context).")
 @click.option("--writer", help="Store writer name, unique per process and machine (default: proxy-HOST-PID-SPOOLID, "
                               "unique across machines whatever their hostnames).")
-@seal_interval_option
+@seal_interval_option(60.0)  # ProxyConfig's: its module loads the proxy, too heavy for --help
 def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, run: str, upstream_kind: str,
           upstream_model: str | None, policy_version: int, model_names: tuple[str, ...], max_model_len: int | None,
           default_max_tokens: int, writer: str | None, seal_interval: float) -> None:

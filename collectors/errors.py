@@ -2,9 +2,12 @@
 
 Every error the collectors raise on purpose is a `CollectorError`; each message says what
 happened and what to do. The CLI turns them into one-line messages at one edge
-(`cli.main`). Subsystem errors live with their subsystem (`PolicyServerError` in
+(`cli.options.Commands`). Subsystem errors live with their subsystem (`PolicyServerError` in
 `collectors.policy`, `ChatError` in `collectors.proxy`, `RequestError` in
-`collectors.embedded`, `TaskFileError` and `RewardError` in `collectors.collect`).
+`collectors.embedded`, `TaskFileError` and `RewardError` in `collectors.collect`,
+`NotFound` and `FilterError` in `collectors.viewer`, `CalculatorError` in
+`collectors.envs.arithmetic`); the one `BadRequest` every HTTP server of the collectors
+raises (with its status) is in `collectors.serving`. Each derives from `CollectorError`.
 """
 
 from __future__ import annotations

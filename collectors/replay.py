@@ -8,8 +8,8 @@ sampled trainable tokens, sampled masked tokens), decodes them when given a `dec
 function (a tokenizer's; otherwise ids are all there is), and pulls tool calls and tool
 results out of the stored request/response JSON: OpenAI chat (`tool_calls`, `tool`
 messages), Anthropic messages (`tool_use`, `tool_result` blocks), or, failing those, the
-`<tool_call>` JSON the model wrote (`collectors.proxy.toolcalls` reads both). `Episode.as_json()`
-is the machine form.
+`<tool_call>` JSON the model wrote (read by `collectors.model.replies` and
+`collectors.model.toolcalls`). `Episode.as_json()` is the machine form.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from collectors.errors import CollectorError
-from collectors.proxy.toolcalls import ToolCall, parse_output, response_calls
+from collectors.model.replies import response_calls
+from collectors.model.toolcalls import ToolCall, parse_output
 from trajstore import Snapshot, Store
 
 Decode = Callable[[list[int]], str]

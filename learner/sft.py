@@ -13,7 +13,8 @@ only: the model learns to write calls and answers, never to predict a prompt or 
 output. Spans are found by rendering the conversation's prefixes with the tokenizer's chat
 template, so any template that renders prefixes as prefixes works.
 
-The learner never imports the collectors (DESIGN.md): the caller passes the conversations
+The learner never imports the collectors (imports flow cli -> collectors, learner -> trajstore,
+guarded by tests/test_layout.py): the caller passes the conversations
 (e.g. `collectors.envs.arithmetic.warm_start_conversations`).
 """
 
@@ -155,10 +156,10 @@ def hidden_states(model: Any, ids: torch.Tensor, attention: torch.Tensor) -> tor
     rows, width = ids.shape
     head = model.base_model(input_ids=ids[:1, :prefix], use_cache=True)
     layers = [(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
-              for layer in head.past_key_values.layers]
+              for layer in head.cache.layers]
     positions = torch.arange(prefix, width).unsqueeze(0).expand(rows, -1)
     tail = model.base_model(input_ids=ids[:, prefix:], attention_mask=attention, position_ids=positions,
-                            past_key_values=DynamicCache(layers, config=model.config), use_cache=True)
+                            cache=DynamicCache(layers, config=model.config), use_cache=True)
     return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail.last_hidden_state], dim=1)
 
 

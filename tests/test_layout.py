@@ -1,8 +1,9 @@
-"""The dependency direction of DESIGN.md: cli -> collectors, learner -> trajstore."""
+"""The package layout: imports flow cli -> collectors, learner -> trajstore; small modules; one home per contract."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,195 @@ def test_collectors_are_subsystems_and_modules_stay_small() -> None:
     long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
             if not {".venv", ".venv-vllm"} & set(p.parts) and (n := len(p.read_text().splitlines())) > 600}
     assert long == {}, f"modules over 600 lines (split each into modules with one job): {long}"
+
+
+# ------------------------------------------------------------------ one home per contract
+
+PACKAGES = ("trajstore", "collectors", "learner", "cli")
+
+
+def package_files(*packages: str) -> list[Path]:
+    return sorted(p for package in packages for p in (ROOT / package).rglob("*.py"))
+
+
+def code_strings(path: Path) -> list[str]:
+    """The string literals of a module's code: docstrings are prose about the code, so they are left out."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+TEXT_FORMAT_MARKUP = ("<tool_call>", "</tool_call>", "<think>", "</think>")
+
+
+def test_only_collectors_model_writes_or_parses_the_models_text_format() -> None:
+    """The tool-call and reasoning markup is spelled in collectors/model only (the chat template, its
+    tokenizer, and `collectors.model.toolcalls`); everything else imports the parser and its constants."""
+    offenders = {str(f.relative_to(ROOT)): sorted({m for s in code_strings(f) for m in TEXT_FORMAT_MARKUP if m in s})
+                 for f in package_files(*PACKAGES) if (ROOT / "collectors" / "model") not in f.parents}
+    assert {k: v for k, v in offenders.items() if v} == {}, "parse or render the text format with collectors.model.toolcalls"
+
+
+def test_the_markup_checker_skips_docstrings_and_sees_code(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""Replies look like `<tool_call>...`."""\nOPEN = "<tool_call>"\n')
+    assert code_strings(probe) == ["<tool_call>"]
+
+
+def class_bases(*packages: str) -> dict[str, list[set[str]]]:
+    """Class name -> the base names of each class of that name (the last part of a dotted base)."""
+    classes: dict[str, list[set[str]]] = {}
+    for path in package_files(*packages):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                names = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases}
+                classes.setdefault(node.name, []).append(names)
+    return classes
+
+
+ROOT_ERROR = "CollectorError"
+
+
+def exception_roots(classes: dict[str, list[set[str]]], name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+    """The names `name` derives from through the classes of `classes`: those outside it, and the root error."""
+    if name not in classes or name in seen or name == ROOT_ERROR:
+        return {name}
+    return {root for bases in classes[name] for base in bases for root in exception_roots(classes, base, seen | {name})}
+
+
+def is_exception_name(name: str) -> bool:
+    builtin = getattr(__builtins__ if isinstance(__builtins__, dict) else vars(__builtins__), "get")(name)
+    return (isinstance(builtin, type) and issubclass(builtin, BaseException)) or name.endswith(("Error", "Exception"))
+
+
+def test_every_collector_exception_derives_from_collector_error_and_has_one_name() -> None:
+    classes = class_bases("collectors")
+    exceptions = {name for name in classes if name != ROOT_ERROR
+                  and any(is_exception_name(root) for root in exception_roots(classes, name))}
+    outside = sorted(name for name in exceptions if ROOT_ERROR not in exception_roots(classes, name))
+    assert outside == [], f"collector exceptions outside CollectorError (collectors/errors.py): {outside}"
+    twice = sorted(name for name in exceptions if len(classes[name]) > 1)
+    assert twice == [], f"exception classes defined twice in collectors (raise the one that exists): {twice}"
+
+
+def test_the_exception_checker_follows_bases_across_classes() -> None:
+    classes = {"CollectorError": [{"Exception"}], "A": [{"CollectorError"}], "B": [{"A", "ValueError"}],
+               "C": [{"TrajstoreError"}]}
+    assert exception_roots(classes, "B") == {"CollectorError", "ValueError"}
+    assert "CollectorError" not in exception_roots(classes, "C") and is_exception_name("TrajstoreError")
+
+
+def module_names(path: Path) -> set[str]:
+    """The top-level names a module defines or imports, and the names defined in its classes' bodies."""
+    names: set[str] = set()
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                names.update(f"{node.name}.{n.name}" for n in node.body
+                             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+                names.update(f"{node.name}.{t.id}" for n in node.body if isinstance(n, ast.AnnAssign)
+                             for t in [n.target] if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.If):  # `if TYPE_CHECKING:` imports of a lazily exporting package
+            names.update((a.asname or a.name) for n in node.body if isinstance(n, ast.ImportFrom) for a in n.names)
+    if path.name == "__init__.py":
+        names.update(p.stem for p in path.parent.glob("*.py"))
+        names.update(p.name for p in path.parent.iterdir() if (p / "__init__.py").is_file())
+    return names
+
+
+def stale_name(dotted: str, base: Path = ROOT) -> bool:
+    """Whether `package.module.name` names a module or a name in one that does not exist in the tree."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        stem = base.joinpath(*parts[:i])
+        path = stem / "__init__.py" if (stem / "__init__.py").is_file() else stem.with_suffix(".py")
+        if path.is_file():
+            rest = parts[i:]
+            return bool(rest) and ".".join(rest[:2]) not in module_names(path) and rest[0] not in module_names(path)
+    return True
+
+
+DOTTED = re.compile(r"(?<![\w.])(?:collectors|learner|cli)(?:\.[A-Za-z_]\w*)+|(?<![\w.])trajstore\.(?:%s)(?:\.[A-Za-z_]\w*)*")
+
+
+def test_names_in_docstrings_comments_and_help_exist() -> None:
+    """Every `collectors.x`, `learner.x`, `cli.x` (and `trajstore.<module>.x`) a text names still exists: a
+    renamed or removed module leaves no pointer to nowhere in a docstring, a comment or a --help."""
+    modules = "|".join(sorted(p.stem for p in (ROOT / "trajstore").glob("*.py") if p.stem != "__init__"))
+    pattern = re.compile(DOTTED.pattern % modules)
+    stale = {f"{f.relative_to(ROOT)}:{i}": m.group(0).rstrip(".")
+             for f in package_files(*PACKAGES, "benchmarks")
+             for i, line in enumerate(f.read_text().splitlines(), 1) for m in pattern.finditer(line)
+             if stale_name(m.group(0).rstrip("."))}
+    assert stale == {}, f"names of modules or functions that do not exist: {stale}"
+
+
+def test_the_stale_name_checker_tells_live_names_from_gone_ones() -> None:
+    assert not stale_name("collectors.model.toolcalls.parse_output") and not stale_name("collectors.policy")
+    assert not stale_name("trajstore.table.Table.write_file") and not stale_name("collectors.collect.CollectSettings")
+    assert stale_name("collectors.policy.clients") and stale_name("collectors.proxy.toolcalls")
+    assert stale_name("trajstore.table.write_file") and stale_name("collectors.model.toolcalls.parse_everything")
+
+
+def test_no_deprecated_transformers_cache_argument() -> None:
+    """transformers takes the KV cache as `cache=` and returns it as `.cache`; `past_key_values` warns on every
+    forward pass and is removed in 5.40."""
+    users = [str(f.relative_to(ROOT)) for f in package_files(*PACKAGES, "benchmarks")
+             if "past_key_values" in f.read_text()]
+    assert users == []
+
+
+def test_estimator_columns_are_named_in_trajstore_views_only() -> None:
+    """The advantages view's estimator columns are listed once (trajstore.views.ESTIMATORS and its titles);
+    the viewer, the CLI and the learner derive theirs from it."""
+    spelled = re.compile(r"\b(?:dr_grpo|rloo)\b")
+    files = [f for f in [*package_files("collectors", "learner", "cli", "trajstore"),
+                         *(ROOT / "collectors").rglob("*.html")] if f != ROOT / "trajstore" / "views.py"]
+    assert [str(f.relative_to(ROOT)) for f in files if spelled.search(f.read_text())] == []
+
+
+def test_agents_import_the_proxy_only_through_its_public_constants() -> None:
+    """Agents run beside the proxy, not inside it: they use its public constants (collectors.proxy.protocol,
+    re-exported by collectors.proxy) and never its internals."""
+    allowed = {"collectors.proxy", "collectors.proxy.protocol"}
+    offenders = {}
+    for f in package_files("collectors/agents", "collectors/envs"):
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("collectors.proxy") \
+                    and node.module not in allowed:
+                offenders[str(f.relative_to(ROOT))] = node.module
+    assert offenders == {}
+
+
+def settings_fields(path: Path, name: str) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+@pytest.mark.parametrize("command, settings, name", [
+    ("cli/learn_cmd.py", "learner/settings.py", "LearnSettings"),
+    ("cli/collect_cmd.py", "collectors/collect/settings.py", "CollectSettings"),
+])
+def test_cli_option_defaults_are_read_from_the_settings(command: str, settings: str, name: str) -> None:
+    """An option that sets a settings field takes its default from the dataclass, never a literal typed again."""
+    fields = settings_fields(ROOT / settings, name)
+    typed = []
+    for node in ast.walk(ast.parse((ROOT / command).read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "option" and node.args \
+                and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("--"):
+            field = str(node.args[0].value)[2:].replace("-", "_")
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            if field in fields | {f.removesuffix("_s") for f in fields} and isinstance(default, ast.Constant):
+                typed.append(f"--{field}")
+    assert typed == [], f"{command}: defaults typed again instead of read from {name}: {typed}"

@@ -13,8 +13,9 @@ its light modules (`trajstore.errors`), costs nothing until the store is used: t
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trajstore.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("ArtifactError", "CommitConflictError", "CorruptionError", "InvalidEventError", "QueryError",
@@ -26,23 +27,11 @@ _EXPORTS: dict[str, str] = {
     "EVENT_SCHEMA": "trajstore.schema", "SCHEMA_VERSION": "trajstore.schema",
     "Shard": "trajstore.shard",
     "Store": "trajstore.store", "open_store": "trajstore.store",
-    "ESTIMATORS": "trajstore.views", "VIEW_NAMES": "trajstore.views", "Estimator": "trajstore.views",
+    **dict.fromkeys(("ESTIMATORS", "ESTIMATOR_TITLES", "Estimator", "GROUP_ESTIMATORS", "VIEW_NAMES"), "trajstore.views"),
     "AppendResult": "trajstore.writer", "Writer": "trajstore.writer",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trajstore' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # loaded once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:
@@ -64,5 +53,5 @@ if TYPE_CHECKING:
     from trajstore.schema import EVENT_SCHEMA, SCHEMA_VERSION
     from trajstore.shard import Shard
     from trajstore.store import Store, open_store
-    from trajstore.views import ESTIMATORS, VIEW_NAMES, Estimator
+    from trajstore.views import ESTIMATOR_TITLES, ESTIMATORS, GROUP_ESTIMATORS, VIEW_NAMES, Estimator
     from trajstore.writer import AppendResult, Writer

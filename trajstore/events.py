@@ -69,7 +69,7 @@ class _Event:
     kind: ClassVar[str]
 
     def record(self) -> dict[str, Any]:
-        """The event as a dict of columns (what `to_batch` consumes)."""
+        """The event as a dict of columns (what `to_columns` consumes, through `as_record`)."""
         names = _FIELD_NAMES.get(type(self))
         if names is None:  # dataclasses.fields() is slow enough to matter once per appended event
             names = _FIELD_NAMES[type(self)] = tuple(f.name for f in dataclasses.fields(self))

@@ -34,9 +34,22 @@ from typing import Literal, get_args
 
 GRPO_EPS = 1e-6
 
-# The advantage estimators: each is a column of the `advantages` view, and a shard's `advantage`.
+# The advantage estimators: each is a column of the `advantages` view, named as the estimator,
+# and a shard's `advantage`. Every other package names these columns through the names below.
 Estimator = Literal["grpo", "dr_grpo", "rloo", "batch"]
-ESTIMATORS: tuple[str, ...] = get_args(Estimator)
+ESTIMATORS: tuple[Estimator, ...] = get_args(Estimator)
+# The estimators computed over the rollout's (run, group_id) group; `batch` is over the run (a shard's batch).
+GROUP_ESTIMATORS: tuple[Estimator, ...] = ("grpo", "dr_grpo", "rloo")
+ESTIMATOR_TITLES: dict[Estimator, str] = {"grpo": "GRPO", "dr_grpo": "Dr. GRPO", "rloo": "RLOO",
+                                          "batch": "batch baseline"}
+# Each column's SQL over `tr` (the trainable rollout), `g` (its group's statistics) and `b` (its run's mean).
+_ESTIMATOR_SQL: dict[Estimator, str] = {
+    "grpo": f"(tr.reward - g.mean) / (g.std + {GRPO_EPS})",
+    "dr_grpo": "tr.reward - g.mean",
+    "rloo": "CASE WHEN g.n > 1 THEN (tr.reward - g.mean) * g.n / (g.n - 1) ELSE 0 END",
+    "batch": "tr.reward - b.run_mean",
+}
+_ESTIMATOR_COLUMNS = ",\n               ".join(f"{_ESTIMATOR_SQL[name]} AS {name}" for name in ESTIMATORS)
 
 VIEWS: dict[str, str] = {
     "events": """
@@ -148,10 +161,7 @@ VIEWS: dict[str, str] = {
         b AS (SELECT run, avg(reward) AS run_mean FROM tr GROUP BY run)
         SELECT tr.run, tr.group_id, tr.rollout_id, tr.reward, g.n AS group_trainable,
                g.mean AS group_mean, g.std AS group_std,
-               (tr.reward - g.mean) / (g.std + {GRPO_EPS}) AS grpo,
-               tr.reward - g.mean AS dr_grpo,
-               CASE WHEN g.n > 1 THEN (tr.reward - g.mean) * g.n / (g.n - 1) ELSE 0 END AS rloo,
-               tr.reward - b.run_mean AS batch
+               {_ESTIMATOR_COLUMNS}
         FROM tr JOIN g USING (run, group_id) JOIN b USING (run)
     """,
     "checkpoints": """

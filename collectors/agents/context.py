@@ -17,7 +17,7 @@ A reward scores a finished rollout, sync or async:
 
 A dict gives named components; each becomes one reward event and the rollout's reward is
 their sum (the `rollouts` view). Both are plugged in by import path (`module:function`),
-never by subclassing (STYLE.md 4).
+never by subclassing: a plain function is all a user writes.
 
 The SDK clients of `ctx.openai` / `ctx.anthropic` are cheap to build when they share one HTTP
 connection pool (`shared_http_client`, owned by the runner for the whole run): a client that
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from collectors.proxy.sessions import SESSION_HEADER
+from collectors.proxy import DEFAULT_SESSION, SESSION_HEADER, session_key
 
 if TYPE_CHECKING:
     import httpx2
@@ -71,7 +71,7 @@ class AgentContext:
     max_turns: int
     max_tokens: int  # per model call
     sampling: Mapping[str, Any] = field(default_factory=dict)  # temperature, top_p, ... for each call
-    session_name: str = "main"
+    session_name: str = DEFAULT_SESSION
     # one connection pool for the SDK clients of every rollout (`shared_http_client`); its owner closes it
     http_client: httpx2.AsyncClient | None = field(default=None, repr=False)
     _outcome: dict[str, str] = field(default_factory=dict, repr=False)  # shared by all sessions of the rollout
@@ -119,14 +119,14 @@ class AgentContext:
 
     def env(self) -> dict[str, str]:
         """The variables an external agent reads: OPENAI_BASE_URL, OPENAI_API_KEY, ANTHROPIC_*."""
-        key = self.api_key if self.session_name == "main" else f"{self.api_key}.{self.session_name}"
+        key = session_key(self.api_key, self.session_name)
         return {"OPENAI_BASE_URL": self.base_urls["openai"], "OPENAI_API_KEY": key,
                 "ANTHROPIC_BASE_URL": self.base_urls["anthropic"], "ANTHROPIC_API_KEY": key,
                 "TRAJSTORE_MODEL": self.model, "TRAJSTORE_ROLLOUT_ID": self.rollout.rollout_id,
                 "TRAJSTORE_MAX_TOKENS": str(self.max_tokens), "TRAJSTORE_MAX_TURNS": str(self.max_turns)}
 
     def _headers(self) -> dict[str, str]:
-        return {} if self.session_name == "main" else {SESSION_HEADER: self.session_name}
+        return {} if self.session_name == DEFAULT_SESSION else {SESSION_HEADER: self.session_name}
 
     async def aclose(self) -> None:
         """Close this context's own SDK clients; a shared `http_client` stays open (closing an SDK client

@@ -26,7 +26,7 @@ from collectors.agents.context import RolloutInfo, load_object
 from collectors.collect.agent_cmd import run_command
 from collectors.collect.tasks import load_tasks, task_id
 from collectors.errors import CollectorError
-from collectors.proxy.toolcalls import response_text
+from collectors.model.replies import response_text
 from trajstore import Reward, Store
 
 

@@ -1,4 +1,8 @@
-"""The settings of `trajstore collect` (`CollectSettings`): one frozen dataclass, checked all at once."""
+"""The settings of `trajstore collect` (`CollectSettings`): one frozen dataclass, checked all at once.
+
+Its field defaults are the CLI's option defaults (`cli.collect_cmd` reads them), so this module
+stays light: `collect --help` imports it.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.collect.agent_cmd import CommandEnv
-from collectors.policy.contract import TOP_K_MAX
 
 DISPLAYS = ("auto", "live", "plain", "off")
 VLLM_RELOADS = ("weights", "follow", "lora")  # collectors.policy.VLLMClient's `reload`
@@ -64,6 +67,8 @@ class CollectSettings:
         return CommandEnv(self.pass_env, self.inherit_env)
 
     def problems(self) -> list[str]:
+        from collectors.policy.contract import TOP_K_MAX  # the policy package loads its clients: not for --help
+
         out = []
         for name, low in (("n", 1), ("concurrency", 1), ("max_turns", 1), ("max_tokens", 1), ("epochs", 1),
                           ("max_batch", 1), ("retries", 0), ("policy_version", 0)):

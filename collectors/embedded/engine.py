@@ -363,11 +363,11 @@ class Engine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                         logits_to_keep=1)
         self.stats.prefill_steps += 1
         self.stats.requests += len(seqs)
-        layers = kv_batch.clean_prefill([(l.keys, l.values) for l in out.past_key_values.layers], mask)
+        layers = kv_batch.clean_prefill([(l.keys, l.values) for l in out.cache.layers], mask)
         self._sample(seqs, out.logits[:, -1, :])
         if self._rows:
             layers, mask = kv_batch.merge([(l.keys, l.values) for l in self._cache.layers], self._mask, layers, mask)
@@ -382,8 +382,8 @@ class Engine:
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
         positions = self._mask.sum(dim=1, keepdim=True) - 1
         out = self.model(input_ids=last, attention_mask=self._mask, position_ids=positions,
-                         past_key_values=self._cache, use_cache=True)
-        self._cache = out.past_key_values
+                         cache=self._cache, use_cache=True)
+        self._cache = out.cache
         self.stats.decode_steps += 1
         self._sample(self._rows, out.logits[:, -1, :])
         self._retire()

@@ -50,6 +50,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from collectors.errors import CollectorError
+
 SYSTEM = "Use the calculator tool, then give the answer."
 OPERATORS = ("+", "-")
 DIGITS = 2  # operands and answers have exactly this many digits (see the module docstring)
@@ -66,7 +68,7 @@ _SYMBOL = {ast.Pow: "**", ast.BitXor: "^", ast.BitAnd: "&", ast.BitOr: "|", ast.
 _INTEGER = re.compile(r"-?\d+")
 
 
-class CalculatorError(ValueError):
+class CalculatorError(CollectorError, ValueError):
     """An expression the calculator does not evaluate; the message is the tool's answer."""
 
 

@@ -3,8 +3,8 @@
 An episode (two model calls, one tool call):
 
     user:       I will be in Oslo in 4 days. What should I pack?
-    assistant:  <tool_call>\\n{"name": "forecast", "arguments": {"city": "Oslo", "days_ahead": 4}}\\n</tool_call>
-    tool:       snow
+    assistant:  <tool_call>\\n{"name": "forecast", "arguments": {}}\\n</tool_call>
+    tool:       snow snow snow ... (one word per hour of the trip day)
     assistant:  Pack the snow boots.
 
 The forecast of each (city, days ahead) comes from a fixed table (`FORECAST`, every weather
@@ -12,27 +12,18 @@ equally often), and each weather has one right item (`ITEM_FOR`: snow -> boots, 
 sun -> hat, fog -> lamp). The reward `correct` is 1 when the episode called the forecast and its
 final reply names the right item and no other item.
 
-Why this task for a demo of RL on a CPU (a tiny model, a few minutes):
+What makes it a test of RL rather than of memory:
 - success depends on each episode's input: the forecast differs by city and day, and the
   task list (`tasks`) cycles through every (city, day) in shuffled rounds, so every weather
   and every item is the answer equally often; any fixed item, and any policy that ignores
   the input, is right in exactly 1/4 of the tasks of a whole round (`best_blind_rate`);
 - the warm start (`warm_start_conversations`) teaches the format and the tool protocol (call
-  `forecast`, repeat the weather it returned, then name an item) from a weak demonstrator that
-  packs the right item in a share `right` of its episodes and a random wrong one otherwise; the
-  demo uses 0.3, so version 0 solves about 3 tasks in 10, a little above the 1/4 of any
-  input-blind policy. Why not 1/4, items independent of the weather: supervised on those, the
-  model learns to ignore the weather where it names the item (its last hidden states there
-  for the four weathers were 3-6% apart, cosine similarity >= 0.99), so RL had to build that
-  feature from almost nothing, and the large steps that took broke the reply format in 2
-  seeds of 3. A weak demonstrator leaves a small weather-dependent preference for RL to
-  sharpen, as supervised data does before RL on real models;
+  `forecast`, repeat the weather it returned, then name an item) from a demonstrator that
+  packs the right item in a share `right` of its episodes and a random wrong one otherwise,
+  so above 1/4 it shows the mapping only as a weak preference;
 - what RL must learn is one decision the model makes from what the tool returned: which item
-  goes with which weather. The warm start shows that mapping only as a weak preference; the
-  reward is what sharpens it. It is an association from a token the tool wrote (and the model
-  repeated) to the next token the model writes, which a tiny model learns from reward in a few
-  dozen steps, unlike copying long digit strings (see
-  `arithmetic`, whose tiny model learns to use the calculator but rarely gets the digits right).
+  goes with which weather, an association from a token the tool wrote (and the model
+  repeated) to the next token the model writes.
 
 Pieces, each plugged into `trajstore collect` / the warm start by import path: `forecast`
 (the tool), `SYSTEM`, `tasks` / `write_tasks`, `reward`, `warm_start_conversations`, and

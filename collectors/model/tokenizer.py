@@ -27,6 +27,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import PreTrainedTokenizerFast
 
 from collectors.model.chat_template import CHAT_TEMPLATE
+from collectors.model.toolcalls import render_call
 
 # ChatML control tokens are special (skipped when decoding with skip_special_tokens);
 # the tool and reasoning markers are plain added tokens, as in Qwen2.5/Qwen3, so they stay
@@ -117,7 +118,7 @@ def _argument(rng: random.Random, kind: object) -> object:
 def _tool_call(rng: random.Random) -> str:
     name = rng.choice(list(_TOOLS))
     args = {k: _argument(rng, v) for k, v in _TOOLS[name].items()}
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
+    return render_call(name, args)
 
 
 def _tool_schema(rng: random.Random) -> str:

@@ -134,7 +134,8 @@ class StreamedSample:
 
 @runtime_checkable
 class PolicyClient(Protocol):
-    """A policy server. Implementations: `EmbeddedClient`, `VLLMClient` (collectors.policy.clients).
+    """A policy server. Implementations: `EmbeddedClient` (collectors.policy.embedded_client) and `VLLMClient`
+    (collectors.policy.vllm_client).
     `EmbeddedClient` is also a `PublishedLoader`."""
 
     base_url: str

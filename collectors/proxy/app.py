@@ -59,8 +59,9 @@ from aiohttp import web
 from collectors.policy import PolicyClient
 from collectors.proxy.capture import Capture
 from collectors.proxy.chat import ChatError, is_int
+from collectors.proxy.protocol import SESSION_HEADER, split_key
 from collectors.proxy.render import ChatRenderer
-from collectors.proxy.sessions import SESSION_HEADER, Rollout, split_key
+from collectors.proxy.sessions import Rollout
 from collectors.proxy.wire import WIRES, AnthropicMessages, OpenAIChat, WireProtocol
 from collectors.serving import (
     BadRequest,

@@ -24,7 +24,7 @@ from jsonschema.validators import validator_for
 
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
-from collectors.proxy.toolcalls import ToolCall
+from collectors.model.toolcalls import ToolCall
 
 Message = dict[str, Any]
 

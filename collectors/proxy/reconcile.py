@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collectors.proxy.chat import Message
-from collectors.proxy.toolcalls import split_reasoning
+from collectors.model.toolcalls import split_reasoning
 
 FIRST, EXACT, RESERIALIZED, REWRITTEN = "first", "exact", "reserialized", "rewritten"
 

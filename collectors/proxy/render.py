@@ -6,7 +6,7 @@ serves) and is the only place the capture proxy renders or tokenizes:
 - `prompt_text`: the conversation through the generation prompt (`<|im_start|>assistant\\n`),
   or, for an assistant prefill, through the prefill text (`continue_final_message`);
 - `reply`: the sampled text (the final stop token removed, a stop string and what follows it
-  cut off, as the server does) parsed by `collectors.proxy.toolcalls`.
+  cut off, as the server does) parsed by `collectors.model.toolcalls`.
 
 `encode` never adds special tokens: Qwen-style templates write every control token themselves.
 
@@ -27,7 +27,7 @@ from jinja2 import TemplateError
 
 from collectors.policy import Sample
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
-from collectors.proxy.toolcalls import parse_output
+from collectors.model.toolcalls import parse_output
 
 
 def text_ids(sample: Sample) -> list[int]:

@@ -22,20 +22,16 @@ only: after a restart, open the rollouts again.
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.proxy.chat import ChatError
+from collectors.proxy.protocol import DEFAULT_SESSION, KEY_PREFIX, SESSION_HEADER, SESSION_NAME, split_key
 from collectors.proxy.segmenter import SessionState
 
-KEY_PREFIX = "ts-"
 RENDERS_PER_ROLLOUT = 2  # of a rollout's calls, rendered at once (collectors.proxy.capture)
 SHOWN_KEY_CHARS = 4  # of an unknown key, in its 401: it may be a real secret sent to the wrong server
-SESSION_HEADER = "X-Trajstore-Session"
-DEFAULT_SESSION = "main"
-SESSION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _HOW = ("open a rollout with POST /rollouts and send its api_key (Authorization: Bearer KEY or x-api-key: KEY) "
         "or use its base URL /r/KEY/v1")
 
@@ -107,12 +103,6 @@ class Rollout:
                 "finish_reason": tally.finish_reason, "output_tokens": tally.output_tokens,
                 "min_policy_version": tally.min_version, "max_policy_version": tally.max_version,
                 "sessions": sessions}
-
-
-def split_key(value: str) -> tuple[str, str | None]:
-    """`ts-KEY.NAME` -> (`ts-KEY`, NAME); a key without a suffix -> (key, None)."""
-    key, _, name = value.partition(".")
-    return key, (name or None)
 
 
 def _unauthorized(message: str) -> ChatError:

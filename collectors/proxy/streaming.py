@@ -2,7 +2,7 @@
 
 The capture proxy streams a reply while the policy server samples it, and stores the whole
 reply once sampling ends. What was streamed must be exactly what is stored, so the pieces are
-only ever *prefixes* of the final parse (`collectors.proxy.toolcalls.parse_output`, applied to
+only ever *prefixes* of the final parse (`collectors.model.toolcalls.parse_output`, applied to
 the final text by `ChatRenderer.reply`), and whatever could still change is held back:
 
 - `TextStream` (ids -> text, special tokens kept, as `ChatRenderer.decode`): the newest token
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from collectors.model.detokenize import IncrementalText
 from collectors.proxy.chat import ChatReply
-from collectors.proxy.toolcalls import CALL_OPEN, THINK_CLOSE, THINK_OPEN, ToolCall
+from collectors.model.toolcalls import CALL_OPEN, THINK_CLOSE, THINK_OPEN, ToolCall
 
 Event = tuple[str, str] | tuple[str, int, ToolCall]  # ("reasoning" | "content", text) or ("tool_call", index, call)
 

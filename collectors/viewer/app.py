@@ -33,12 +33,11 @@ from urllib.parse import quote, urlencode
 import jinja2
 from aiohttp import web
 
-from collectors.serving import BadRequest as Refused
-from collectors.serving import app_in_thread, run_until_interrupted, start_app
+from collectors.errors import CollectorError
+from collectors.serving import BadRequest, app_in_thread, run_until_interrupted, start_app
 from collectors.viewer import charts
 from collectors.viewer.data import (
     STEP_CHARTS,
-    BadRequest,
     NotFound,
     Source,
     episode_tokens,
@@ -278,11 +277,11 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         if exc.status == 404:
             message += "; pages: /, /rollouts, /rollouts/ROLLOUT_ID, /groups/GROUP_ID (and the same under /api/)"
         return _error(request, exc.status, message)
-    except Refused as exc:  # a request for another host name, or from another site's page (collectors.serving)
-        return _error(request, exc.status, exc.message)
     except NotFound as exc:
         return _error(request, 404, str(exc))
-    except (BadRequest, ValueError) as exc:
+    except BadRequest as exc:
+        return _error(request, exc.status, exc.message)
+    except ValueError as exc:
         return _error(request, 400, str(exc))
     except TrajstoreError as exc:  # a damaged file, a query the store refused: say so, keep serving
         log.warning("store error serving %s: %s", request.path, exc)
@@ -340,7 +339,7 @@ def _open(settings: ViewerSettings) -> Store:
 
     problems = settings.problems()
     if problems:
-        raise BadRequest("invalid viewer settings: " + "; ".join(problems))
+        raise CollectorError("invalid viewer settings: " + "; ".join(problems))
     return trajstore.open_store(settings.store, create=False)
 
 

@@ -25,10 +25,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from collectors.errors import CollectorError
 from collectors.replay import Decode, Episode, build_episode, episode_rows, token_rows, tokenizer_decode
 from collectors.viewer.listing import ROW_SQL
-from trajstore import Snapshot, Store
-from trajstore.errors import TrajstoreError
+from trajstore import ESTIMATOR_TITLES, GROUP_ESTIMATORS, Snapshot, Store
 from trajstore.read import Pinned
 from trajstore.schema import EVENT_SCHEMA
 from trajstore.table import TableSnapshot
@@ -55,12 +55,9 @@ STEP_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _EMPTY = Pinned(TableSnapshot(-1, (), {}), EVENT_SCHEMA.empty_table())
 
 
-class NotFound(TrajstoreError):
-    """The page's rollout, group or table version is not in the store."""
-
-
-class BadRequest(TrajstoreError):
-    """A request the viewer cannot answer as asked; the message says what to change."""
+class NotFound(CollectorError):
+    """The page's rollout, group or table version is not in the store (a 404; a request asked
+    wrongly is `collectors.serving.BadRequest`, a 400)."""
 
 
 @dataclass
@@ -239,7 +236,8 @@ def group_view(snap: Snapshot, group_id: str, decode: Decode | None) -> dict[str
     if not group:
         raise NotFound(f"no group {group_id!r} in the store; open one from the rollouts table (/rollouts)")
     rows = snap.query(f"""
-        SELECT x.*, a.grpo, a.dr_grpo, a.rloo FROM ({ROW_SQL}) x LEFT JOIN advantages a USING (rollout_id)
+        SELECT x.*, {", ".join(f"a.{name}" for name in GROUP_ESTIMATORS)}
+        FROM ({ROW_SQL}) x LEFT JOIN advantages a USING (rollout_id)
         ORDER BY x.started, x.rollout_id""").to_pylist()
     components: dict[str, dict[str, float]] = {}
     for c in snap.query("""
@@ -253,7 +251,8 @@ def group_view(snap: Snapshot, group_id: str, decode: Decode | None) -> dict[str
         ids = last.get(row["rollout_id"]) or []
         row["last_output"] = decode(ids) if decode else " ".join(map(str, ids))
     return {"group": {k: _clean(v) for k, v in group[0].items()}, "rollouts": rows,
-            "component_names": sorted({n for c in components.values() for n in c})}
+            "component_names": sorted({n for c in components.values() for n in c}),
+            "estimators": {name: ESTIMATOR_TITLES[name] for name in GROUP_ESTIMATORS}}
 
 
 # ------------------------------------------------------------------ episode

@@ -39,6 +39,7 @@ from typing import Any, Literal, get_args
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from collectors.errors import CollectorError
 from trajstore.read import Snapshot, files_covering
 from trajstore.schema import EVENT_SCHEMA
 from trajstore.table import FileInfo
@@ -62,7 +63,7 @@ _NO_TIME = datetime.min.replace(tzinfo=timezone.utc)
 _END_TIME = datetime.max.replace(tzinfo=timezone.utc)
 
 
-class FilterError(ValueError):
+class FilterError(CollectorError, ValueError):
     """A query string the rollouts table cannot use; the message lists every problem."""
 
 

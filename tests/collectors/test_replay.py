@@ -21,7 +21,8 @@ from rich.console import Console
 import trajstore
 from cli.main import main
 from cli.replay_cmd import render
-from collectors.proxy.toolcalls import ToolCall, parse_output, response_calls
+from collectors.model.replies import response_calls
+from collectors.model.toolcalls import ToolCall, parse_output
 from collectors.replay import ToolResult, load_episode, spans, tokenizer_decode, tool_results
 from trajstore import Reward, Status, Turn
 

@@ -1,7 +1,7 @@
 """Sealed files: a flipped byte anywhere is reported by `verify` and by reads, never returned as data.
 
 Parquet checksums pages but not its footer; trajstore records the CRC-32 of the footer and
-of the whole file in the file's name (trajstore.table.write_file). These tests flip bytes in
+of the whole file in the file's name (trajstore.table.Table.write_file). These tests flip bytes in
 the footer, in the page data and across the whole file.
 """
 

@@ -251,6 +251,7 @@ def test_groups(exp: trajstore.Store) -> None:
 # ------------------------------------------------------------------ advantages
 
 
+ADVANTAGE_COLUMNS = ("grpo", "dr_grpo", "rloo", "batch")
 ADVANTAGES = {  # rollout: (grpo, dr_grpo, rloo, batch), worked out in the module docstring's numbers
     "A": (1 / (1 + EPS), 1.0, 1.5, 0.0),  # g1: mean 1, std 1, n 3: rloo = 3/2 (r - mean)
     "B": (-1 / (1 + EPS), -1.0, -1.5, -2.0),
@@ -276,6 +277,12 @@ def test_advantages(exp: trajstore.Store) -> None:
     assert (rows["A"]["group_mean"], rows["A"]["group_std"], rows["A"]["group_trainable"]) == (1.0, 1.0, 3)
     # RLOO is the reward minus the mean of the *other* rollouts of the group
     assert rows["A"]["rloo"] == pytest.approx(2.0 - (0.0 + 1.0) / 2)
+
+
+def test_every_estimator_is_a_column_with_a_title(exp: trajstore.Store) -> None:
+    columns = exp.query("SELECT * FROM advantages LIMIT 0").column_names
+    assert [c for c in columns if c in trajstore.ESTIMATORS] == list(trajstore.ESTIMATORS) == list(ADVANTAGE_COLUMNS)
+    assert set(trajstore.ESTIMATOR_TITLES) == set(trajstore.ESTIMATORS) >= set(trajstore.GROUP_ESTIMATORS)
 
 
 # ------------------------------------------------------------------ fan-out

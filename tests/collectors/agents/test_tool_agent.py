@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from collectors.agents.context import AgentContext, RolloutInfo
 from collectors.agents.tool_agent import ToolAgentResult, current_task, initial_messages, tool_agent
 from collectors.agents.tools import ToolSchemaError
 from collectors.errors import CollectorError
+from collectors.model.toolcalls import render_call
 from collectors.policy import Sample, SamplingParams
 from tests.collectors.proxy_harness import MODEL, Harness, Scripted, running_proxy
 
@@ -66,7 +66,7 @@ def script(h: Harness, *texts: str, cut: bool = False) -> None:
 
 def call_text(tool: str, **arguments: Any) -> str:
     """A tool call exactly as the chat template writes it (and a trained model samples it)."""
-    return f'<tool_call>\n{{"name": "{tool}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+    return render_call(tool, arguments)
 
 
 def add(a: int, b: int) -> int:

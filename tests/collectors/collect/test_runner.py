@@ -19,7 +19,7 @@ from collectors.collect.progress import summary_table
 from collectors.collect.tasks import TaskFileError, load_tasks, task_id
 from collectors.embedded.app import RunningServer
 from collectors.policy import PolicyServerUnreachable
-from collectors.proxy.toolcalls import response_text
+from collectors.model.replies import response_text
 from tests.collectors.agents_for_tests import rollout_rows, usable_by_task, write_tasks
 from trajstore import Checkpoint, Status, open_store
 

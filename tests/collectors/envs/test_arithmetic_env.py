@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from collectors.agents.tool_agent import ToolAgentResult
 from collectors.agents.tools import tool_schema
 from collectors.envs import arithmetic
-from collectors.proxy.toolcalls import parse_output
+from collectors.model.toolcalls import parse_output
 
 
 @pytest.mark.parametrize(("expression", "value"), [

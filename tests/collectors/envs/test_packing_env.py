@@ -22,7 +22,7 @@ from collectors.agents.tool_agent import ToolAgentResult
 from collectors.agents.tools import tool_schema
 from collectors.envs import packing
 from collectors.errors import CollectorError
-from collectors.proxy.toolcalls import parse_output
+from collectors.model.toolcalls import parse_output
 
 TASK = importlib.import_module("collectors.agents.tool_agent")._TASK  # what the tool agent sets per episode
 ROUND = len(packing.PLACES)  # tasks per round: every (city, day) once

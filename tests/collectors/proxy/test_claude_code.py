@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from collectors.model.toolcalls import render_call
 from tests.collectors.proxy_harness import MODEL, Harness, Scripted, call, running_proxy
 
 CLI = Path(__file__).parent / "claude_code" / "node_modules" / ".bin" / "claude"
@@ -26,10 +27,6 @@ pytestmark = pytest.mark.skipif(not CLI.exists(), reason="the Claude Code CLI is
                                                          "(make test installs it before running the tests)")
 QUIET = {"DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
          "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1"}
-
-
-def tool_call(name: str, arguments: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def claude(h: Harness, rollout: dict[str, Any], workdir: Path, prompt: str, *tools: str) -> dict[str, Any]:
@@ -47,8 +44,8 @@ def test_claude_code_runs_a_tool_loop_stored_as_one_segment(tiny_model: Path, tm
     target = work / "notes.txt"
     upstream = Scripted(AutoTokenizer.from_pretrained(tiny_model))
     upstream.replies[:] = [
-        "I will write the notes first.\n" + tool_call("Write", {"file_path": str(target), "content": "alpha\n"}),
-        "<think>\nNow check it.\n</think>\n\n" + tool_call("Read", {"file_path": str(target)}),
+        "I will write the notes first.\n" + render_call("Write", {"file_path": str(target), "content": "alpha\n"}),
+        "<think>\nNow check it.\n</think>\n\n" + render_call("Read", {"file_path": str(target)}),
         "The notes say alpha.",
     ]
     # Claude Code's system prompt and two dozen tools are ~20k tokens of the tiny tokenizer: the scripted

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from collectors.proxy.chat import ChatReply
 from collectors.proxy.streaming import ReplyStream, TextStream
-from collectors.proxy.toolcalls import parse_output
+from collectors.model.toolcalls import parse_output
 
 PARTS = ["<think>", "</think>", "\n", "\n\n", "<tool_call>", "</tool_call>", "hello", " world", "<", "tool",
          '\n{"name": "f", "arguments": {"a": 1}}\n', "{bad json", "think>", "/", "x"]

@@ -10,7 +10,7 @@ import pytest
 
 from collectors.policy import SamplingParams
 from collectors.proxy.chat import ChatError, ChatReply
-from collectors.proxy.toolcalls import ToolCall
+from collectors.model.toolcalls import ToolCall
 from collectors.proxy.wire import WIRES, AnthropicMessages, OpenAIChat, stream_body
 
 OA, AN = OpenAIChat(), AnthropicMessages()

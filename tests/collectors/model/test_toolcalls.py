@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from collectors.policy import Sample, SamplingParams
 from collectors.proxy.chat import ChatReply, ChatRequest
 from collectors.proxy.render import ChatRenderer, text_ids
-from collectors.proxy.toolcalls import parse_output
+from collectors.model.toolcalls import parse_output
 from collectors.proxy.wire import OpenAIChat
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'

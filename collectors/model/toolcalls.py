@@ -1,9 +1,9 @@
-"""Tool calls: the one `ToolCall` type, the one `<tool_call>` parser, and reading calls back from stored responses. Pure.
+"""The model's tool-call text format: the one `ToolCall` type, its one writer and its one parser. Pure.
 
 `parse_output` splits a sampled assistant text (Hermes / Qwen format) into reasoning, content
-and tool calls; `response_calls` and `response_text` read the calls and text of a stored
-`response` (an OpenAI chat completion or an Anthropic message, as the proxy answered it), for
-replay and re-scoring.
+and tool calls; `render_call` writes one call block the way the chat template does. Reading
+calls back from a stored response (the proxy's answer, not the model's text) is
+`collectors.model.replies`.
 
 The format is the one `collectors.model.chat_template` renders:
 
@@ -61,6 +61,11 @@ class ParsedOutput:
     tool_calls: tuple[ToolCall, ...]
 
 
+def render_call(name: str, arguments: dict[str, Any]) -> str:
+    """One call block as the chat template writes it for an object `arguments` (JSON with ASCII escapes)."""
+    return f"{CALL_OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CALL_CLOSE}"
+
+
 def split_reasoning(text: str) -> tuple[str | None, str]:
     """`<think>\\nR\\n</think>\\n\\nC` -> (R, C); `<think>\\nR` never closed (cut by max_tokens) -> (R, "");
     text without a leading `<think>` -> (None, text)."""
@@ -116,59 +121,3 @@ def parse_output(text: str, *, parse_tools: bool = True) -> ParsedOutput:
     content = rest[:blocks[0].start()]
     content = content[:-1] if content.endswith("\n") else content
     return ParsedOutput(content, reasoning, tuple(c for c in calls if c is not None))
-
-
-def _message(response: Any) -> dict[str, Any] | None:
-    """The assistant message of a stored response: OpenAI's first choice's message, else the response itself."""
-    if not isinstance(response, dict):
-        return None
-    choices = response.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        message = choices[0].get("message")
-        return message if isinstance(message, dict) else None
-    return response
-
-
-def _decoded(arguments: Any) -> tuple[str, dict[str, Any]]:
-    """(JSON text, object) of arguments sent as text (OpenAI) or as an object (Anthropic)."""
-    if isinstance(arguments, str):
-        try:
-            value = json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments, {}
-        return arguments, value if isinstance(value, dict) else {}
-    value = arguments if isinstance(arguments, dict) else {}
-    return json.dumps(value, ensure_ascii=False), value
-
-
-def response_calls(response: Any) -> list[ToolCall]:
-    """Tool calls of a stored response: OpenAI `tool_calls` or Anthropic `tool_use` blocks."""
-    message = _message(response)
-    if message is None:
-        return []
-    calls: list[ToolCall] = []
-    listed = message.get("tool_calls")
-    for call in listed if isinstance(listed, list) else []:
-        fn = call.get("function", call) if isinstance(call, dict) else {}
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
-            text, value = _decoded(fn.get("arguments", {}))
-            calls.append(ToolCall(fn["name"], text, value, call.get("id")))
-    content = message.get("content")
-    for block in content if isinstance(content, list) else []:
-        if isinstance(block, dict) and block.get("type") == "tool_use" and isinstance(block.get("name"), str):
-            text, value = _decoded(block.get("input", {}))
-            calls.append(ToolCall(block["name"], text, value, block.get("id")))
-    return calls
-
-
-def response_text(response: Any) -> str:
-    """The assistant text of a stored response (OpenAI message content, or Anthropic text blocks)."""
-    body = json.loads(response) if isinstance(response, str) else response
-    message = _message(body)
-    content = message.get("content") if message is not None else None
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
-    return ""
-
