@@ -200,9 +200,19 @@ def find_damage(location: Location) -> str | None:
 # ---------------------------------------------------------------------------- file statistics
 
 
+def stat_time(value: datetime) -> str:
+    """A time statistic as the log writes it: UTC, milliseconds, a four-digit year.
+
+    The year is padded by hand: `strftime("%Y")` writes year 1 as "1" on Linux, which delta-rs
+    reads back as no statistic at all, so the file's statistics no longer matched its name.
+    """
+    value = value.astimezone(timezone.utc)
+    return f"{value.year:04d}-{value:%m-%dT%H:%M:%S}.{value.microsecond // 1000:03d}Z"
+
+
 def _stat_text(value: Any) -> str:
     if isinstance(value, datetime):
-        value = value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        value = stat_time(value)
     return json.dumps(value, separators=(",", ":"))
 
 

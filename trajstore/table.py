@@ -79,10 +79,8 @@ def sealed_seq(dt: DeltaTable, writer: str) -> int:
     return -1 if version is None else int(version)
 
 
-def _stat_value(value: Any, column: str) -> Any:
-    if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    return value
+def _stat_value(value: Any) -> Any:
+    return deltalog.stat_time(value) if isinstance(value, datetime) else value
 
 
 def file_stats(table: pa.Table) -> dict[str, Any]:
@@ -99,8 +97,8 @@ def file_stats(table: pa.Table) -> dict[str, Any]:
         lo, hi = mm["min"], mm["max"]
         if name == "time":  # Delta keeps milliseconds: floor the min, ceil the max
             hi = hi + timedelta(microseconds=(1000 - hi.microsecond % 1000) % 1000)
-        mins[name] = _stat_value(lo, name)
-        maxs[name] = _stat_value(hi, name)
+        mins[name] = _stat_value(lo)
+        maxs[name] = _stat_value(hi)
     return {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
 
