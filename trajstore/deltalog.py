@@ -72,7 +72,9 @@ def read_entry(location: Location, version: int) -> list[dict[str, Any]] | None:
     with location.filesystem.open_input_file(path) as f:
         text = f.read()
     actions = []
-    for number, line in enumerate(text.decode("utf-8", errors="replace").splitlines(), start=1):
+    # Lines end at "\n" only: str.splitlines() also splits at U+0085 and U+2028, which a JSON
+    # string may hold unescaped (a statistic of a name that contains one).
+    for number, line in enumerate(text.decode("utf-8", errors="replace").split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -263,7 +263,8 @@ class Table:
         if not self.location.remote:
             fsync_path(path)
         self._verified.add(name)
-        return AddAction(name, len(body), {}, int(time.time() * 1000), data_change, json.dumps(stats))
+        return AddAction(name, len(body), {}, int(time.time() * 1000), data_change,
+                         json.dumps(stats, ensure_ascii=False))
 
     def commit(self, actions: list[AddAction | RemoveAction], *, operation: str,
                writer_txn: tuple[str, int] | None = None,
