@@ -8,7 +8,10 @@ segment sealed and deleted in between is already in the table.
 
 Reads are read-only: once a snapshot's views are set up, DuckDB's external access is turned
 off and its configuration locked, so no SQL can write or read files (`COPY ... TO`, `ATTACH`,
-`read_csv`, `EXPORT DATABASE`, extensions), or turn that back on. Results leave the store
+`read_csv`, `EXPORT DATABASE`, extensions), or turn that back on. DuckDB keeps its temp
+directory (where big sorts and joins spill) readable and writable even then, and its default
+is `.tmp` in the working directory: each process spills into its own private directory
+instead (mode 0700, removed at exit), so SQL cannot reach a shared one. Results leave the store
 only through the caller (`trajstore query --output`). What a statement can still create
 (a table, a view) lives in the snapshot's own in-memory database and ends with it.
 
@@ -19,6 +22,10 @@ is raised only when a checksum or a format check of the pinned files says so.
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -109,6 +116,14 @@ class Pinned:
         return self.table.version
 
 
+@functools.cache
+def _spill_directory() -> str:
+    """This process's private directory for DuckDB's spills, made on first use and removed at exit."""
+    path = tempfile.mkdtemp(prefix="trajstore-duckdb-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 class Snapshot:
     """One consistent view of the store over DuckDB: a pinned version plus live rows. Query it many times.
 
@@ -120,6 +135,7 @@ class Snapshot:
         self._table = table
         self._con = duckdb.connect()
         self._con.execute("SET TimeZone = 'UTC'")
+        self._con.execute("SET temp_directory = ?", [_spill_directory()])  # not the shared ./.tmp
         self.repin(pinned, files=files)
         create_views(self._con)
         self._con.execute("SET enable_external_access = false")  # no file or network I/O from SQL ...
