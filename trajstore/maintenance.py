@@ -105,7 +105,7 @@ def compact(location: Location, table: Table, *, target_bytes: int = 128 << 20, 
     version = None
     rewritten = 0
     for group in bins:
-        data = table.open_dataset(group).to_table()
+        data = table.read(group)
         add = table.write_file(data, prefix="compact", data_change=False)
         now = int(time.time() * 1000)
         removes = [RemoveAction(f.path, False, now, f.size, {}) for f in group]

@@ -21,7 +21,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -234,8 +234,8 @@ class Table:
         found: set[str] = set()
         if covering:
             keep = pa.array(wanted, pa.string())
-            found = set(self.open_dataset(covering).to_table(
-                columns=["event_id"], filter=pc.field("event_id").isin(keep)).column("event_id").to_pylist())
+            found = set(self.read(covering, columns=["event_id"], filter=pc.field("event_id").isin(keep))
+                        .column("event_id").to_pylist())
         return [e for e in wanted if e not in found]
 
     # ------------------------------------------------------------------ write / commit
@@ -331,6 +331,37 @@ class Table:
                 fragments.append(fragment)
         return ds.FileSystemDataset(fragments, schema=EVENT_SCHEMA, format=_FORMAT,
                                     filesystem=self.location.filesystem)
+
+
+    def read(self, files: Iterable[FileInfo], *, columns: Sequence[str] | None = None,
+             filter: ds.Expression | None = None) -> pa.Table:  # noqa: A002 - pyarrow's name
+        """Rows of sealed `files` (footers and page checksums verified). A damaged file raises
+        CorruptionError naming it and the fix (`damage`), whoever reads: query, replay, the
+        learner's shards, the viewer and maintenance report damage the same way."""
+        files = list(files)
+        try:
+            return self.open_dataset(files).to_table(columns=list(columns) if columns is not None else None,
+                                                     filter=filter)
+        except (OSError, pa.ArrowException) as exc:
+            found = self.damage(files)
+            if found is None:
+                raise
+            raise CorruptionError(found) from exc
+
+    def damage(self, files: Iterable[FileInfo]) -> str | None:
+        """What is wrong with the first damaged one of `files`, by its checksums, with the fix; None
+        when all of them read whole."""
+        for f in files:
+            try:
+                for _ in self.open_dataset([f]).to_batches():
+                    pass
+            except CorruptionError as exc:
+                return str(exc)
+            except (OSError, pa.ArrowException) as exc:
+                return (f"sealed file {f.path} fails its page checksums or cannot be decoded ({exc}); it was "
+                        f"damaged after writing. `trajstore verify --store {self.location.uri}` lists every "
+                        "damaged file; restore them from a backup")
+        return None
 
 
 _FORMAT = ds.ParquetFileFormat(
