@@ -48,6 +48,7 @@ from collectors.viewer.data import (
 from collectors.viewer.listing import ORDERS, STATUSES, FilterError, RolloutFilter, list_rollouts
 from trajstore import Snapshot, Store
 from trajstore.errors import TrajstoreError
+from trajstore.schema import INT64_MAX
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -144,7 +145,7 @@ def _version(request: web.Request) -> int | None:
         version = int(raw)
     except ValueError:
         raise BadRequest(f"v={raw!r} is not a table version (an integer >= 0); drop it for the latest") from None
-    if version < 0:
+    if not 0 <= version <= INT64_MAX:
         raise BadRequest(f"v={version} is not a table version (an integer >= 0); drop it for the latest")
     return version
 
