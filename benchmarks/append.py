@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 
 import trajstore
 from trajstore.durable import fsync_path as fsync_dir
+from trajstore.durable import sync_file
 
 try:
     import torch
@@ -107,8 +108,7 @@ def write_jsonl(root: Path, batches: list[list[dict[str, Any]]]) -> float:
     with open(root / "rollouts.jsonl", "ab") as f:
         for batch in batches:
             f.write("".join(json.dumps(t, default=plain) + "\n" for t in batch).encode())
-            f.flush()
-            os.fsync(f.fileno())
+            sync_file(f)
     return time.perf_counter() - t0
 
 
@@ -120,8 +120,7 @@ def write_torch(root: Path, batches: list[list[dict[str, Any]]]) -> float:
         path = root / f"rollout_{i:06d}.pt"
         with open(path, "wb") as f:
             torch.save(data, f)
-            f.flush()
-            os.fsync(f.fileno())
+            sync_file(f)
         fsync_dir(root)
     return time.perf_counter() - t0
 
@@ -134,8 +133,7 @@ def write_parquet(root: Path, batches: list[list[dict[str, Any]]]) -> float:
         path = root / f"completions_{i:06d}.parquet"
         with open(path, "wb") as f:
             pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
+            sync_file(f)
         fsync_dir(root)
     return time.perf_counter() - t0
 

@@ -21,6 +21,7 @@ from cli.output import print_table, write_table
 from cli.proxy_cmd import proxy
 from cli.replay_cmd import replay
 from cli.view_cmd import view
+from trajstore.maintenance import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS, MIN_RETENTION_HOURS
 
 console = Console()
 
@@ -128,8 +129,10 @@ def compact(store_loc: str, target_mb: int) -> None:
 
 @main.command()
 @store_option
-@click.option("--retention-hours", type=click.FloatRange(min=1), default=168, show_default=True,
-              help="Keep unreferenced files younger than this (at least 1 hour; time travel reaches this far back).")
+@click.option("--retention-hours", type=click.FloatRange(min=MIN_RETENTION_HOURS, max=MAX_RETENTION_HOURS),
+              default=DEFAULT_RETENTION_HOURS, show_default=True,
+              help=f"Keep unreferenced files younger than this ({MIN_RETENTION_HOURS} hour to a century; time travel "
+                   "reaches this far back).")
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
 def vacuum(store_loc: str, retention_hours: float, dry_run: bool) -> None:
     """Reclaim disk: delete files the table no longer references (replaced by compaction, or left by a crash).

@@ -113,6 +113,28 @@ async def read_json(request: web.Request, max_bytes: int) -> Any:
     return decode_json(raw)
 
 
+def header_text(request: web.Request, name: str) -> str | None:
+    """Header `name` as text; None when absent or not UTF-8 (aiohttp keeps undecodable bytes as
+    surrogate escapes, which no comparison or encoder takes: such a header is no credential)."""
+    value = request.headers.get(name)
+    if value is None:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return value
+
+
+def bearer_token(request: web.Request) -> str | None:
+    """The token of `Authorization: Bearer TOKEN` (the scheme in any case, as HTTP says); None when
+    there is no such header, it names another scheme, or it is not UTF-8. Every server's
+    credential check starts here, so a malformed header is the caller's 401, never a 500."""
+    value = header_text(request, "Authorization")
+    scheme, _, token = (value or "").strip().partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
 def check_control(request: web.Request) -> None:
     """A control route's caller must send JSON, and no other site's `Origin` (see the module docstring)."""
     check_origin(request)

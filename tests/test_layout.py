@@ -295,3 +295,34 @@ def test_cli_option_defaults_are_read_from_the_settings(command: str, settings: 
             if field in fields | {f.removesuffix("_s") for f in fields} and isinstance(default, ast.Constant):
                 typed.append(f"--{field}")
     assert typed == [], f"{command}: defaults typed again instead of read from {name}: {typed}"
+
+
+def raw_fsync_calls(path: Path) -> list[int]:
+    """Lines of `path` that call fsync themselves (`os.fsync(...)`, or a bare `fsync(...)` imported from os)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if (isinstance(f, ast.Attribute) and f.attr in ("fsync", "fdatasync") and isinstance(f.value, ast.Name)
+                    and f.value.id == "os") or (isinstance(f, ast.Name) and f.id in ("fsync", "fdatasync")):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and \
+                any(a.name in ("fsync", "fdatasync") for a in node.names):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_only_the_durable_helper_calls_fsync() -> None:
+    """Durability has one implementation (trajstore/durable.py); everything else goes through it."""
+    helper = ROOT / "trajstore" / "durable.py"
+    files = [f for d in ("trajstore", "collectors", "learner", "cli", "benchmarks", "tests")
+             for f in sorted((ROOT / d).rglob("*.py"))]
+    offenders = {str(f.relative_to(ROOT)): raw_fsync_calls(f) for f in files if f != helper}
+    assert not {k: v for k, v in offenders.items() if v}, "call trajstore.durable (sync_file, fsync_path) instead"
+    assert raw_fsync_calls(helper), "the checker sees the helper's own calls"
+
+
+def test_the_fsync_checker_sees_each_spelling(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\nfrom os import fsync\nos.fsync(1)\nfsync(2)\nos.fdatasync(3)\nfsync_path(4)\n")
+    assert raw_fsync_calls(probe) == [2, 3, 4, 5]

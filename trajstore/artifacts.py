@@ -20,6 +20,9 @@ Promises:
   naming the file. Collectors sharing a cache on one host serialize on an exclusive `flock` of
   `CACHE/.lock-KEY`: one downloads, the others then find its copy. A lock dies with its process,
   so a fetch killed midway never blocks the next one, which first removes its leftovers.
+- On a shared disk, `fetch` reads plain files only: a symbolic link anywhere below the published
+  directory (a file or folder swapped for a link to another file of the server's user) is
+  refused, never followed, and no message tells the size or hash of anything read.
 
 `local_copy` is what a consumer calls with an announcement (path on the publisher's host, URI,
 digest): the announced path when this host's disk holds that very directory, else a verified copy
@@ -39,15 +42,17 @@ store's S3 client.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow.fs as pafs
 
@@ -103,6 +108,48 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes | None:
             return f.read()
     except FileNotFoundError:
         return None
+
+
+def _open_plain(root: str, rel: str) -> BinaryIO:
+    """Open `root/rel` on a local disk, refusing a symbolic link anywhere below `root` and anything
+    but a regular file at the end: a published directory a collector fetches from must not reach
+    other files of the server's user (their sizes and hashes, or their bytes into the cache).
+
+    Each component is opened relative to its parent with O_NOFOLLOW, so a link swapped in between
+    a check and the open is refused too. Raises FileNotFoundError, or ArtifactError for a link."""
+    parts = PurePosixPath(rel).parts
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_NONBLOCK if last else os.O_DIRECTORY)
+            try:
+                child = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                link = exc.errno in (errno.ELOOP, errno.ENOTDIR) and stat.S_ISLNK(
+                    os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode)
+                if not link:
+                    raise
+                raise ArtifactError(f"{'/'.join(parts[:i + 1])} is a symbolic link; a published directory holds "
+                                    "plain files only, so it is not read: publish it again") from None
+            os.close(fd)
+            fd = child
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ArtifactError(f"{rel} is not a plain file; a published directory holds plain files only, so it is "
+                                "not read: publish it again")
+        f = os.fdopen(fd, "rb")
+        fd = -1
+        return f
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _open_published(fs: pafs.FileSystem, root: str, rel: str) -> BinaryIO:
+    """A file of a published directory, for reading: on a local disk only a plain file (`_open_plain`)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return _open_plain(root, rel)
+    return fs.open_input_stream(f"{root}/{rel}")  # type: ignore[return-value]  # object stores have no links
 
 
 def upload(local: str | os.PathLike[str], uri: str, *, exclude: Collection[str] = (),
@@ -166,9 +213,11 @@ def _entries(data: bytes, uri: str) -> dict[str, dict[str, Any]]:
     except (ValueError, KeyError, TypeError):
         ok = False
     if ok:
+        directories = {str(parent) for rel in files for parent in PurePosixPath(rel).parents}
         for rel in files:
             parts = PurePosixPath(rel).parts
-            if not parts or PurePosixPath(rel).is_absolute() or ".." in parts or rel == MANIFEST:
+            if (not parts or PurePosixPath(rel).is_absolute() or ".." in parts or rel == MANIFEST
+                    or rel != PurePosixPath(rel).as_posix() or rel in directories):  # a file is nobody's folder
                 ok = False
     if not ok:
         raise ArtifactError(f"{uri}/{MANIFEST} is not a manifest trajstore wrote (damaged or foreign); "
@@ -176,21 +225,36 @@ def _entries(data: bytes, uri: str) -> dict[str, dict[str, Any]]:
     return files
 
 
-def _download(fs: pafs.FileSystem, src: str, dest: Path, entry: Mapping[str, Any], uri: str, rel: str) -> None:
+def _download(fs: pafs.FileSystem, root: str, dest: Path, entry: Mapping[str, Any], uri: str, rel: str) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     h, size = hashlib.sha256(), 0
     try:
-        with fs.open_input_stream(src) as f, open(dest, "wb") as out:
+        with _open_published(fs, root, rel) as f, open(dest, "wb") as out:
             while chunk := f.read(_CHUNK):
                 h.update(chunk)
                 size += len(chunk)
                 out.write(chunk)
     except FileNotFoundError as exc:
         raise ArtifactError(f"{uri} is damaged: {rel}, listed in its manifest, is missing; publish it again") from exc
-    if size != entry["size"] or h.hexdigest() != entry["sha256"]:
-        raise ArtifactError(f"{uri} is damaged: {rel} has {size} bytes (sha256 {h.hexdigest()[:12]}...) but its "
-                            f"manifest says {entry['size']} bytes (sha256 {entry['sha256'][:12]}...); "
-                            "publish it again")
+    except ArtifactError as exc:
+        raise ArtifactError(f"{uri} is damaged: {exc}") from None
+    # Neither the size nor the hash of what was read is told: that would describe a file the
+    # caller may not read (a published file swapped for another on a shared disk).
+    if size != entry["size"]:
+        raise ArtifactError(f"{uri} is damaged: {rel} does not have the size its manifest says; publish it again")
+    if h.hexdigest() != entry["sha256"]:
+        raise ArtifactError(f"{uri} is damaged: {rel} does not have the sha256 its manifest says; publish it again")
+
+
+def _read_manifest(fs: pafs.FileSystem, root: str, uri: str) -> bytes | None:
+    """A published directory's manifest (None when there is none), read as its files are."""
+    try:
+        with _open_published(fs, root, MANIFEST) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except ArtifactError as exc:
+        raise ArtifactError(f"{uri} is damaged: {exc}") from None
 
 
 @contextlib.contextmanager
@@ -224,20 +288,20 @@ def fetch(uri: str, cache: str | os.PathLike[str], *, expect: str | None = None,
             os.utime(final)  # recently used: `prune` keeps it
             return final
         fs, root = directory(uri, storage_options=dict(storage_options or {}))
-        data = _read(fs, f"{root}/{MANIFEST}")
+        data = _read_manifest(fs, root, uri)
         if data is None:
             raise ArtifactError(f"{uri} has no {MANIFEST}: its upload has not finished (or was cut short), so it "
                                 "is not read, and the learner uploads it again when it restarts; or nothing was "
                                 "published there (check the URI's bucket and prefix)")
         if expect is not None and digest(data) != expect:
-            raise ArtifactError(f"{uri}/{MANIFEST} is not the one announced (sha256 {digest(data)[:12]}..., "
-                                f"announced {expect[:12]}...): the directory was replaced after it was published")
+            raise ArtifactError(f"{uri}/{MANIFEST} is not the one announced (announced sha256 {expect[:12]}...): "
+                                "the directory was replaced after it was published")
         files = _entries(data, uri)
         for old in cache.glob(f"{_PARTIAL}{key}-*"):  # what a killed fetch left
             shutil.rmtree(old, ignore_errors=True)
         with staged_directory(final, _PARTIAL, replace=True) as tmp:  # replace: a stale copy of a replaced directory
             for rel, entry in files.items():
-                _download(fs, f"{root}/{rel}", tmp / rel, entry, uri, rel)
+                _download(fs, root, tmp / rel, entry, uri, rel)
             (tmp / MANIFEST).write_bytes(data)
     return final
 

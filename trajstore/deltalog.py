@@ -72,7 +72,9 @@ def read_entry(location: Location, version: int) -> list[dict[str, Any]] | None:
     with location.filesystem.open_input_file(path) as f:
         text = f.read()
     actions = []
-    for number, line in enumerate(text.decode("utf-8", errors="replace").splitlines(), start=1):
+    # Lines end at "\n" only: str.splitlines() also splits at U+0085 and U+2028, which a JSON
+    # string may hold unescaped (a statistic of a name that contains one).
+    for number, line in enumerate(text.decode("utf-8", errors="replace").split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -200,9 +202,19 @@ def find_damage(location: Location) -> str | None:
 # ---------------------------------------------------------------------------- file statistics
 
 
+def stat_time(value: datetime) -> str:
+    """A time statistic as the log writes it: UTC, milliseconds, a four-digit year.
+
+    The year is padded by hand: `strftime("%Y")` writes year 1 as "1" on Linux, which delta-rs
+    reads back as no statistic at all, so the file's statistics no longer matched its name.
+    """
+    value = value.astimezone(timezone.utc)
+    return f"{value.year:04d}-{value:%m-%dT%H:%M:%S}.{value.microsecond // 1000:03d}Z"
+
+
 def _stat_text(value: Any) -> str:
     if isinstance(value, datetime):
-        value = value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        value = stat_time(value)
     return json.dumps(value, separators=(",", ":"))
 
 

@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -22,6 +23,12 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_file(f: IO[Any]) -> None:
+    """Flush an open file's buffer and fsync its data."""
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def fsync_tree(root: Path) -> None:
@@ -36,8 +43,7 @@ def write_durably(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+        sync_file(f)
     os.replace(tmp, path)
     fsync_path(path.parent)
 

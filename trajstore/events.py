@@ -278,15 +278,26 @@ def _check_token_values(rec: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+# The latest time the store keeps: sealed files record the newest time rounded up to the
+# millisecond (Delta's statistics resolution), and that must still be a time Python can hold.
+LAST_TIME = datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=timezone.utc)
+
+
 def _to_time(value: Any, now: datetime) -> datetime:
     if value is None:
         return now
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
     if isinstance(value, str):
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
-    raise TypeError(f"time must be an ISO 8601 string or a datetime, got {value!r}")
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if not isinstance(value, datetime):
+        raise TypeError(f"time must be an ISO 8601 string or a datetime, got {value!r}")
+    try:
+        value = value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    except OverflowError:
+        raise ValueError(f"{value.isoformat()} falls outside years 1-9999 in UTC") from None
+    if value > LAST_TIME:
+        raise ValueError(f"{value.isoformat()} is after {LAST_TIME.isoformat(timespec='milliseconds')}, "
+                         "the latest time the store keeps")
+    return value
 
 
 _JSON_ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode  # what json.dumps builds per call

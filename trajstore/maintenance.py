@@ -105,7 +105,7 @@ def compact(location: Location, table: Table, *, target_bytes: int = 128 << 20, 
     version = None
     rewritten = 0
     for group in bins:
-        data = table.open_dataset(group).to_table()
+        data = table.read(group)
         add = table.write_file(data, prefix="compact", data_change=False)
         now = int(time.time() * 1000)
         removes = [RemoveAction(f.path, False, now, f.size, {}) for f in group]
@@ -122,6 +122,9 @@ def compact(location: Location, table: Table, *, target_bytes: int = 128 << 20, 
 
 
 MIN_RETENTION_HOURS = 1
+# A century: longer than any table lives, so nothing is deleted, and within what delta-rs's clock
+# arithmetic takes (a retention near 1e15 hours panicked inside it; inf and 1e308 overflowed here).
+MAX_RETENTION_HOURS = 24 * 365 * 100
 DEFAULT_RETENTION_HOURS = 168  # Delta's default deleted-file retention: one week
 
 
@@ -140,6 +143,9 @@ def vacuum(location: Location, table: Table, *, retention_hours: float = DEFAULT
         raise ValueError(f"retention_hours must be at least {MIN_RETENTION_HOURS} (got {retention_hours}): a shorter "
                          "retention could delete a file a running writer has written but not committed yet, or one "
                          "a read pinned a moment ago still needs")
+    if not retention_hours <= MAX_RETENTION_HOURS:
+        raise ValueError(f"retention_hours must be at most {MAX_RETENTION_HOURS} (a century; got {retention_hours}): "
+                         "to keep every file, do not vacuum")
     dt = table.current()
     hours = int(math.ceil(retention_hours))
     candidates = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False, full=True)

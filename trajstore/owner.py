@@ -29,7 +29,7 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from trajstore.durable import fsync_path
+from trajstore.durable import fsync_path, sync_file
 from trajstore.errors import CorruptionError, WriterBusyError
 from trajstore.table import Table
 
@@ -45,8 +45,7 @@ def spool_id(wal_root: Path) -> int:
         tmp = wal_root / f"{SPOOL_ID_FILE}.{secrets.token_hex(4)}"
         with open(tmp, "w") as f:
             f.write(f"{secrets.randbits(62) + 1}\n")
-            f.flush()
-            os.fsync(f.fileno())
+            sync_file(f)
         try:
             os.link(tmp, path)  # create-if-absent: a racing process's id wins, and both read it below
         except FileExistsError:

@@ -8,7 +8,10 @@ segment sealed and deleted in between is already in the table.
 
 Reads are read-only: once a snapshot's views are set up, DuckDB's external access is turned
 off and its configuration locked, so no SQL can write or read files (`COPY ... TO`, `ATTACH`,
-`read_csv`, `EXPORT DATABASE`, extensions), or turn that back on. Results leave the store
+`read_csv`, `EXPORT DATABASE`, extensions), or turn that back on. DuckDB keeps its temp
+directory (where big sorts and joins spill) readable and writable even then, and its default
+is `.tmp` in the working directory: each process spills into its own private directory
+instead (mode 0700, removed at exit), so SQL cannot reach a shared one. Results leave the store
 only through the caller (`trajstore query --output`). What a statement can still create
 (a table, a view) lives in the snapshot's own in-memory database and ends with it.
 
@@ -19,6 +22,10 @@ is raised only when a checksum or a format check of the pinned files says so.
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -50,8 +57,7 @@ def rows_where(table: Table, files: Sequence[FileInfo], live: pa.Table, column: 
     column (those not in `columns` are null, so the views still bind). Choose `files` with
     `files_covering` first: this reads what it is given."""
     keep = pa.array(list(values), pa.string())
-    sealed = table.open_dataset(list(files)).to_table(filter=pc.field(column).isin(keep),
-                                                      columns=list(columns) if columns is not None else None)
+    sealed = table.read(files, filter=pc.field(column).isin(keep), columns=columns)
     return _with_all_columns(sealed, live.filter(pc.is_in(live.column(column), value_set=keep)), columns)
 
 
@@ -109,6 +115,14 @@ class Pinned:
         return self.table.version
 
 
+@functools.cache
+def _spill_directory() -> str:
+    """This process's private directory for DuckDB's spills, made on first use and removed at exit."""
+    path = tempfile.mkdtemp(prefix="trajstore-duckdb-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 class Snapshot:
     """One consistent view of the store over DuckDB: a pinned version plus live rows. Query it many times.
 
@@ -120,6 +134,7 @@ class Snapshot:
         self._table = table
         self._con = duckdb.connect()
         self._con.execute("SET TimeZone = 'UTC'")
+        self._con.execute("SET temp_directory = ?", [_spill_directory()])  # not the shared ./.tmp
         self.repin(pinned, files=files)
         create_views(self._con)
         self._con.execute("SET enable_external_access = false")  # no file or network I/O from SQL ...
@@ -154,31 +169,19 @@ class Snapshot:
         except _STATEMENT_ERRORS as exc:
             raise QueryError(self._query_failed(exc)) from exc
         except duckdb.Error as exc:
-            damage = self._damage()
+            damage = self._table.damage(self.files)
             if damage is not None:
-                raise CorruptionError(f"{damage}; run `trajstore verify` for a full report") from exc
+                raise CorruptionError(damage) from exc
             raise QueryError(self._query_failed(exc)) from exc
 
     @staticmethod
     def _query_failed(exc: Exception) -> str:
         return f"query failed: {exc}\nThe views are: {', '.join(VIEW_NAMES)}."
 
-    def _damage(self) -> str | None:
-        """The first damaged sealed file of this snapshot, by its checksums; None when all are whole."""
-        for f in self.files:
-            try:
-                for _ in self._table.open_dataset([f]).to_batches():
-                    pass
-            except CorruptionError as exc:
-                return str(exc)
-            except (OSError, pa.ArrowException) as exc:
-                return f"sealed file {f.path} fails its page checksums or cannot be decoded ({exc})"
-        return None
-
     def read_files(self, files: Iterable[FileInfo], *, columns: Sequence[str],
                    filter: pc.Expression | None = None) -> pa.Table:  # noqa: A002 - pyarrow's name
         """Columns of some of the pinned version's sealed files, read directly (checksums verified), without the views."""
-        return self._table.open_dataset(list(files)).to_table(columns=list(columns), filter=filter)
+        return self._table.read(files, columns=columns, filter=filter)
 
     def register(self, name: str, data: pa.Table) -> None:
         self._con.register(name, data)
@@ -207,8 +210,7 @@ class Snapshot:
         """Point the views at every event of the pinned version, reading only `columns` (the rest are
         null): for aggregations over a whole run that need no token lists or JSON. Returns the rows."""
         files = self.pinned.table.files
-        rows = _with_all_columns(self._table.open_dataset(list(files)).to_table(columns=list(columns)),
-                                 self.pinned.live, columns)
+        rows = _with_all_columns(self._table.read(files, columns=columns), self.pinned.live, columns)
         self.use_rows(rows)
         self.files = tuple(files)
         return rows
@@ -305,6 +307,5 @@ class Reader:
         files = files_covering(pinned.table.files, "rollout_id", [rollout_id])
         if not files:
             return False
-        found = self.table.open_dataset(files).to_table(columns=["rollout_id"],
-                                                          filter=ds.field("rollout_id") == rollout_id)
+        found = self.table.read(files, columns=["rollout_id"], filter=ds.field("rollout_id") == rollout_id)
         return found.num_rows > 0

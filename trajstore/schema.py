@@ -50,6 +50,7 @@ EVENT_SCHEMA: pa.Schema = pa.schema(
     metadata={"trajstore.schema": f"events.v{SCHEMA_VERSION}"},
 )
 COLUMNS: tuple[str, ...] = tuple(EVENT_SCHEMA.names)
+INT64_MAX = 2**63 - 1  # the largest version, step or seq a column holds (and SQL's BIGINT)
 
 KINDS: frozenset[str] = frozenset(SPEC["kinds"])
 STATUSES: frozenset[str] = frozenset(SPEC["statuses"])

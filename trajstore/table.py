@@ -21,7 +21,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -79,10 +79,8 @@ def sealed_seq(dt: DeltaTable, writer: str) -> int:
     return -1 if version is None else int(version)
 
 
-def _stat_value(value: Any, column: str) -> Any:
-    if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    return value
+def _stat_value(value: Any) -> Any:
+    return deltalog.stat_time(value) if isinstance(value, datetime) else value
 
 
 def file_stats(table: pa.Table) -> dict[str, Any]:
@@ -99,8 +97,8 @@ def file_stats(table: pa.Table) -> dict[str, Any]:
         lo, hi = mm["min"], mm["max"]
         if name == "time":  # Delta keeps milliseconds: floor the min, ceil the max
             hi = hi + timedelta(microseconds=(1000 - hi.microsecond % 1000) % 1000)
-        mins[name] = _stat_value(lo, name)
-        maxs[name] = _stat_value(hi, name)
+        mins[name] = _stat_value(lo)
+        maxs[name] = _stat_value(hi)
     return {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
 
@@ -236,8 +234,8 @@ class Table:
         found: set[str] = set()
         if covering:
             keep = pa.array(wanted, pa.string())
-            found = set(self.open_dataset(covering).to_table(
-                columns=["event_id"], filter=pc.field("event_id").isin(keep)).column("event_id").to_pylist())
+            found = set(self.read(covering, columns=["event_id"], filter=pc.field("event_id").isin(keep))
+                        .column("event_id").to_pylist())
         return [e for e in wanted if e not in found]
 
     # ------------------------------------------------------------------ write / commit
@@ -265,7 +263,8 @@ class Table:
         if not self.location.remote:
             fsync_path(path)
         self._verified.add(name)
-        return AddAction(name, len(body), {}, int(time.time() * 1000), data_change, json.dumps(stats))
+        return AddAction(name, len(body), {}, int(time.time() * 1000), data_change,
+                         json.dumps(stats, ensure_ascii=False))
 
     def commit(self, actions: list[AddAction | RemoveAction], *, operation: str,
                writer_txn: tuple[str, int] | None = None,
@@ -332,6 +331,37 @@ class Table:
                 fragments.append(fragment)
         return ds.FileSystemDataset(fragments, schema=EVENT_SCHEMA, format=_FORMAT,
                                     filesystem=self.location.filesystem)
+
+
+    def read(self, files: Iterable[FileInfo], *, columns: Sequence[str] | None = None,
+             filter: ds.Expression | None = None) -> pa.Table:  # noqa: A002 - pyarrow's name
+        """Rows of sealed `files` (footers and page checksums verified). A damaged file raises
+        CorruptionError naming it and the fix (`damage`), whoever reads: query, replay, the
+        learner's shards, the viewer and maintenance report damage the same way."""
+        files = list(files)
+        try:
+            return self.open_dataset(files).to_table(columns=list(columns) if columns is not None else None,
+                                                     filter=filter)
+        except (OSError, pa.ArrowException) as exc:
+            found = self.damage(files)
+            if found is None:
+                raise
+            raise CorruptionError(found) from exc
+
+    def damage(self, files: Iterable[FileInfo]) -> str | None:
+        """What is wrong with the first damaged one of `files`, by its checksums, with the fix; None
+        when all of them read whole."""
+        for f in files:
+            try:
+                for _ in self.open_dataset([f]).to_batches():
+                    pass
+            except CorruptionError as exc:
+                return str(exc)
+            except (OSError, pa.ArrowException) as exc:
+                return (f"sealed file {f.path} fails its page checksums or cannot be decoded ({exc}); it was "
+                        f"damaged after writing. `trajstore verify --store {self.location.uri}` lists every "
+                        "damaged file; restore them from a backup")
+        return None
 
 
 _FORMAT = ds.ParquetFileFormat(

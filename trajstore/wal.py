@@ -39,7 +39,6 @@ keep a `SegmentRead` pass it back to read only what was appended since (`previou
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from trajstore.durable import fsync_path
+from trajstore.durable import fsync_path, sync_file
 from trajstore.errors import CorruptionError
 from trajstore.schema import EVENT_SCHEMA
 
@@ -124,8 +123,7 @@ class SegmentWriter:
         self.bytes_written = self._file.tell()
 
     def sync(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        sync_file(self._file)
 
     def close(self) -> None:
         if not self._file.closed:
@@ -413,8 +411,7 @@ def truncate_torn_tail(read: SegmentRead) -> None:
     if read.torn:
         with open(read.path, "r+b") as f:
             f.truncate(read.good_bytes)
-            f.flush()
-            os.fsync(f.fileno())
+            sync_file(f)
 
 
 def list_segments(directory: Path) -> list[Path]:

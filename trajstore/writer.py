@@ -176,8 +176,8 @@ def sealed_event_ids(table: Table, name: str, *, after_seq: int = -1) -> list[st
              and f.max.get("writer_seq", after_seq + 1) > after_seq]
     if not files:
         return []
-    rows = table.open_dataset(files).to_table(
-        columns=["event_id", "writer_seq"], filter=(ds.field("writer") == name) & (ds.field("writer_seq") > after_seq))
+    rows = table.read(files, columns=["event_id", "writer_seq"],
+                      filter=(ds.field("writer") == name) & (ds.field("writer_seq") > after_seq))
     return rows.sort_by("writer_seq").column("event_id").to_pylist()
 
 

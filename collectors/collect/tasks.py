@@ -84,7 +84,8 @@ def _rows(path: Path) -> list[tuple[str, Any]]:
         rows = pq.read_table(path).to_pylist()
         return [(f"row {i + 1}", {k: v for k, v in row.items() if v is not None}) for i, row in enumerate(rows)]
     out: list[tuple[str, Any]] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    # Lines end at "\n" only: splitlines() also splits inside JSON strings holding U+2028 or U+0085.
+    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -76,6 +76,7 @@ from collectors.serving import (
     BadRequest,
     ClientGone,
     app_in_thread,
+    bearer_token,
     check_control,
     read_json,
     run_until_interrupted,
@@ -255,8 +256,8 @@ def _is_loopback(remote: str | None) -> bool:
 async def load_weights(request: web.Request) -> web.Response:
     engine, token = request.app[ENGINE], request.app[CONTROL_TOKEN]
     if token:
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        given = bearer_token(request)
+        if given is None or not hmac.compare_digest(given.encode(), token.encode()):
             raise RequestError("load_weights needs this server's control token: send `Authorization: Bearer TOKEN` "
                                "(the --control-token the server was started with; `trajstore collect` sends its "
                                "--control-token)", status=401, kind="AuthenticationError")

@@ -67,7 +67,9 @@ from collectors.serving import (
     BadRequest,
     ClientGone,
     app_in_thread,
+    bearer_token,
     check_control,
+    header_text,
     read_json,
     run_until_interrupted,
     start_app,
@@ -199,12 +201,7 @@ async def _body(request: web.Request) -> Any:
 
 
 def _header_keys(request: web.Request) -> list[str]:
-    keys = []
-    auth = request.headers.get("Authorization", "")
-    if auth.lower().startswith("bearer "):
-        keys.append(auth[7:].strip())
-    if request.headers.get("x-api-key"):
-        keys.append(request.headers["x-api-key"].strip())
+    keys = [key for key in (bearer_token(request), (header_text(request, "x-api-key") or "").strip()) if key]
     return keys
 
 

@@ -48,6 +48,7 @@ from collectors.viewer.data import (
 from collectors.viewer.listing import ORDERS, STATUSES, FilterError, RolloutFilter, list_rollouts
 from trajstore import Snapshot, Store
 from trajstore.errors import TrajstoreError
+from trajstore.schema import INT64_MAX
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -82,7 +83,8 @@ def _environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = _num
     env.filters["dur"] = lambda s: "" if s is None else (f"{s:.2f} s" if s < 60 else f"{s / 60:.1f} min")
-    env.filters["when"] = lambda t: "" if t is None else t.strftime("%Y-%m-%d %H:%M:%S")
+    # the year by hand: strftime("%Y") writes year 1 as "1" on Linux
+    env.filters["when"] = lambda t: "" if t is None else f"{t.year:04d}-{t:%m-%d %H:%M:%S}"
     env.filters["short"] = lambda s, n=14: "" if s is None else (s if len(s) <= n + 1 else s[:n] + "…")
     env.filters["pretty"] = lambda v: json.dumps(v, indent=1, sort_keys=True, default=str)
     env.globals["quote"] = lambda s: quote(str(s), safe="")
@@ -144,7 +146,7 @@ def _version(request: web.Request) -> int | None:
         version = int(raw)
     except ValueError:
         raise BadRequest(f"v={raw!r} is not a table version (an integer >= 0); drop it for the latest") from None
-    if version < 0:
+    if not 0 <= version <= INT64_MAX:
         raise BadRequest(f"v={version} is not a table version (an integer >= 0); drop it for the latest")
     return version
 

@@ -31,6 +31,7 @@ prune files, so a rare status may read far back before the page fills.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -41,7 +42,7 @@ import pyarrow.compute as pc
 
 from collectors.errors import CollectorError
 from trajstore.read import Snapshot, files_covering
-from trajstore.schema import EVENT_SCHEMA
+from trajstore.schema import EVENT_SCHEMA, INT64_MAX
 from trajstore.table import FileInfo
 
 Order = Literal["newest", "oldest", "reward_desc", "reward_asc", "duration_desc", "turns_desc", "tokens_desc"]
@@ -107,6 +108,12 @@ class RolloutFilter:
             except ValueError:
                 problems.append(f"{name}={value!r} is not {'an integer' if kind is int else 'a number'}")
                 return None
+            if kind is float and not math.isfinite(out):
+                problems.append(f"{name}={value!r} is not a finite number")
+                return None
+            if kind is int and out > INT64_MAX:
+                problems.append(f"{name}={value} is over {INT64_MAX}")
+                return None
             if lo is not None and out < lo:
                 problems.append(f"{name}={value!r} must be >= {lo}")
                 return None
@@ -125,7 +132,7 @@ class RolloutFilter:
             stamp, _, rid = after.partition("|")
             try:
                 cursor = (datetime.fromisoformat(stamp).astimezone(timezone.utc), rid)
-            except ValueError:
+            except (ValueError, OverflowError):  # not a time, or one that leaves years 1-9999 in UTC
                 problems.append(f"after={after!r} is not a cursor of this page (use the next-page link)")
             if not rid:
                 problems.append(f"after={after!r} is not a cursor of this page (use the next-page link)")

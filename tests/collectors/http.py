@@ -20,9 +20,16 @@ class Reply:
 
 
 def call(method: str, url: str, payload: Any = None, data: bytes | None = None, timeout: float = 120) -> Reply:
+    return call_with(method, url, payload, {}, data=data, timeout=timeout)
+
+
+def call_with(method: str, url: str, payload: Any, headers: dict[str, str], *, data: bytes | None = None,
+              timeout: float = 120) -> Reply:
+    """`call` with extra headers (their text is sent as Latin-1 bytes, so "\xff" sends the byte 0xff)."""
     if payload is not None:
         data = json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
+                                                                         **headers})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             status, headers, raw = r.status, dict(r.headers), r.read()

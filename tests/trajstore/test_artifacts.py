@@ -72,7 +72,7 @@ def test_an_unfinished_or_damaged_upload_is_never_used(published: tuple[Path, st
     s3_server.put(f"{uri}/{artifacts.MANIFEST}", manifest)
 
     s3_server.put(f"{uri}/model.safetensors", b"torn")
-    with pytest.raises(ArtifactError, match=r"is damaged: model.safetensors has 4 bytes"):
+    with pytest.raises(ArtifactError, match=r"is damaged: model.safetensors does not have the size its manifest says"):
         artifacts.fetch(uri, cache, expect=digest)
     s3_server.put(f"{uri}/model.safetensors", (local / "model.safetensors").read_bytes())
     s3_server.put(f"{uri}/tok/vocab.json", None)
@@ -135,3 +135,65 @@ def test_a_directory_every_host_mounts_works_the_same(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(ArtifactError, match="cannot publish to"):
         artifacts.check_destination(str(tmp_path / "file" / "ckpts"))
+
+
+def _shared_publish(tmp_path: Path) -> tuple[Path, str]:
+    """A directory published on a disk every host mounts (a path, not S3), and its digest."""
+    local = tmp_path / "learner" / "v000001"
+    (local / "tok").mkdir(parents=True)
+    (local / "config.json").write_text("{}\n")
+    (local / "tok" / "vocab.json").write_text("{}\n")
+    shared = tmp_path / "nfs" / "v000001"
+    return shared, artifacts.upload(local, str(shared))
+
+
+@pytest.mark.parametrize("linked", ["config.json", "tok", artifacts.MANIFEST])
+def test_a_symlink_in_a_published_directory_is_refused_and_nothing_of_its_target_told(
+        tmp_path: Path, linked: str) -> None:
+    """Someone who can write the shared directory swaps a file (or a folder) for a link to the server
+    user's private file: the fetch must neither copy it nor tell its size or hash."""
+    shared, digest = _shared_publish(tmp_path)
+    secret = tmp_path / "home" / "private"
+    secret.mkdir(parents=True)
+    (secret / "vocab.json").write_text("{}\n")  # the very bytes the manifest lists: a hash match
+    (secret / "config.json").write_text("{}\n")
+    (secret / artifacts.MANIFEST).write_bytes((shared / artifacts.MANIFEST).read_bytes())
+    target = secret if linked == "tok" else secret / linked
+    victim = shared / linked
+    if victim.is_dir():
+        for f in victim.iterdir():
+            f.unlink()
+        victim.rmdir()
+    else:
+        victim.unlink()
+    victim.symlink_to(target)
+    cache = tmp_path / "cache"
+    with pytest.raises(ArtifactError, match=f"{linked} is a symbolic link") as err:
+        artifacts.fetch(str(shared), cache, expect=digest)
+    assert "sha256 " not in str(err.value).replace("announced sha256", "") and "bytes" not in str(err.value)
+    assert not [p for p in cache.iterdir() if not p.name.startswith(".lock-")], "nothing was copied into the cache"
+
+
+def test_a_damaged_file_message_tells_nothing_about_what_was_read(tmp_path: Path) -> None:
+    shared, digest = _shared_publish(tmp_path)
+    (shared / "config.json").write_text("the server user's secret\n")
+    with pytest.raises(ArtifactError, match="config.json does not have the size its manifest says") as err:
+        artifacts.fetch(str(shared), tmp_path / "cache", expect=digest)
+    assert "25" not in str(err.value) and "sha256 " not in str(err.value)
+    (shared / "config.json").write_text("[]\n")  # same size, other bytes
+    with pytest.raises(ArtifactError, match="config.json does not have the sha256 its manifest says") as err:
+        artifacts.fetch(str(shared), tmp_path / "cache", expect=digest)
+    actual = artifacts.digest(b"[]\n")
+    assert actual[:8] not in str(err.value)
+    with pytest.raises(ArtifactError, match="is not the one announced") as err:
+        artifacts.fetch(str(shared), tmp_path / "cache", expect="0" * 64)
+    assert artifacts.digest((shared / artifacts.MANIFEST).read_bytes())[:8] not in str(err.value)
+
+
+def test_a_manifest_naming_a_file_and_a_file_inside_it_is_refused(tmp_path: Path) -> None:
+    shared, _ = _shared_publish(tmp_path)
+    both = {"format": 1, "files": {"config.json": {"size": 3, "sha256": "x"},
+                                   "config.json/x": {"size": 3, "sha256": "x"}}}
+    (shared / artifacts.MANIFEST).write_text(json.dumps(both))
+    with pytest.raises(ArtifactError, match="not a manifest trajstore wrote"):
+        artifacts.fetch(str(shared), tmp_path / "cache")

@@ -97,3 +97,40 @@ def test_damage_met_while_querying_is_corruption_named_by_the_checksums(tmp_path
     with pytest.raises(trajstore.QueryError) as err:  # a mistake in SQL is still a mistake in SQL
         fresh.query("SELECT parquet FROM events")
     assert not isinstance(err.value, CorruptionError)
+
+
+def _every_read_path(store: trajstore.Store) -> dict[str, object]:
+    """Each way a caller reads sealed rows: replay and the viewer narrow, the viewer projects,
+    the learner takes shards, the collector asks what is stored."""
+    def narrow() -> object:
+        with store.snapshot() as snap:
+            return snap.narrow("rollout_id", ["r7"])
+
+    def project() -> object:
+        with store.snapshot() as snap:
+            return snap.project(["rollout_id", "prompt_ids", "output_ids", "output_logprobs"])
+
+    def read_files() -> object:
+        with store.snapshot() as snap:
+            return snap.read_files(snap.files, columns=["output_ids"])
+
+    return {"narrow": narrow, "project": project, "read_files": read_files,
+            "holds_rollout": lambda: store.holds_rollout("r7"),
+            "shard": lambda: store.shard(policy_version=0, max_staleness=4)}
+
+
+@pytest.mark.parametrize("path", ["narrow", "project", "read_files", "holds_rollout", "shard"])
+def test_every_reader_reports_a_damaged_page_as_querys_damage_report(tmp_path: Path, path: str) -> None:
+    """Replay, learn and the viewer read through these; each names the file and the fix, as `query` does."""
+    _, sealed, _ = sealed_store(tmp_path / "s")
+    data = sealed.read_bytes()
+    pages = len(data) - _footer_span(data)
+    for offset in range(8, pages, pages // 64):  # a page of every column: the footer (checked on open) is intact
+        flip(sealed, offset)
+    fresh = trajstore.open_store(tmp_path / "s")
+    with pytest.raises(CorruptionError) as err:
+        _every_read_path(fresh)[path]()  # type: ignore[operator]
+    with pytest.raises(CorruptionError) as from_query:
+        fresh.query(QUERY)
+    assert str(err.value) == str(from_query.value)
+    assert sealed.name in str(err.value) and f"trajstore verify --store {tmp_path / 's'}" in str(err.value)

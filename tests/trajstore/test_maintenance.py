@@ -72,4 +72,16 @@ def test_a_retention_below_an_hour_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         store.vacuum(retention_hours=0.1)
     result = CliRunner().invoke(main, ["vacuum", "--store", str(tmp_path / "s"), "--retention-hours", "0"])
-    assert result.exit_code == 2 and "0<=" not in result.output and "x>=1" in result.output
+    assert result.exit_code == 2 and "0<=" not in result.output and "1<=x<=876000" in result.output
+
+
+@pytest.mark.parametrize("hours", ["inf", "1e308", "1e15", "nan"])
+def test_a_retention_no_clock_can_hold_is_a_usage_error_not_a_traceback(tmp_path: Path, hours: str) -> None:
+    store = trajstore.open_store(tmp_path / "s")
+    with pytest.raises(ValueError, match="retention_hours must be"):
+        store.vacuum(retention_hours=float(hours))
+    result = CliRunner().invoke(main, ["vacuum", "--store", str(tmp_path / "s"), "--retention-hours", hours])
+    assert result.exit_code in (1, 2) and isinstance(result.exception, SystemExit), result.output
+    assert "--retention-hours" in result.output or "retention_hours must be" in result.output, result.output
+    assert CliRunner().invoke(main, ["vacuum", "--store", str(tmp_path / "s"), "--retention-hours", "876000",
+                                     "--dry-run"]).exit_code == 0

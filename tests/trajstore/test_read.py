@@ -53,6 +53,23 @@ def test_queries_cannot_write_read_files_or_change_settings(tmp_path: Path, stat
     assert store.query("SELECT count(*) AS n FROM events").to_pylist() == [{"n": 3}]
 
 
+def test_queries_cannot_reach_the_working_directorys_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DuckDB allow-lists its temp directory even with external access off; its default is `./.tmp`."""
+    store = small_store(tmp_path / "s")
+    monkeypatch.chdir(tmp_path)
+    shared = tmp_path / ".tmp"
+    shared.mkdir()
+    (shared / "planted.csv").write_text("a\n1\n")
+    with pytest.raises(QueryError, match="file system operations are disabled"):
+        store.query(f"COPY (SELECT * FROM events) TO '{shared / 'x.csv'}'")
+    assert not (shared / "x.csv").exists()
+    for name in (shared / "planted.csv", ".tmp/planted.csv"):
+        with pytest.raises(QueryError, match="file system operations are disabled"):
+            store.query(f"SELECT * FROM read_csv('{name}')")
+    spill = store.query("SELECT current_setting('temp_directory') AS d").column("d")[0].as_py()
+    assert Path(spill).is_dir() and Path(spill).stat().st_mode & 0o077 == 0  # this process's, private
+
+
 def test_a_write_attempt_says_how_to_export(tmp_path: Path) -> None:
     store = small_store(tmp_path / "s")
     with pytest.raises(QueryError, match="read-only.*--output FILE"):

@@ -155,6 +155,9 @@ def test_task_file_reports_every_bad_line(tmp_path: Path) -> None:
 
     pq.write_table(pa.Table.from_pylist([{"id": "p1", "prompt": "x", "answer": "1"}]), tmp_path / "t.parquet")
     assert load_tasks(tmp_path / "t.parquet") == [{"id": "p1", "prompt": "x", "answer": "1"}]
+    # a line break only ends a line at "\n": JSON strings may hold U+2028 and U+0085 unescaped (and \r\n ends are fine)
+    path.write_text('{"prompt": "a\u2028b\u0085c"}\r\n{"prompt": "d"}\n', encoding="utf-8")
+    assert [t["prompt"] for t in load_tasks(path)] == ["a\u2028b\u0085c", "d"]
 
 
 def test_settings_report_every_problem_at_once(tmp_path: Path) -> None:

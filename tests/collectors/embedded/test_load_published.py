@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -142,6 +143,19 @@ def test_a_server_loads_a_version_by_its_published_uri_and_refuses_what_it_canno
     assert status == 422 and "is damaged: model.safetensors" in body["error"]["message"], body
     with fs.open_output_stream(key) as out:
         out.write(weights)
+    assert version(served) == 0 and copies(served.cache) == []
+
+    # a manifest naming a file and a file inside it (both objects exist: S3 has no folders) is refused, a 422
+    plain = b"{}\n"
+    entry = {"size": len(plain), "sha256": hashlib.sha256(plain).hexdigest()}
+    both = json.dumps({"format": 1, "files": {"config.json": entry, "config.json/x": entry}}).encode()
+    for name, data in (("config.json", plain), ("config.json/x", plain), (artifacts.MANIFEST, both)):
+        fs, key = directory(f"s3://{served.bucket}/ckpts/both/{name}", storage_options=served.options)
+        with fs.open_output_stream(key) as out:
+            out.write(data)
+    status, body = load(served, {**v1, "uri": f"s3://{served.bucket}/ckpts/both",
+                                 "digest": hashlib.sha256(both).hexdigest()})
+    assert status == 422 and "not a manifest trajstore wrote" in body["error"]["message"], body
     assert version(served) == 0 and copies(served.cache) == []
 
     # a collector's reloader names the version by its location; the server fetches, the collector does not

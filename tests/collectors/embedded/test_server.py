@@ -235,6 +235,14 @@ def test_a_control_token_opens_load_weights_to_its_holders_only(tiny_model: Path
         for wrong in (None, token + "x"):
             with pytest.raises(WeightLoadError, match="control token"):
                 asyncio.run(load(wrong, 1))
+        body = {"path": str(tiny_model), "version": 1}
+        for header in ("Bearer \xff\xfe", f"Bearer {token}\xff", "\xff"):  # urllib sends these bytes as Latin-1
+            reply = http.call_with("POST", srv.url + "/v1/load_weights", body, {"Authorization": header})
+            assert reply.status == 401 and "control token" in reply.json()["error"]["message"], reply.body
         assert srv.engine.policy_version == 0
-        asyncio.run(load(token, 1))
+        reply = http.call_with("POST", srv.url + "/v1/load_weights", {"path": str(tiny_model), "version": 1},
+                               {"Authorization": f"bearer {token}"})  # the scheme in any case, as HTTP says
+        assert reply.status == 200, reply.body
         assert srv.engine.policy_version == 1
+        asyncio.run(load(token, 2))
+        assert srv.engine.policy_version == 2

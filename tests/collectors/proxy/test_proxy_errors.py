@@ -205,3 +205,19 @@ def test_top_logprobs_are_the_policy_servers_alternatives(proxy: Harness, rollou
         o.chat.completions.create(model=MODEL, messages=USER, top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="at most 20"):
         o.chat.completions.create(model=MODEL, messages=USER, logprobs=True, top_logprobs=21)
+
+
+@pytest.mark.parametrize("header", ["Bearer \xff\xfe", "\xff", "Bearer ts-\xe9\xff"])
+def test_a_non_utf8_authorization_header_is_a_401_and_the_scheme_any_case(proxy: Harness, header: str) -> None:
+    """urllib sends header text as Latin-1, so these arrive as bytes that are not UTF-8."""
+    opened = proxy.open()
+    close_url = f"{proxy.url}/rollouts/{opened['rollout_id']}/close"
+    r = call(close_url, {"status": "completed"}, headers={"Authorization": header})
+    assert r.status == 401 and "api_key" in r.body["error"]["message"], r.body
+    r = call(proxy.url + "/v1/chat/completions", {"model": MODEL, "messages": USER}, headers={"Authorization": header})
+    assert r.status == 401, r.body
+    r = call(proxy.url + "/v1/messages", {"model": MODEL, "max_tokens": 4, "messages": USER},
+             headers={"x-api-key": header})
+    assert r.status == 401 and r.body["type"] == "error", r.body
+    r = call(close_url, {"status": "completed"}, headers={"Authorization": f"BEARER {opened['api_key']}"})
+    assert r.status == 200, r.body

@@ -132,12 +132,38 @@ def test_every_page_renders(viewer: str) -> None:
     ("/rollouts/no-such-rollout", 404, "no rollout 'no-such-rollout'"),
     ("/api/groups/no-such-group", 404, "no group 'no-such-group'"),
     ("/nowhere", 404, "pages: /, /rollouts"),
+    # values at the limits of the types behind them: each a 400 that says what to change, not a 500
+    ("/rollouts?after=0001-01-01T00:00:00%2B01:00|walk-g000-r0", 400, "is not a cursor of this page"),
+    ("/api/rollouts?after=9999-12-31T23:59:59-01:00|x", 400, "is not a cursor of this page"),
+    ("/api/rollouts?order=reward_asc&offset=99999999999999999999999", 400, "offset=99999999999999999999999 is over"),
+    ("/api/rollouts?vmin=99999999999999999999", 400, "vmin=99999999999999999999 is over"),
+    ("/api/rollouts?ckpt=99999999999999999999", 400, "ckpt=99999999999999999999 is over"),
+    ("/api/rollouts?rmin=1e400", 400, "rmin='1e400' is not a finite number"),
+    ("/api/rollouts?rmax=nan", 400, "rmax='nan' is not a finite number"),
+    ("/api/runs?v=99999999999999999999", 400, "v=99999999999999999999 is not a table version"),
 ])
 def test_bad_requests_say_what_to_change(viewer: str, path: str, status: int, says: str) -> None:
     got, body, data = get(viewer + path)
     assert got == status
     assert says in (data["error"]["message"] if data else body.replace("&#39;", "'"))
     assert get(f"{viewer}/api/rollouts?limit=1")[0] == 200  # and the server keeps serving
+
+
+def test_a_damaged_sealed_file_is_a_page_that_names_it_and_the_fix(tmp_path: Path) -> None:
+    store = trajstore.open_store(tmp_path / "store")
+    with store.writer("w") as w:
+        w.append(generate_run(run="t", groups=2, group_size=2, seed=1))
+    (sealed,) = (tmp_path / "store" / "events").glob("*.parquet")
+    data = bytearray(sealed.read_bytes())
+    for offset in range(8, len(data) // 2, 97):  # page data of every column; the footer stays whole
+        data[offset] ^= 0x5A
+    sealed.write_bytes(bytes(data))
+    with viewer_in_thread(ViewerSettings(store=str(tmp_path / "store"), port=0)) as url:
+        for path in ("/", "/rollouts", "/rollouts/t-g000-r0", "/api/rollouts/t-g000-r0/tokens"):
+            status, body, payload = get(url + path)
+            message = payload["error"]["message"] if payload else body
+            assert status == 500 and "internal error" not in message, (path, message)
+            assert sealed.name in message and "trajstore verify --store" in message, (path, message)
 
 
 def test_the_viewer_only_reads(viewer: str, store_dir: Path) -> None:
