@@ -20,6 +20,7 @@ from cli.options import Commands, prepare_process, store_option
 from cli.output import print_table, write_table
 from cli.proxy_cmd import proxy
 from cli.replay_cmd import replay
+from cli.sft_cmd import sft
 from cli.view_cmd import view
 
 console = Console()
@@ -240,6 +241,7 @@ main.add_command(proxy)
 main.add_command(collect)
 main.add_command(reward)
 main.add_command(learn)
+main.add_command(sft)
 main.add_command(demo)
 main.add_command(view)
 

@@ -41,10 +41,10 @@ SETTINGS_FILE = "trajstore_warm_start.json"
 class WarmStartSettings:
     """One warm start's settings; saved with its checkpoint."""
 
-    steps: int
-    lr: float
-    batch_size: int
-    seed: int
+    steps: int = 200
+    lr: float = 1e-2  # for a model built on the spot; a pretrained model wants far less (1e-5)
+    batch_size: int = 16
+    seed: int = 0
     warmup_steps: int = 10  # linear warm-up, then cosine decay to lr / 10
     weight_decay: float = 0.0
 
@@ -70,6 +70,40 @@ class Example:
 
     ids: list[int]
     mask: list[bool]
+
+
+def load_conversations(path: str | Path) -> list[dict[str, Any]]:
+    """The conversations of a JSON-lines file, one `{"messages": [...], "tools": [...] or null}` a line.
+
+    Every bad line is reported at once, with its number and what is wrong, before any training.
+    """
+    path = Path(path)
+    conversations: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"line {number}: not JSON ({exc.msg})")
+            continue
+        messages = row.get("messages") if isinstance(row, dict) else None
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+            problems.append(f"line {number}: needs \"messages\", a list of {{\"role\", \"content\"}} objects")
+        elif not any(m["role"] == "assistant" for m in messages):
+            problems.append(f"line {number}: has no assistant message, so there is nothing to learn from it")
+        elif row.get("tools") is not None and not isinstance(row["tools"], list):
+            problems.append(f"line {number}: \"tools\" must be a list of tool schemas or null")
+        else:
+            conversations.append(row)
+    if problems:
+        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise ValueError(f"{path}: {shown}")
+    if not conversations:
+        raise ValueError(f"{path} holds no conversations; write one JSON object per line: "
+                         '{"messages": [...], "tools": [...]}')
+    return conversations
 
 
 def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
