@@ -27,7 +27,9 @@ PROGRESS_EVERY = 10  # steps between loss lines
 @click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULTS["batch_size"], show_default=True,
               help="Conversations per step.")
 @click.option("--seed", type=int, default=DEFAULTS["seed"], show_default=True)
-def sft(model_dir: str, data: str, out_dir: str, steps: int, lr: float, batch_size: int, seed: int) -> None:
+@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (1 is fastest for tiny models).")
+def sft(model_dir: str, data: str, out_dir: str, steps: int, lr: float, batch_size: int, seed: int,
+        threads: int | None) -> None:
     """Supervised warm start: train a model on worked conversations before RL (loss on assistant tokens only).
 
     A model that never writes a well-formed tool call gets no reward to learn from; a short
@@ -39,9 +41,14 @@ def sft(model_dir: str, data: str, out_dir: str, steps: int, lr: float, batch_si
     Example:
       trajstore init-model my/base
       python -m examples.fruit_env my/          # my/tasks.jsonl and my/sft.jsonl
-      trajstore sft --model my/base --data my/sft.jsonl --out my/warm --steps 150
+      trajstore sft --model my/base --data my/sft.jsonl --out my/warm --steps 150 --threads 1
     """
+    import torch
+
     from learner.sft import load_conversations, warm_start
+
+    if threads is not None:
+        torch.set_num_threads(threads)  # on a busy machine a second thread of a tiny model mostly spin-waits
 
     conversations = load_conversations(data)
     out = Path(out_dir)

@@ -10,9 +10,9 @@ An episode (two model calls, one tool call):
 Every piece is plugged into a command by its import path or file (run them from the
 repository root, so `examples.fruit_env` imports):
 
-    python -m examples.fruit_env data/                 # data/tasks.jsonl and data/sft.jsonl
-    trajstore sft --model base --data data/sft.jsonl --out warm --steps 150
-    trajstore collect ... --tasks data/tasks.jsonl --tools examples.fruit_env:look_up \\
+    python -m examples.fruit_env my/                   # my/tasks.jsonl and my/sft.jsonl
+    trajstore sft --model my/base --data my/sft.jsonl --out my/warm --steps 150 --threads 1
+    trajstore collect ... --tasks my/tasks.jsonl --tools examples.fruit_env:look_up \\
         --reward examples.fruit_env:reward
 
 Why it suits a model built on the spot: the tool takes no arguments (it reads the episode's
