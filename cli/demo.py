@@ -1,6 +1,6 @@
 """`trajstore demo`: the closed loop on one CPU machine, from a random model to a better one.
 
-The only module that joins collectors and learner (DESIGN.md: they meet in the store and the
+The only module that joins collectors and learner (docs/architecture.md: they meet in the store and the
 checkpoint directory), so it lives with the CLI. It runs the real commands as real processes,
 exactly as a user would, and prints each one:
 

@@ -2,7 +2,7 @@
 
 Kept free of torch so that `trajstore --help` and the CLI's option parsing stay fast; the
 names of the loss and aggregation choices map to functions in one dict each in
-`learner.train` (STYLE.md 5). `resolved()` is what gets written next to every checkpoint.
+`learner.train`. `resolved()` is what gets written next to every checkpoint.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ only: the model learns to write calls and answers, never to predict a prompt or 
 output. Spans are found by rendering the conversation's prefixes with the tokenizer's chat
 template, so any template that renders prefixes as prefixes works.
 
-The learner never imports the collectors (DESIGN.md): the caller passes the conversations
+The learner never imports the collectors (docs/architecture.md): the caller passes the conversations
 (e.g. `collectors.envs.arithmetic.warm_start_conversations`).
 """
 

@@ -17,7 +17,7 @@ A reward scores a finished rollout, sync or async:
 
 A dict gives named components; each becomes one reward event and the rollout's reward is
 their sum (the `rollouts` view). Both are plugged in by import path (`module:function`),
-never by subclassing (STYLE.md 4).
+never by subclassing.
 
 The SDK clients of `ctx.openai` / `ctx.anthropic` are cheap to build when they share one HTTP
 connection pool (`shared_http_client`, owned by the runner for the whole run): a client that

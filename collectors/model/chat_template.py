@@ -15,7 +15,7 @@ Decisions that differ from Qwen2.5's own template, each for token-exact RL:
   as is, so the rendered call is the text the model sampled, not a re-serialization;
 - `reasoning_content` of every assistant turn is kept (Qwen3 drops it from older turns),
   so a later prompt still extends the earlier turns' tokens and the session stays one
-  segment (DESIGN.md, "Turns form trees");
+  segment (see `collectors.proxy.segmenter`);
 - content may be a string, null, or a list of `{"type": "text", "text": ...}` parts.
 """
 

@@ -1,4 +1,4 @@
-"""Segmentation of one session's model calls into trainable samples (DESIGN.md, "Turns form trees"). Pure.
+"""Segmentation of one session's model calls into trainable samples (a session's turns form a tree of segments). Pure.
 
 A session holds one token sequence: every prompt the policy saw plus every token it sampled.
 A new call continues the session's segment when its prompt starts with exactly what the
