@@ -11,7 +11,9 @@ judges it.
         --reward-cmd "python $PWD/examples/check_colour.py"
 
 It offers the model one tool, `look_up` (the fruit environment's, answered here from the task
-file), runs the calls the model makes, and prints the model's final reply.
+file), runs the calls the model makes, and prints the model's final reply. It shows the model
+exactly the prompt of the warm start (the same system prompt and tool schema): a small model
+is only as good as its training data on what it sees.
 """
 
 from __future__ import annotations
@@ -24,11 +26,7 @@ from pathlib import Path
 from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, wherever this runs from
-from fruit_env import COLOUR_OF, SYSTEM, colour_text  # noqa: E402
-
-TOOL = {"type": "function", "function": {
-    "name": "look_up", "description": "Look up the colour of the fruit the user asked about.",
-    "parameters": {"type": "object", "properties": {}}}}
+from fruit_env import COLOUR_OF, SYSTEM, TOOL, colour_text  # noqa: E402
 
 
 def main() -> None:

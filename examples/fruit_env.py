@@ -35,6 +35,11 @@ from typing import Any
 SYSTEM = "Look the fruit up, then say its colour."
 COLOUR_OF = {"banana": "yellow", "lime": "green", "cherry": "red", "plum": "purple"}
 COLOURS = tuple(COLOUR_OF.values())
+# The tool as the model sees it: what the built-in tool agent derives from `look_up` (its signature and
+# docstring), spelled out for agent programs and the warm start, which must show the model the same prompt.
+TOOL = {"type": "function", "function": {
+    "name": "look_up", "description": "Look up the colour of the fruit the user asked about.",
+    "parameters": {"type": "object", "properties": {}, "required": []}}}
 REPEATS = 12  # the tool says the colour this many times: a tiny model learns to repeat a word it saw often
 _WORD = re.compile(r"[a-z]+")
 
@@ -83,14 +88,12 @@ def reward(task: dict[str, Any], result: Any, rollout: Any = None) -> dict[str, 
 
 def conversations(count: int, seed: int = 0) -> list[dict[str, Any]]:
     """`count` worked episodes `{"messages", "tools"}` for `trajstore sft`, in the messages the tool agent sends."""
-    from collectors.agents.tools import tool_schema
-
     rng = random.Random(f"fruit-sft-{seed}")
     out = []
     for i in range(count):
         fruit = rng.choice(sorted(COLOUR_OF))
         call = {"id": f"call_{i}", "type": "function", "function": {"name": "look_up", "arguments": "{}"}}
-        out.append({"tools": [tool_schema(look_up)], "messages": [
+        out.append({"tools": [TOOL], "messages": [
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": f"What colour is a {fruit}?"},
             {"role": "assistant", "content": None, "tool_calls": [call]},
