@@ -77,3 +77,13 @@ def test_the_readmes_own_task_commands_are_the_docs_page_s() -> None:
     marker = "trajstore init-model my/base"
     assert fenced_block((ROOT / "README.md").read_text(), marker) == \
         fenced_block((ROOT / "docs" / "own-task.md").read_text(), marker)
+
+
+def test_the_documented_columns_of_each_view_are_the_views(tmp_path: Path) -> None:
+    import trajstore
+    from trajstore.views import VIEWS
+
+    documented = dict(re.findall(r"^- `(\w+)`: (\w+(?:, \w+)*)$", (ROOT / "docs" / "architecture.md").read_text(), re.M))
+    store = trajstore.open_store(tmp_path / "s")
+    actual = {v: ", ".join(store.query(f"SELECT * FROM {v} LIMIT 0").column_names) for v in VIEWS if v != "events"}
+    assert documented == actual
