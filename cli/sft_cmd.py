@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from learner.sft import WarmStartSettings
+from learner.settings import WarmStartSettings
 
 DEFAULTS = {f.name: f.default for f in fields(WarmStartSettings)}
 PROGRESS_EVERY = 10  # steps between loss lines

@@ -29,39 +29,14 @@ from typing import Any
 
 import torch
 
+from learner.settings import WarmStartSettings
+
 ASSISTANT_OPEN = "<|im_start|>assistant\n"
 # Files of a checkpoint that training does not change: copied from the base so the output loads
 # exactly as the base did (init-model writes compatibility keys into some of them).
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "chat_template.jinja", "special_tokens_map.json")
 SETTINGS_FILE = "trajstore_warm_start.json"
-
-
-@dataclass(frozen=True)
-class WarmStartSettings:
-    """One warm start's settings; saved with its checkpoint."""
-
-    steps: int = 200
-    lr: float = 1e-2  # for a model built on the spot; a pretrained model wants far less (1e-5)
-    batch_size: int = 16
-    seed: int = 0
-    warmup_steps: int = 10  # linear warm-up, then cosine decay to lr / 10
-    weight_decay: float = 0.0
-
-    def problems(self) -> list[str]:
-        """Every invalid setting at once, each with what would fix it."""
-        out = []
-        if self.steps < 1:
-            out.append(f"steps must be >= 1 (got {self.steps})")
-        if not self.lr > 0:
-            out.append(f"lr must be > 0 (got {self.lr})")
-        if self.batch_size < 1:
-            out.append(f"batch_size must be >= 1 (got {self.batch_size})")
-        if self.warmup_steps < 0:
-            out.append(f"warmup_steps must be >= 0 (got {self.warmup_steps})")
-        if self.weight_decay < 0:
-            out.append(f"weight_decay must be >= 0 (got {self.weight_decay})")
-        return out
 
 
 @dataclass(frozen=True)
