@@ -41,6 +41,12 @@ class CommandConsole(Console):
             soft_wrap = True
         super().print(*objects, soft_wrap=soft_wrap, **kwargs)
 
+    def rule(self, title: Any = "", **kwargs: Any) -> None:
+        if self.is_terminal or not title:
+            super().rule(title, **kwargs)
+        else:  # a rule is as wide as the console: its title would be cut at 80 columns
+            self.print(Text.assemble("── ", title if isinstance(title, Text) else str(title), " ──"))
+
 
 def _iso_interval(value: Any) -> str | None:
     """pyarrow's MonthDayNano as ISO 8601 (`P{months}M{days}DT{seconds}S`)."""

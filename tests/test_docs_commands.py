@@ -25,7 +25,7 @@ from tests.test_readme import ROOT, fenced_block
 OWN_TASK = (ROOT / "docs" / "own-task.md").read_text()
 MODELS = (ROOT / "docs" / "models.md").read_text()
 SMALLER = {  # what the docs write -> what the test runs
-    "python -m examples.fruit_env my/": "python -m examples.fruit_env my/ 4 200",
+    "python -m examples.fruit_env my/": "python -m examples.fruit_env my/ 8 200"  # learn takes 2 steps of 4 groups,
     "--steps 150": "--steps 60",
 }
 
@@ -76,7 +76,7 @@ def test_the_own_task_commands_run_as_written(tmp_path: Path) -> None:
     runs = {r["run"]: r for r in store.query(
         "SELECT run, count(*) AS rollouts, count(*) FILTER (WHERE status = 'failed') AS failed, "
         "avg(reward) AS reward FROM rollouts GROUP BY run").to_pylist()}
-    assert runs.keys() == {"fruit", "fruit-cmd"} and all(r["rollouts"] == 16 for r in runs.values())
+    assert runs.keys() == {"fruit", "fruit-cmd"} and all(r["rollouts"] == 32 for r in runs.values())
     assert all(r["failed"] == 0 for r in runs.values()), runs  # no rollout of either agent failed
     names = {r["reward_name"] for r in store.query(
         "SELECT DISTINCT run, reward_name FROM events WHERE kind = 'reward'").to_pylist()}

@@ -113,6 +113,8 @@ def test_the_command_console_wraps_on_a_terminal_only() -> None:
     piped = CommandConsole(file=io.StringIO(), width=80)
     piped.print(text)
     assert piped.file.getvalue().count("\n") == 1
+    piped.rule("a title " * 12)
+    assert piped.file.getvalue().splitlines()[-1] == "── " + "a title " * 12 + " ──"  # whole, not cut at 80
     terminal = CommandConsole(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
     terminal.print(text)
     assert terminal.file.getvalue().count("\n") > 1
