@@ -25,7 +25,7 @@ from tests.test_readme import ROOT, fenced_block
 OWN_TASK = (ROOT / "docs" / "own-task.md").read_text()
 MODELS = (ROOT / "docs" / "models.md").read_text()
 SMALLER = {  # what the docs write -> what the test runs
-    "python -m examples.fruit_env my/": "python -m examples.fruit_env my/ 8 200"  # learn takes 2 steps of 4 groups,
+    "python -m examples.fruit_env my/": "python -m examples.fruit_env my/ 8 200",  # learn takes 2 steps of 4 groups
     "--steps 150": "--steps 60",
 }
 
