@@ -82,6 +82,7 @@ def test_the_own_task_commands_run_as_written(tmp_path: Path) -> None:
         "SELECT DISTINCT run, reward_name FROM events WHERE kind = 'reward'").to_pylist()}
     assert names == {"tool", "colour", "reward"}  # the function's two components; the command's exit status
     assert runs["fruit"]["reward"] > 0.5  # warm-started, the model calls the tool (and, mostly, names the colour)
+    assert runs["fruit-cmd"]["reward"] > 0.5  # the agent program shows the model the warm start's prompt too
     assert "fruit-cmd" in outputs[5] and "fruit" in outputs[5]  # the query printed both runs
     assert (my / "ckpt" / "v000002").is_dir()  # learn published its two versions
     assert store.query("SELECT max(version) AS v FROM checkpoints WHERE run = 'fruit'").to_pylist() == [{"v": 2}]
