@@ -5,7 +5,9 @@ with the example agent command and reward command, `query`, `learn`; and docs/mo
 model, on the checkpoint those commands built.
 
 Only sizes are cut, so the test stays within minutes on a loaded 2-core machine (`SMALLER`: fewer
-tasks and episodes, fewer warm-start steps); every other word runs as written.
+tasks and worked episodes); every other word runs as written. The warm start keeps its 150 steps:
+after 60, the colour was right in about half the episodes (the agent command's binary reward
+0.48), after 150 (on the docs' 400 episodes) in all of them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ OWN_TASK = (ROOT / "docs" / "own-task.md").read_text()
 MODELS = (ROOT / "docs" / "models.md").read_text()
 SMALLER = {  # what the docs write -> what the test runs
     "python -m examples.fruit_env my/": "python -m examples.fruit_env my/ 8 200",  # learn takes 2 steps of 4 groups
-    "--steps 150": "--steps 60",
 }
 
 
@@ -71,7 +72,7 @@ def test_the_own_task_commands_run_as_written(tmp_path: Path) -> None:
 
     my = tmp_path / "my"
     warm = json.loads((my / "warm" / "trajstore_warm_start.json").read_text())
-    assert warm["steps"] == 60 and warm["loss"][-1] < warm["loss"][0] / 10  # the warm start learned the format
+    assert warm["steps"] == 150 and warm["loss"][-1] < warm["loss"][0] / 10  # the warm start learned the format
     store = trajstore.open_store(my / "store", create=False)
     runs = {r["run"]: r for r in store.query(
         "SELECT run, count(*) AS rollouts, count(*) FILTER (WHERE status = 'failed') AS failed, "
