@@ -1,6 +1,6 @@
 """How much a warm-started demo model keeps of the weather where it names the item.
 
-Not a speed benchmark: the measurement behind the demo's warm start (README, "How it was
+Not a speed benchmark: the measurement behind the demo's warm start (docs/lab-notes.md, "How it was
 chosen"). For each model directory given (warm starts written by `trajstore demo`, e.g.
 `trajstore-demo/warm`), it renders the packing episode up to "Pack the <weather>" for each of
 the four weathers (in three cities) and prints, per layer of the residual stream at that last

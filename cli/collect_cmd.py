@@ -7,9 +7,9 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
 
 from cli.options import control_token_option, seal_interval_option, setting_default, store_option
+from cli.output import CommandConsole
 from collectors.collect.settings import VLLM_RELOADS, CollectSettings
 
 
@@ -123,7 +123,7 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
         device=device, max_batch=max_batch, threads=threads, checkpoint_cache=checkpoint_cache,
         seal_interval=seal_interval, poll_interval_s=poll_interval)
     summary = run_collect(settings)
-    Console().print(summary_table(summary))
+    CommandConsole().print(summary_table(summary))
     if summary.interrupted:
         sys.exit(130)
     if summary.groups_incomplete:

@@ -14,12 +14,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from cli.output import CommandConsole
 from cli.replay_cmd import render_answers
 
 if TYPE_CHECKING:
     from cli.demo import DemoResult
 
-console = Console()
+console = CommandConsole()
 
 
 @click.command("demo")

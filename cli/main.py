@@ -10,20 +10,20 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from cli.collect_cmd import collect, reward
 from cli.collectors_cmds import init_model, serve
 from cli.demo_cmd import demo
 from cli.learn_cmd import learn
 from cli.options import Commands, prepare_process, store_option
-from cli.output import print_table, write_table
+from cli.output import CommandConsole, print_table, write_table
 from cli.proxy_cmd import proxy
 from cli.replay_cmd import replay
+from cli.sft_cmd import sft
 from cli.view_cmd import view
-from trajstore.maintenance import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS, MIN_RETENTION_HOURS
+from trajstore.retention import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS, MIN_RETENTION_HOURS
 
-console = Console()
+console = CommandConsole()
 
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -243,6 +243,7 @@ main.add_command(proxy)
 main.add_command(collect)
 main.add_command(reward)
 main.add_command(learn)
+main.add_command(sft)
 main.add_command(demo)
 main.add_command(view)
 

@@ -8,7 +8,8 @@ On a terminal a result is a table whose long cells are cut (`…`) to `MAX_CELL`
 when even that is wider than the terminal, each row becomes a block of `column  value`
 lines (psql's expanded display), so nothing wraps into a column of single letters. Piped
 into a file or another program, rows are never squeezed to a terminal's width: the table
-is as wide as its cells.
+is as wide as its cells, and no printed line is wrapped (`CommandConsole`), so a command
+printed into a log can be pasted back as it was.
 """
 
 from __future__ import annotations
@@ -29,6 +30,22 @@ if TYPE_CHECKING:
 MAX_CELL = 40  # characters of one cell in a table; `--format csv/json` has every value whole
 MAX_LIST_ITEMS = 12
 ROW_LIMIT = 100
+
+
+class CommandConsole(Console):
+    """rich's Console for the commands' output: on a terminal as rich prints; piped into a file or another
+    program, printed lines are not wrapped at a terminal's width (rich assumes 80 columns there)."""
+
+    def print(self, *objects: Any, soft_wrap: bool | None = None, **kwargs: Any) -> None:
+        if soft_wrap is None and not self.is_terminal:
+            soft_wrap = True
+        super().print(*objects, soft_wrap=soft_wrap, **kwargs)
+
+    def rule(self, title: Any = "", **kwargs: Any) -> None:
+        if self.is_terminal or not title:
+            super().rule(title, **kwargs)
+        else:  # a rule is as wide as the console: its title would be cut at 80 columns
+            self.print(Text.assemble("── ", title if isinstance(title, Text) else str(title), " ──"))
 
 
 def _iso_interval(value: Any) -> str | None:

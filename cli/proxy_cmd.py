@@ -47,11 +47,11 @@ def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, r
     Example:
       trajstore serve --model tiny-model --port 8000 &
       trajstore proxy --upstream http://127.0.0.1:8000 --model tiny-model --store runs/store --run exp1 &
-      curl -s -X POST localhost:8100/rollouts -d '{"group_id": "task-1"}'
+      curl -s -X POST localhost:8100/rollouts -H 'Content-Type: application/json' -d '{"group_id": "task-1"}'
       #  -> {"api_key": "ts-...", "base_urls": {"openai": ".../r/ts-.../v1", "anthropic": ".../r/ts-..."}, ...}
       OPENAI_BASE_URL=http://127.0.0.1:8100/r/ts-.../v1 OPENAI_API_KEY=ts-... python my_agent.py
       curl -s -X POST localhost:8100/rollouts/ROLLOUT_ID/close -H 'Authorization: Bearer ts-...' \\
-           -d '{"status": "completed", "reward": 1.0}'
+           -H 'Content-Type: application/json' -d '{"status": "completed", "reward": 1.0}'
     """
     from collectors.policy import EmbeddedClient, PolicyClient, VLLMClient
     from collectors.proxy import ProxyConfig, run_proxy

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.options import store_option
+from cli.output import CommandConsole
 
 if TYPE_CHECKING:
     from collectors.replay import Decode, Episode, ReplayTurn, Span
@@ -149,9 +150,9 @@ def replay(store_loc: str, rollout_id: str, model_dir: str | None, tokens: bool,
         click.echo(json.dumps(payload, default=str))
         return
     if brief:
-        render_answers(episode, Console())
+        render_answers(episode, CommandConsole())
         return
-    render(episode, Console(), decode=decode, tokens=tokens)
+    render(episode, CommandConsole(), decode=decode, tokens=tokens)
 
 
 if __name__ == "__main__":

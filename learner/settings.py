@@ -1,4 +1,5 @@
-"""`LearnSettings`: every knob of `trajstore learn`, validated all at once before any work starts.
+"""`LearnSettings`: every knob of `trajstore learn`, validated all at once before any work starts;
+`WarmStartSettings`: those of the supervised warm start (`trajstore sft`).
 
 Kept free of torch so that `trajstore --help` and the CLI's option parsing stay fast; the
 names of the loss and aggregation choices map to functions in one dict each in
@@ -176,4 +177,31 @@ class LearnSettings:
         out["writer"] = self.writer_name
         uri = self.publish_uri
         out["checkpoint_uri"] = uri if uri is None or "://" in uri else str(Path(uri).resolve())
+        return out
+
+
+@dataclass(frozen=True)
+class WarmStartSettings:
+    """One warm start's settings; saved with its checkpoint."""
+
+    steps: int = 200
+    lr: float = 1e-2  # for a model built on the spot; a pretrained model wants far less (1e-5)
+    batch_size: int = 16
+    seed: int = 0
+    warmup_steps: int = 10  # linear warm-up, then cosine decay to lr / 10
+    weight_decay: float = 0.0
+
+    def problems(self) -> list[str]:
+        """Every invalid setting at once, each with what would fix it."""
+        out = []
+        if self.steps < 1:
+            out.append(f"steps must be >= 1 (got {self.steps})")
+        if not self.lr > 0:
+            out.append(f"lr must be > 0 (got {self.lr})")
+        if self.batch_size < 1:
+            out.append(f"batch_size must be >= 1 (got {self.batch_size})")
+        if self.warmup_steps < 0:
+            out.append(f"warmup_steps must be >= 0 (got {self.warmup_steps})")
+        if self.weight_decay < 0:
+            out.append(f"weight_decay must be >= 0 (got {self.weight_decay})")
         return out

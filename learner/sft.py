@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from learner.settings import WarmStartSettings
+
 ASSISTANT_OPEN = "<|im_start|>assistant\n"
 # Files of a checkpoint that training does not change: copied from the base so the output loads
 # exactly as the base did (init-model writes compatibility keys into some of them).
@@ -39,38 +41,45 @@ SETTINGS_FILE = "trajstore_warm_start.json"
 
 
 @dataclass(frozen=True)
-class WarmStartSettings:
-    """One warm start's settings; saved with its checkpoint."""
-
-    steps: int
-    lr: float
-    batch_size: int
-    seed: int
-    warmup_steps: int = 10  # linear warm-up, then cosine decay to lr / 10
-    weight_decay: float = 0.0
-
-    def problems(self) -> list[str]:
-        """Every invalid setting at once, each with what would fix it."""
-        out = []
-        if self.steps < 1:
-            out.append(f"steps must be >= 1 (got {self.steps})")
-        if not self.lr > 0:
-            out.append(f"lr must be > 0 (got {self.lr})")
-        if self.batch_size < 1:
-            out.append(f"batch_size must be >= 1 (got {self.batch_size})")
-        if self.warmup_steps < 0:
-            out.append(f"warmup_steps must be >= 0 (got {self.warmup_steps})")
-        if self.weight_decay < 0:
-            out.append(f"weight_decay must be >= 0 (got {self.weight_decay})")
-        return out
-
-
-@dataclass(frozen=True)
 class Example:
     """One tokenized conversation: ids (T,) and a loss mask (T,) that is True on assistant-written tokens."""
 
     ids: list[int]
     mask: list[bool]
+
+
+def load_conversations(path: str | Path) -> list[dict[str, Any]]:
+    """The conversations of a JSON-lines file, one `{"messages": [...], "tools": [...] or null}` a line.
+
+    Every bad line is reported at once, with its number and what is wrong, before any training.
+    """
+    path = Path(path)
+    conversations: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"line {number}: not JSON ({exc.msg})")
+            continue
+        messages = row.get("messages") if isinstance(row, dict) else None
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+            problems.append(f"line {number}: needs \"messages\", a list of {{\"role\", \"content\"}} objects")
+        elif not any(m["role"] == "assistant" for m in messages):
+            problems.append(f"line {number}: has no assistant message, so there is nothing to learn from it")
+        elif row.get("tools") is not None and not isinstance(row["tools"], list):
+            problems.append(f"line {number}: \"tools\" must be a list of tool schemas or null")
+        else:
+            conversations.append(row)
+    if problems:
+        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise ValueError(f"{path}: {shown}")
+    if not conversations:
+        raise ValueError(f"{path} holds no conversations; write one JSON object per line: "
+                         '{"messages": [...], "tools": [...]}')
+    return conversations
 
 
 def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None

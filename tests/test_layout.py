@@ -1,4 +1,5 @@
-"""The package layout: imports flow cli -> collectors, learner -> trajstore; small modules; one home per contract."""
+"""The layout of the repository: imports flow cli -> collectors, learner -> trajstore (docs/architecture.md);
+small modules; one home per contract; nothing cites a file outside the repository."""
 
 from __future__ import annotations
 
@@ -326,3 +327,62 @@ def test_the_fsync_checker_sees_each_spelling(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("import os\nfrom os import fsync\nos.fsync(1)\nfsync(2)\nos.fdatasync(3)\nfsync_path(4)\n")
     assert raw_fsync_calls(probe) == [2, 3, 4, 5]
+
+
+# Citations of files that are not in the repository: design notes kept beside a checkout, a sibling
+# `shared` folder, a workstation's absolute paths. A reader of the repository cannot open them.
+OUTSIDE = re.compile(r"\b(?:DESIGN|STYLE)\.md\b|\.\./shared\b|/work/(?:wt|main|shared)\b")
+SKIPPED_DIRS = {".git", ".venv", ".venv-vllm", "node_modules", "test-artifacts", "__pycache__", ".pytest_cache"}
+TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".json", ".jinja", ".html", ".css", ".js", ".cfg", ".ini", ".yml",
+                 ".yaml", ".sh"}
+
+
+def repository_text_files(base: Path = ROOT) -> list[Path]:
+    """The repository's own text files (code, docs, settings), without virtualenvs, caches and artifacts."""
+    out = []
+    for path in sorted(base.rglob("*")):
+        parts = set(path.relative_to(base).parts)
+        if parts & SKIPPED_DIRS or any(p.endswith(".egg-info") for p in parts) or not path.is_file():
+            continue
+        if path.suffix in TEXT_SUFFIXES or path.name == "Makefile":
+            out.append(path)
+    return out
+
+
+def outside_citations(path: Path) -> list[str]:
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        return []
+    return [f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}" for m in OUTSIDE.finditer(text)]
+
+
+def test_nothing_cites_a_file_outside_the_repository() -> None:
+    found = [hit for path in repository_text_files() for hit in outside_citations(path)]
+    assert not found, f"these cite files outside the repository; cite docs/ or the module instead: {found}"
+
+
+def test_the_citation_checker_sees_citations(tmp_path: Path) -> None:
+    design, style, shared = "DESIGN" + ".md", "STYLE" + ".md", ".." + "/shared"  # spelled apart: not citations here
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text(f'"""As {design} says."""\n')
+    (tmp_path / "notes.md").write_text(f"See {shared}/{style} and docs/architecture.md.\n")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "x.py").write_text(f"# {design}\n")
+    hits = [hit for path in repository_text_files(tmp_path) for hit in outside_citations(path)]
+    assert hits == [f"notes.md:1: {shared}", f"notes.md:1: {style}", f"mod.py:1: {design}"]
+
+
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_of_the_docs_names_a_file_in_the_repository() -> None:
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in MARKDOWN_LINK.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a web address or an anchor of the same page
+            resolved = (page.parent / target.split("#")[0]).resolve()
+            if not resolved.is_relative_to(ROOT) or not resolved.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken

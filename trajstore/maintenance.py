@@ -38,6 +38,7 @@ from deltalake.transaction import RemoveAction
 
 from trajstore import deltalog, wal
 from trajstore.errors import CorruptionError
+from trajstore.retention import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS, MIN_RETENTION_HOURS
 from trajstore.location import Location
 from trajstore.read import Reader
 from trajstore.table import FileInfo, Table, file_crcs
@@ -120,12 +121,6 @@ def compact(location: Location, table: Table, *, target_bytes: int = 128 << 20, 
     after = len(table.snapshot().files)
     return CompactResult(len(snap.files), after, rewritten, version, orphans)
 
-
-MIN_RETENTION_HOURS = 1
-# A century: longer than any table lives, so nothing is deleted, and within what delta-rs's clock
-# arithmetic takes (a retention near 1e15 hours panicked inside it; inf and 1e308 overflowed here).
-MAX_RETENTION_HOURS = 24 * 365 * 100
-DEFAULT_RETENTION_HOURS = 168  # Delta's default deleted-file retention: one week
 
 
 @dataclass

@@ -418,6 +418,11 @@ def serve_proxy_in_thread(client_factory: Callable[[], PolicyClient], store: Sto
         yield RunningProxy(url, runner.app)
 
 
+def open_rollout_command(url: str) -> str:
+    """The shell command that opens a rollout on the proxy at `url` (the rollout routes take JSON only)."""
+    return f"curl -s -X POST {url}/rollouts -H 'Content-Type: application/json' -d '{{\"group_id\": \"g1\"}}'"
+
+
 def run_proxy(client_factory: Callable[[], PolicyClient], store_location: str, config: ProxyConfig, *,
         host: str = "127.0.0.1", port: int = 8100) -> None:
     """Serve until interrupted (the `trajstore proxy` command)."""
@@ -430,6 +435,6 @@ def run_proxy(client_factory: Callable[[], PolicyClient], store_location: str, c
     def banner(runner: web.AppRunner, url: str) -> str:
         capture = runner.app[STATE].capture
         return (f"capture proxy on {url} -> policy server {capture.client.base_url}, store {store_location}, "
-                f"run {config.run!r}; open a rollout: curl -X POST {url}/rollouts -d '{{\"group_id\": \"g1\"}}'")
+                f"run {config.run!r}; open a rollout: {open_rollout_command(url)}")
 
     run_until_interrupted(lambda: start_proxy(client_factory, store, config, host, port), banner)

@@ -110,7 +110,7 @@ def test_the_closed_loop_makes_the_model_pack_the_right_item(tmp_path: Path) -> 
                                              (["--engine", "vllm", "--quick"], 1800.0)])
 def test_the_time_limit_the_demo_command_runs_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    args: list[str], limit: float) -> None:
-    """vLLM's per-step costs make the same 90 steps take about 13 minutes here (README), so
+    """vLLM's per-step costs make the same 90 steps take about 13 minutes here (docs/demo.md), so
     `--engine vllm` gets 20 minutes unless told otherwise; the embedded preset keeps its 8."""
     from click.testing import CliRunner
 

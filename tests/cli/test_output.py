@@ -93,3 +93,28 @@ def test_piped_output_keeps_rows_on_one_line(store_dir: Path) -> None:
     assert len(lines) == 3 + 1 + 3  # three rules, the header, three rows: nothing wrapped
     assert max(len(line) for line in lines) > 80
     assert proc.stderr == ""  # no library warnings or progress bars in a command's output
+
+
+def test_piped_lines_are_not_wrapped_at_80_columns(tmp_path: Path) -> None:
+    """A line longer than 80 columns printed into a pipe stays one line (rich wrapped it at 80)."""
+    long = tmp_path / ("a-store-with-a-name-long-enough-to-push-the-line-past-eighty-columns-" * 2)
+    trajstore.open_store(long)
+    proc = subprocess.run([TRAJSTORE, "stats", "--store", str(long)], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "80"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert str(long) in first and first.endswith(f"table version {trajstore.open_store(long).stats().table_version}")
+
+
+def test_the_command_console_wraps_on_a_terminal_only() -> None:
+    from cli.output import CommandConsole
+
+    text = "word " * 40
+    piped = CommandConsole(file=io.StringIO(), width=80)
+    piped.print(text)
+    assert piped.file.getvalue().count("\n") == 1
+    piped.rule("a title " * 12)
+    assert piped.file.getvalue().splitlines()[-1] == "── " + "a title " * 12 + " ──"  # whole, not cut at 80
+    terminal = CommandConsole(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    terminal.print(text)
+    assert terminal.file.getvalue().count("\n") > 1

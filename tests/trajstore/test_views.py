@@ -211,7 +211,7 @@ def test_rescoring_later_does_not_stretch_the_episode(tmp_path: Any) -> None:
 
 
 def test_two_runs_reusing_a_group_id_are_two_groups(tmp_path: Any) -> None:
-    """Issue 12.1: runs "a" and "b" both name a group "g1" (the README's proxy example does); each
+    """Issue 12.1: runs "a" and "b" both name a group "g1" (the proxy example of docs/capture.md does); each
     run's rewards are normalized within its own group, never mixed into the other's."""
     store = trajstore.open_store(tmp_path / "s")
     with store.writer("w") as w:

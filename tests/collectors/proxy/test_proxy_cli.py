@@ -6,8 +6,11 @@ to leave them in the write-ahead log)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -131,3 +134,37 @@ def test_a_directory_that_is_not_a_checkpoint_is_refused(tmp_path: Path) -> None
     result = CliRunner().invoke(main, ["proxy", "--upstream", "http://127.0.0.1:9", "--model", str(tmp_path),
                                         "--store", str(tmp_path / "store")])
     assert result.exit_code == 1 and "not a Hugging Face checkpoint" in result.output
+
+
+def test_the_startup_hint_opens_a_rollout_when_pasted(server: RunningServer, tiny_model: Path, tmp_path: Path) -> None:
+    """The banner's `curl` line, run as printed, opens a rollout (it lacked the JSON header: a 415)."""
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    port = free_port()
+    code = "import sys; from cli.main import main; main(['proxy', *sys.argv[1:]])"
+    args = ["--upstream", server.url, "--model", str(tiny_model), "--store", str(tmp_path / "store"),
+            "--port", str(port), "--run", "hint"]
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout is not None
+        banner = ""
+        while "open a rollout:" not in banner:
+            banner = proc.stdout.readline()
+            assert banner or proc.poll() is None, "the proxy exited before printing its banner"
+        command = shlex.split(banner.split("open a rollout:", 1)[1])
+        assert command[0] == "curl"
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        assert "api_key" in json.loads(done.stdout), done.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
+def test_the_help_examples_send_json_to_the_rollout_routes() -> None:
+    text = CliRunner().invoke(main, ["proxy", "--help"], terminal_width=200).output
+    commands = re.sub(r"\\\n\s*", " ", text)  # one line per command
+    posts = [line for line in commands.splitlines() if "curl" in line and "/rollouts" in line]
+    assert len(posts) == 2
+    assert all("-H 'Content-Type: application/json'" in line for line in posts), posts

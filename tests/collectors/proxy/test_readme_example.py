@@ -1,4 +1,4 @@
-"""The README's capture-proxy example runs as written, with what the project installs (issue 12.20:
+"""The capture-proxy example of docs/capture.md runs as written, with what the project installs (issue 12.20:
 it imported httpx, which is not a dependency)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ def test_the_proxy_example_runs_as_written(proxy: Harness) -> None:
     code = "\n".join(line[2:] if line.startswith("  ") else line for line in code.splitlines())
     code = code.replace("http://127.0.0.1:8100", proxy.url).replace('model="tiny-model"', f'model="{MODEL}"')
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+    exec(compile(code, "docs/capture.md", "exec"), namespace)  # noqa: S102 - the docs' own example
     rid = namespace["r"]["rollout_id"]
     assert proxy.store.query("SELECT turns, reward, status FROM rollouts WHERE rollout_id = ?", [rid]).to_pylist() \
         == [{"turns": 1, "reward": 1.0, "status": "completed"}]

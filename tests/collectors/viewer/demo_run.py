@@ -1,4 +1,4 @@
-"""A small real run for the viewer's tests and the README's screenshots, made the way a user makes one.
+"""A small real run for the viewer's tests and the screenshots of docs/viewer.md, made the way a user makes one.
 
 `trajstore collect` with the built-in tool agent and the calculator on a tiny model that a short
 warm start taught the tool-call format (arithmetic environment, version 0); `trajstore learn` for

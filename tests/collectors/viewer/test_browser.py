@@ -4,7 +4,7 @@ A person's path through it: the runs page of a collected and trained run, the ro
 filtered from its form, an episode opened from the table, the token view toggled, the group
 page, a forked episode of the sub-agent run, and time travel to an older table version. What is
 on screen is checked against the store's own SQL; each page is saved as a screenshot in
-test-artifacts/viewer/ (the README's pictures are these). The run (`demo_run.build`) is made by
+test-artifacts/viewer/ (docs/viewer.md's pictures are these). The run (`demo_run.build`) is made by
 `trajstore collect` and `trajstore learn` on a tiny model: about a minute on 2 cores.
 
 Chromium comes from Debian (`make test` installs it when missing); Playwright only drives it
