@@ -15,8 +15,9 @@ directory was renamed into place but whose event never reached the store is anno
 restart (same deterministic event id). A retrained step appears twice in `metrics` (one per
 attempt); `checkpoints.consumed` is the record of what was trained.
 
-Loss of one step: the chosen per-token loss (`LOSSES`), plus kl_coef * k3 KL to the initial
-model, aggregated over the step (`AGGREGATIONS`) with normalizers computed over all of its
+Loss of one step: the chosen per-token loss (`learner.objectives.LOSSES`), plus kl_coef * the
+chosen KL estimate to the initial model, less the tokens IcePop masks and the samples rejection
+drops (`learner.objectives.kept_tokens`), aggregated over the step (`AGGREGATIONS`) with normalizers computed over all of its
 micro-batches before the first one, so gradient accumulation gives the step's exact
 gradient however the samples were packed. Behaviour logprobs (what the policy server
 sampled with) are the PPO "old" logprobs: one optimizer step per shard, the ratio measures
@@ -54,15 +55,13 @@ from learner.batching import MicroBatch, StepTotals, pack, step_totals
 from learner.losses import (
     LossStats,
     entropy,
-    kl_k3,
     loss_stats,
-    ppo_clip_loss,
     seq_mean_token_mean,
     seq_mean_token_sum,
-    tis_pg_loss,
     token_logprobs,
     token_mean,
 )
+from learner.objectives import KL_ESTIMATORS, LOSSES, LossInputs, kept_tokens, objective_stats
 from learner.errors import LearnerError
 from learner.settings import LearnSettings, SettingsError
 from trajstore import Metric, Store, Writer, artifacts, open_store
@@ -73,21 +72,6 @@ _NO_ROLLOUT_LIMIT = 1 << 40
 
 
 # ---- the choices of the settings, one visible dict each ------------------------------------------
-
-def _ppo(lp: torch.Tensor, behaviour: torch.Tensor, adv: torch.Tensor,
-         s: LearnSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    return ppo_clip_loss(lp, behaviour, adv, clip_low=s.clip_low, clip_high=s.clip_high)
-
-
-def _tis(lp: torch.Tensor, behaviour: torch.Tensor, adv: torch.Tensor,
-         s: LearnSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    truncated = (lp.detach() - behaviour) > math.log(s.is_cap)  # reported as the clip fraction
-    return tis_pg_loss(lp, behaviour, adv, cap=s.is_cap), truncated
-
-
-# per-token loss (N,) and the tokens its clip/truncation is active on (N,) bool
-LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, LearnSettings],
-                           tuple[torch.Tensor, torch.Tensor]]] = {"ppo": _ppo, "tis": _tis}
 
 # (per-token loss over one micro-batch's trainable tokens, their sample index, the micro-batch's
 # sample weights, the step's totals, settings) -> this micro-batch's share of the step's loss
@@ -262,7 +246,10 @@ def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | No
     with autocast():
         logits = forward_logits(model, mb, s.temperature)
     logprobs = token_logprobs(logits, targets)
-    per_token, clipped = LOSSES[s.loss](logprobs, behaviour, advantages, s)
+    inputs = LossInputs(logprobs, behaviour, advantages, seq, samples=int(mb.seq_weight.shape[0]),
+                        teacher=mb.teacher_logprobs[keep] if mb.teacher_logprobs is not None else None)
+    out = LOSSES[s.loss](inputs, s)
+    per_token = out.loss
     kl_value = 0.0
     if s.kl_coef > 0:
         with torch.no_grad(), autocast():
@@ -271,13 +258,17 @@ def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | No
             else:  # LoRA: the base model is the reference
                 with model.disable_adapter():  # type: ignore[operator]
                     ref_logits = forward_logits(model, mb, s.temperature)
-        kl = kl_k3(logprobs, token_logprobs(ref_logits, targets))
+        kl = KL_ESTIMATORS[s.kl_estimator](logprobs, token_logprobs(ref_logits, targets))
         per_token = per_token + s.kl_coef * kl
         kl_value = AGGREGATIONS[s.aggregation](kl.detach(), seq, mb.seq_weight, totals, s).item()
+    # IcePop-masked tokens and rejected samples leave the loss (selected out: no gradient, NaN-safe)
+    kept, masked, rejected = kept_tokens(inputs, s)
+    per_token = torch.where(kept, per_token, torch.zeros_like(per_token))
     loss = AGGREGATIONS[s.aggregation](per_token, seq, mb.seq_weight, totals, s)
     (loss * grad_scale).backward()
-    stats = loss_stats(logprobs, behaviour, torch.ones_like(keep, dtype=torch.bool), clipped, entropy(logits))
-    return loss.item(), kl_value, stats
+    stats = loss_stats(logprobs, behaviour, torch.ones_like(keep, dtype=torch.bool),
+                       out.clipped_low | out.clipped_high, entropy(logits))
+    return loss.item(), kl_value, stats + objective_stats(inputs, out, masked, rejected)
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
