@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from cli.annotate_cmd import annotate
 from cli.collect_cmd import collect, reward
 from cli.collectors_cmds import init_model, serve
 from cli.demo_cmd import demo
@@ -240,6 +241,7 @@ main.add_command(proxy)
 main.add_command(collect)
 main.add_command(reward)
 main.add_command(learn)
+main.add_command(annotate)
 main.add_command(demo)
 main.add_command(view)
 

@@ -172,7 +172,8 @@ def wait_for_shard(store: Store, s: LearnSettings, version: int, exclude: Iterab
     report_at = time.monotonic()
     while True:
         shard = store.shard(policy_version=version, max_staleness=s.max_staleness, max_rollouts=_NO_ROLLOUT_LIMIT,
-                            estimator=s.estimator, run=s.run, exclude=exclude, max_groups=s.groups_per_step)
+                            estimator=s.estimator, run=s.run, exclude=exclude, max_groups=s.groups_per_step,
+                            teacher=s.teacher)
         if len(shard.group_ids) >= s.groups_per_step:
             return shard
         if deadline is not None and time.monotonic() >= deadline:
@@ -197,6 +198,19 @@ def check_vocabulary(samples: pa.Table, vocab_size: int) -> None:
                        f"{vocab_size} tokens (ids 0..{vocab_size - 1}): its run was collected with another "
                        "tokenizer or model. Train it with the model that sampled it (--model), or keep runs of "
                        "different models apart (--run)")
+
+
+def check_teacher(samples: pa.Table, teacher: str | None) -> None:
+    """With a teacher, every sample must carry its logprobs; otherwise say which one lacks them and how to fix it."""
+    if teacher is None:
+        return
+    missing = samples.filter(pc.is_null(samples.column("teacher_logprobs")))
+    if missing.num_rows:
+        first = missing.slice(0, 1).to_pylist()[0]
+        raise LearnerError(f"{missing.num_rows} of the step's {samples.num_rows} samples have no complete "
+                           f"logprobs from teacher {teacher!r} (the first: rollout {first['rollout_id']}, segment "
+                           f"{first['segment_id']} of run {first['run']!r}); score them first with `trajstore "
+                           f"annotate --store ... --run {first['run']} --teacher-model DIR --name {teacher}`")
 
 
 def shard_metrics(samples: pa.Table, version: int) -> dict[str, float]:
@@ -350,6 +364,7 @@ def learn(settings: LearnSettings, *,
                 break
             started = time.perf_counter()
             check_vocabulary(shard.samples, vocab_size)
+            check_teacher(shard.samples, s.teacher)
             totals = step_totals(shard.samples)
             batches = pack(shard.samples, s.micro_batch_tokens)
             optimizer.zero_grad(set_to_none=True)
