@@ -181,3 +181,31 @@ def test_learn_distill_refuses_samples_without_teacher_logprobs(tmp_path: Path) 
     s = replace(settings(tmp_path / "store", student_dir), loss="distill", teacher="nobody")
     with pytest.raises(Exception, match="trajstore annotate"):
         learn(s)
+
+
+def test_the_annotate_command_scores_what_is_new_once(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    torch.set_num_threads(1)
+    student_dir = make_model(tmp_path / "student")
+    prompts = torch.randint(0, TINY.vocab_size, (4, 5), generator=torch.Generator().manual_seed(0))
+    outputs, logprobs = sample(AutoModelForCausalLM.from_pretrained(student_dir).eval(), prompts, 3, seed=0)
+    write_samples(tmp_path / "store", prompts, outputs, logprobs, 2)
+    args = ["annotate", "--store", str(tmp_path / "store"), "--run", "default", "--teacher-model", str(student_dir),
+            "--name", "self", "--device", "cpu"]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    assert "scored 4 samples" in first.output and "(4 turns, 12 output tokens)" in first.output
+    again = CliRunner().invoke(main, args)
+    assert "scored 0 samples" in again.output and "4 samples were already scored" in again.output
+    store = trajstore.open_store(tmp_path / "store")
+    assert store.query("SELECT count(*) AS n FROM events WHERE kind = 'teacher'").column("n")[0].as_py() == 4
+    # the student scoring itself: its logprobs are the behaviour logprobs the samples were recorded with
+    rows = store.query("SELECT s.logprobs, t.teacher_logprobs FROM samples s "
+                       "JOIN teacher_logprobs t USING (rollout_id, segment_id)").to_pylist()
+    for row in rows:
+        assert torch.allclose(torch.tensor(row["teacher_logprobs"]), torch.tensor(row["logprobs"]), atol=1e-4)
+    missing = CliRunner().invoke(main, [*args[:2], str(tmp_path / "nowhere"), *args[3:]])
+    assert missing.exit_code == 1 and "no trajstore store" in missing.output and "Traceback" not in missing.output
