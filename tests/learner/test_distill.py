@@ -172,12 +172,18 @@ def test_learn_distill_moves_the_student_toward_the_teacher(tmp_path: Path) -> N
     assert len(metrics) == steps and metrics[-1] < metrics[0]  # the k1 estimate on the training samples falls too
 
 
-def test_learn_distill_refuses_samples_without_teacher_logprobs(tmp_path: Path) -> None:
+def small_student_store(tmp_path: Path) -> Path:
+    """tmp_path/store: 4 samples (2 groups of 2) of 3 tokens the tiny student sampled; returns the student."""
     torch.set_num_threads(1)
     student_dir = make_model(tmp_path / "student")
     prompts = torch.randint(0, TINY.vocab_size, (4, 5), generator=torch.Generator().manual_seed(0))
     outputs, logprobs = sample(AutoModelForCausalLM.from_pretrained(student_dir).eval(), prompts, 3, seed=0)
     write_samples(tmp_path / "store", prompts, outputs, logprobs, 2)
+    return student_dir
+
+
+def test_learn_distill_refuses_samples_without_teacher_logprobs(tmp_path: Path) -> None:
+    student_dir = small_student_store(tmp_path)
     s = replace(settings(tmp_path / "store", student_dir), loss="distill", teacher="nobody")
     with pytest.raises(Exception, match="trajstore annotate"):
         learn(s)
@@ -188,11 +194,7 @@ def test_the_annotate_command_scores_what_is_new_once(tmp_path: Path) -> None:
 
     from cli.main import main
 
-    torch.set_num_threads(1)
-    student_dir = make_model(tmp_path / "student")
-    prompts = torch.randint(0, TINY.vocab_size, (4, 5), generator=torch.Generator().manual_seed(0))
-    outputs, logprobs = sample(AutoModelForCausalLM.from_pretrained(student_dir).eval(), prompts, 3, seed=0)
-    write_samples(tmp_path / "store", prompts, outputs, logprobs, 2)
+    student_dir = small_student_store(tmp_path)
     args = ["annotate", "--store", str(tmp_path / "store"), "--run", "default", "--teacher-model", str(student_dir),
             "--name", "self", "--device", "cpu"]
     first = CliRunner().invoke(main, args)
