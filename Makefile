@@ -1,5 +1,6 @@
 # The two commands of the README, each installing what it needs into .venv:
-#   make demo   runs the main job on the embedded default (CPU, no downloads); SEED=N picks another seed
+#   make demo   runs the main job on the embedded default (CPU, no downloads); SEED=N picks another seed,
+#               LOSS=gspo (ppo, tis, gspo, cispo) the learner's loss
 #   make test   runs the test suite (make test-fast: without the tests marked slow or vllm, the inner loop);
 #               it installs what the tests drive first: vLLM's CPU build in its own virtualenv (make vllm),
 #               the Claude Code CLI (make claude-code: npm ci, pinned by
@@ -7,6 +8,7 @@
 #               and Debian's chromium when missing (the viewer's browser tests drive it)
 PYTHON ?= python3
 SEED ?= 0
+LOSS ?= ppo
 VENV := .venv
 PY := $(VENV)/bin/python
 # vLLM (the CPU build) lives in its own virtualenv: it pins an older transformers than the project's.
@@ -57,7 +59,7 @@ chromium:
 
 demo: $(VENV)/.installed
 	rm -rf trajstore-demo
-	$(VENV)/bin/trajstore demo --dir trajstore-demo --seed $(SEED)
+	$(VENV)/bin/trajstore demo --dir trajstore-demo --seed $(SEED) --loss $(LOSS)
 
 test: $(VENV)/.installed $(VLLM_STAMP) claude-code chromium
 	$(PY) -m pytest -q

@@ -39,17 +39,19 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
 from collectors.children import spawn_child
 from collectors.envs import packing
 from collectors.model.build import ModelSize, init_model
+from learner.settings import LossName
 from learner.sft import warm_start
 from trajstore import open_store
 
 RUN = "demo"
+DEMO_LOSSES = tuple(n for n in get_args(LossName) if n != "distill")  # what the loop can run: it has no teacher
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class DemoSettings:
     lr: float = 2e-3  # 3e-3 broke the reply format for a few versions in 2 seeds of 3; 1e-3 learned too slowly
     warmup_steps: int = 10  # learn --warmup-steps
     kl_coef: float = 0.0  # learn --kl-coef: k3 KL to the warm-started model
+    loss: str = "ppo"  # learn --loss: any but distill (the loop has no teacher)
     temperature: float = 1.0
     max_tokens: int = 48
     max_turns: int = 3
@@ -92,6 +95,9 @@ class DemoSettings:
             out.append(f"warm_start_right is a share of episodes, in (0, 1]; got {self.warm_start_right}")
         if self.kl_coef < 0:
             out.append(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.loss not in DEMO_LOSSES:
+            out.append(f"loss must be one of {list(DEMO_LOSSES)}, got {self.loss!r} (distill needs a teacher's "
+                       "annotations: run `trajstore annotate` and `trajstore learn --loss distill` on a store)")
         out += self.size.problems()
         if self.engine not in ("embedded", "vllm"):
             out.append(f"engine must be 'embedded' or 'vllm', got {self.engine!r}")
@@ -138,7 +144,7 @@ def commands(s: DemoSettings, model: Path) -> dict[str, list[str]]:
     learn = _cli("learn", "--store", d / "store", "--run", RUN, "--model", model, "--checkpoints", d / "checkpoints",
                  "--max-staleness", s.max_staleness, "--groups-per-step", s.groups_per_step, "--steps", s.steps,
                  "--publish-every", s.publish_every, "--lr", s.lr, "--warmup-steps", s.warmup_steps, "--kl-coef", s.kl_coef,
-                 "--seed", s.seed)
+                 "--loss", s.loss, "--seed", s.seed)
     collect = _cli("collect", "--store", d / "store", "--run", RUN, "--tasks", d / "tasks.jsonl", "--n", s.n,
                    "--model", model, "--tools", "collectors.envs.packing:forecast",
                    "--reward", "collectors.envs.packing:reward",

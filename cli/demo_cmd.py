@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 import click
 from rich.columns import Columns
@@ -16,6 +16,7 @@ from rich.text import Text
 
 from cli.output import CommandConsole
 from cli.replay_cmd import render_answers
+from learner.settings import LossName
 
 if TYPE_CHECKING:
     from cli.demo import DemoResult
@@ -34,7 +35,10 @@ console = CommandConsole()
 @click.option("--engine", type=click.Choice(["embedded", "vllm"]), default="embedded", show_default=True,
               help="Who serves the model to the collector: the embedded server, or vLLM from .venv-vllm "
                    "(collect --vllm); the preset is the same.")
-def demo(directory: Path, quick: bool, steps: int | None, minutes: float | None, seed: int, engine: str) -> None:
+@click.option("--loss", type=click.Choice(get_args(LossName)), default="ppo", show_default=True,
+              help="The learner's loss (learn --loss; distill needs a teacher, which the loop does not have).")
+def demo(directory: Path, quick: bool, steps: int | None, minutes: float | None, seed: int, engine: str,
+         loss: str) -> None:
     """The closed loop on this machine's CPU: a tiny model learns by RL to pack for the forecast.
 
     Builds a random model, warm-starts it on the format (call the forecast tool, name an item:
@@ -50,7 +54,7 @@ def demo(directory: Path, quick: bool, steps: int | None, minutes: float | None,
     from cli.demo import DemoSettings, run_demo  # torch and transformers load only when a demo runs
 
     settings = DemoSettings.quick(directory, seed) if quick else DemoSettings(directory, seed=seed)
-    settings = dataclasses.replace(settings, engine=engine)
+    settings = dataclasses.replace(settings, engine=engine, loss=loss)
     if steps is not None:
         settings = dataclasses.replace(settings, steps=steps)
     if minutes is None and engine == "vllm" and not quick:

@@ -7,12 +7,39 @@ from typing import Any, get_args
 import click
 
 from cli.options import seal_interval_option, setting_default, store_option
-from learner.settings import AggregationName, DeviceName, LearnSettings, LossName
+from learner.settings import AggregationName, DeviceName, KlEstimatorName, LearnSettings, LossName
 from trajstore import ESTIMATORS
 
 
 def _default(name: str) -> Any:
     return setting_default(LearnSettings, name)
+
+
+def _ratio_band(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[float, float] | None:
+    """--mask-ratio LOW,HIGH -> (LOW, HIGH); the settings check the band itself."""
+    if value is None:
+        return None
+    try:
+        low, high = (float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not LOW,HIGH (two numbers, e.g. 0.5,5)") from None
+    return low, high
+
+
+def _reject(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, float, float]:
+    """--reject none | geo:LOW,HIGH | k3:BOUND -> (mode, low, high); the settings check the bounds."""
+    mode, _, bounds = value.partition(":")
+    try:
+        if mode == "none" and not bounds:
+            return "none", 0.0, 0.0
+        if mode == "geo":
+            low, high = (float(v) for v in bounds.split(","))
+            return "geo", low, high
+        if mode == "k3":
+            return "k3", 0.0, float(bounds)
+    except ValueError:
+        pass
+    raise click.BadParameter(f"{value!r} is not none, geo:LOW,HIGH (e.g. geo:0.5,2) or k3:BOUND (e.g. k3:0.05)")
 
 
 @click.command("learn")
@@ -43,7 +70,24 @@ def _default(name: str) -> Any:
 @click.option("--estimator", type=click.Choice(ESTIMATORS), default=_default("estimator"), show_default=True,
               help="Advantage estimator (computed by the store's SQL; batch: the shard's mean reward as baseline).")
 @click.option("--loss", type=click.Choice(get_args(LossName)), default=_default("loss"), show_default=True,
-              help="ppo: clipped ratio to the behaviour logprobs; tis: REINFORCE with truncated IS weights.")
+              help="ppo: clipped ratio to the behaviour logprobs; tis: REINFORCE with truncated IS weights; "
+                   "gspo: the sequence's geometric-mean ratio, clipped per sequence (--seq-clip-low/-high); "
+                   "cispo: clipped IS weight (stop-gradient) times the token logprob (--clip-low/-high); "
+                   "distill: per-token reverse KL to a teacher's logprobs (--teacher).")
+@click.option("--dual-clip", type=float, metavar="C",
+              help="ppo: bound a negative advantage's loss at -C*A (C > 1, the paper uses 3). Default: off.")
+@click.option("--seq-clip-low", type=float, default=_default("seq_clip_low"), show_default=True, help="gspo's sequence clip band.")
+@click.option("--seq-clip-high", type=float, default=_default("seq_clip_high"), show_default=True)
+@click.option("--mask-ratio", callback=_ratio_band, metavar="LOW,HIGH",
+              help="IcePop: drop tokens whose ratio pi/behaviour leaves [LOW, HIGH] from the loss (e.g. 0.5,5); "
+                   "counted as masked_tokens.")
+@click.option("--reject", callback=_reject, default=_default("reject"), show_default=True, metavar="none|geo:LOW,HIGH|k3:BOUND",
+              help="Drop whole samples whose mismatch to the behaviour policy is too large: geometric-mean ratio "
+                   "outside [LOW, HIGH], or mean per-token k3 above BOUND; counted as rejected_samples/tokens.")
+@click.option("--teacher", metavar="NAME",
+              help="distill: the teacher annotation to learn from (the --name of `trajstore annotate`).")
+@click.option("--distill-reward-coef", type=float, default=_default("distill_reward_coef"), show_default=True,
+              help="distill: weight of the task advantage beside the reverse KL (0: pure distillation).")
 @click.option("--aggregation", type=click.Choice(get_args(AggregationName)), default=_default("aggregation"),
               show_default=True, help="How token losses become the step's loss.")
 @click.option("--normalizer", type=click.IntRange(min=1), default=_default("normalizer"), show_default=True,
@@ -51,7 +95,10 @@ def _default(name: str) -> Any:
 @click.option("--clip-low", type=float, default=_default("clip_low"), show_default=True)
 @click.option("--clip-high", type=float, default=_default("clip_high"), show_default=True)
 @click.option("--is-cap", type=float, default=_default("is_cap"), show_default=True, help="Truncated IS cap (--loss tis).")
-@click.option("--kl-coef", type=float, default=_default("kl_coef"), show_default=True, help="k3 KL to the initial model.")
+@click.option("--kl-coef", type=float, default=_default("kl_coef"), show_default=True,
+              help="Weight of the KL to the initial model (with --lora: the base, adapters off).")
+@click.option("--kl-estimator", type=click.Choice(get_args(KlEstimatorName)), default=_default("kl_estimator"), show_default=True,
+              help="k1: log(pi/ref); k2: log(pi/ref)^2/2; k3: ref/pi - 1 - log(ref/pi), clamped to <= 10.")
 @click.option("--temperature", type=float, default=_default("temperature"), show_default=True,
               help="The collectors' sampling temperature.")
 @click.option("--seed", type=int, default=_default("seed"), show_default=True)
@@ -70,8 +117,10 @@ def _default(name: str) -> Any:
 def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, checkpoint_uri: str | None,
           max_staleness: int, groups_per_step: int,
           micro_batch_tokens: int, lr: float, warmup_steps: int, max_grad_norm: float, steps: int | None, follow: bool,
-          publish_every: int, estimator: str, loss: str, aggregation: str, normalizer: int, clip_low: float,
-          clip_high: float, is_cap: float, kl_coef: float, temperature: float, seed: int, lora: bool,
+          publish_every: int, estimator: str, loss: str, dual_clip: float | None, seq_clip_low: float,
+          seq_clip_high: float, mask_ratio: tuple[float, float] | None, reject: tuple[str, float, float],
+          teacher: str | None, distill_reward_coef: float, aggregation: str, normalizer: int, clip_low: float,
+          clip_high: float, is_cap: float, kl_coef: float, kl_estimator: str, temperature: float, seed: int, lora: bool,
           lora_rank: int, lora_alpha: int, device: str, poll_interval: float, wait_timeout: float,
           writer: str | None, create_store: bool, seal_interval: float) -> None:
     """Train the policy on the store's complete groups and publish checkpoints the collectors load.
@@ -100,6 +149,9 @@ def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, checkp
         steps=steps, follow=follow, publish_every=publish_every, estimator=estimator,  # type: ignore[arg-type]
         loss=loss, aggregation=aggregation, normalizer=normalizer, clip_low=clip_low,  # type: ignore[arg-type]
         clip_high=clip_high, is_cap=is_cap, kl_coef=kl_coef, temperature=temperature, seed=seed, lora=lora,
+        dual_clip=dual_clip, seq_clip_low=seq_clip_low, seq_clip_high=seq_clip_high, mask_ratio=mask_ratio,
+        reject=reject[0], reject_low=reject[1], reject_high=reject[2], teacher=teacher,  # type: ignore[arg-type]
+        distill_reward_coef=distill_reward_coef, kl_estimator=kl_estimator,  # type: ignore[arg-type]
         lora_rank=lora_rank, lora_alpha=lora_alpha, device=device, poll_interval=poll_interval,  # type: ignore[arg-type]
         wait_timeout=wait_timeout, writer=writer, create_store=create_store, seal_interval=seal_interval,
     )

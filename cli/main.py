@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from cli.annotate_cmd import annotate
 from cli.collect_cmd import collect, reward
 from cli.collectors_cmds import init_model, serve
 from cli.demo_cmd import demo
@@ -244,6 +245,7 @@ main.add_command(collect)
 main.add_command(reward)
 main.add_command(learn)
 main.add_command(sft)
+main.add_command(annotate)
 main.add_command(demo)
 main.add_command(view)
 

@@ -49,6 +49,7 @@ class MicroBatch:
     seq: torch.Tensor  # (B*L,) int64: index into `rows` of the sample each position belongs to
     seq_weight: torch.Tensor  # (S,) float32: 1 / segments of the sample's rollout
     rows: tuple[int, ...]  # the samples table's rows, in `seq` order
+    teacher_logprobs: torch.Tensor | None = None  # (B*L,) float32 when the samples carry a teacher's
 
     @property
     def num_positions(self) -> int:
@@ -83,6 +84,7 @@ class _Flat:
     offsets: np.ndarray  # (S+1,) int64
     advantage: np.ndarray  # (S,) float32
     weight: np.ndarray  # (S,) float32
+    teacher: np.ndarray | None = None  # float32, aligned with tokens: the samples' `teacher_logprobs`
 
     def positions(self, row: int) -> int:
         return int(self.offsets[row + 1] - self.offsets[row]) - 1
@@ -110,8 +112,12 @@ def _flat(samples: pa.Table) -> _Flat:
         offsets=offsets,
         advantage=pc.fill_null(samples.column("advantage"), 0.0).to_numpy().astype(np.float32),
         weight=(1.0 / samples.column("rollout_segments").to_numpy().astype(np.float64)).astype(np.float32),
+        teacher=values("teacher_logprobs", np.float32, 0.0) if "teacher_logprobs" in samples.column_names else None,
     )
     n = int(offsets[-1])
+    if flat.teacher is not None and len(flat.teacher) != n:
+        raise ValueError(f"the samples' teacher_logprobs hold {len(flat.teacher)} values but their tokens {n}; "
+                         "each sample's teacher logprobs must be aligned with its tokens")
     if not (len(flat.tokens) == len(flat.mask) == len(flat.logprobs) == n):
         raise ValueError(f"the samples' tokens, loss_mask and logprobs hold {len(flat.tokens)}, {len(flat.mask)} "
                          f"and {len(flat.logprobs)} values in all; every sample needs the three of equal length")
@@ -134,7 +140,8 @@ def _trainable_rows(flat: _Flat) -> list[int]:
 
 def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
     """Rows concatenated into one packed row (width None) or padded to `width`, one row each."""
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("inp", "pos", "tgt", "msk", "blp", "adv", "seq", "att")}
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("inp", "pos", "tgt", "msk", "blp", "adv", "seq", "att",
+                                                           "tlp")}
     for i, r in enumerate(rows):
         start, end = int(flat.offsets[r]), int(flat.offsets[r + 1])
         n = end - start - 1
@@ -147,6 +154,8 @@ def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
         parts["adv"].append(np.full(n + pad, flat.advantage[r], dtype=np.float32))
         parts["seq"].append(np.full(n + pad, i, dtype=np.int64))
         parts["att"].append(np.pad(np.ones(n, dtype=np.int64), (0, pad)))
+        if flat.teacher is not None:
+            parts["tlp"].append(np.pad(flat.teacher[start + 1:end], (0, pad)))
     rows_b = 1 if width is None else len(rows)
 
     def cat(key: str) -> torch.Tensor:
@@ -163,6 +172,7 @@ def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
         seq=cat("seq"),
         seq_weight=torch.from_numpy(flat.weight[rows].copy()),
         rows=tuple(rows),
+        teacher_logprobs=cat("tlp") if flat.teacher is not None else None,
     )
 
 

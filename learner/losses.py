@@ -149,21 +149,31 @@ def entropy(logits: torch.Tensor, *, chunk_rows: int | None = None) -> torch.Ten
 
 
 def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, *,
-                  clip_low: float = 0.2, clip_high: float = 0.28) -> tuple[torch.Tensor, torch.Tensor]:
+                  clip_low: float = 0.2, clip_high: float = 0.28,
+                  dual_clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate with separate lower and upper clip ranges (DAPO's clip-higher).
 
     ratio = exp(logprobs - old_logprobs); loss = -min(ratio * A, clamp(ratio, 1 - clip_low,
     1 + clip_high) * A). `old_logprobs` are the recorded behaviour logprobs, so the ratio also
     corrects the train/inference mismatch.
+
+    Dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep
+    Reinforcement Learning", arXiv 1912.09729): with `dual_clip` = c > 1, a negative-advantage
+    token's loss is also bounded above by -c * A, i.e. loss = min(loss_ppo, -c * A) where A < 0.
+    PPO never clips a ratio far above 1 when A < 0, so one stale or mismatched token with a
+    huge ratio could otherwise dominate the step; dual-clipped tokens get zero gradient.
+
     logprobs (N,) differentiable; old_logprobs, advantages (N,).
-    Returns loss (N,) and clipped (N,) bool: where the clipped term is the smaller one, i.e.
-    the ratio left the trust region in the direction the advantage pushes it; those tokens
-    get zero gradient.
+    Returns loss (N,) and clipped (N,) bool: where a clip is active (the clipped term is the
+    smaller one, or the dual clip bounds the loss), i.e. the ratio left the trust region in
+    the direction the advantage pushes it; those tokens get zero gradient.
     """
     _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
     if not (0 <= clip_low < 1 and clip_high >= 0):
         raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, "
                          f"clip_high={clip_high} (DAPO uses 0.2 and 0.28)")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"dual_clip must be > 1 (the paper uses 3), got {dual_clip}; None turns it off")
     ratio = (logprobs - old_logprobs.detach()).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
     advantages = advantages.detach()
     unclipped = ratio * advantages
@@ -171,6 +181,11 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     clipped = clipped_term < unclipped
     # Where clipped, the clamp is active, so that branch carries no gradient into logprobs.
     loss = -torch.where(clipped, clipped_term, unclipped)
+    if dual_clip is not None:
+        bound = -dual_clip * advantages  # a constant: no gradient where it binds
+        dual = (advantages < 0) & (loss > bound)
+        loss = torch.where(dual, bound, loss)
+        clipped = clipped | dual
     return loss, clipped
 
 
@@ -210,6 +225,32 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     d = (ref_logprobs.detach() - logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return d.exp() - d - 1
+
+
+KL_K3_MAX = 10.0  # the k3 penalty's clamp: a token whose k3 exceeds 10 adds 10 and no gradient
+
+
+def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k1 = logprobs - ref_logprobs: unbiased for KL(pi || ref) on pi's samples, high variance,
+    may be negative; as a loss its gradient is the score function, zero in expectation (Schulman
+    2020, "Approximating KL Divergence"). logprobs (N,) differentiable; ref_logprobs (N,)."""
+    _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    return logprobs - ref_logprobs.detach()
+
+
+def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k2 = (logprobs - ref_logprobs)^2 / 2: biased, low variance; its gradient
+    (logprobs - ref) * grad(logprobs) is the exact gradient of KL(pi || ref) on pi's own samples
+    (Schulman 2020). logprobs (N,) differentiable; ref_logprobs (N,)."""
+    _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    return (logprobs - ref_logprobs.detach()).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).square() / 2
+
+
+def kl_k3_clamped(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """`kl_k3` clamped to at most KL_K3_MAX = 10, as verl's `low_var_kl`: k3 = exp(d) - d - 1 with
+    d = ref - logprobs grows as exp(d) where the policy has made a token far less likely than the
+    reference, and one such token could swamp the step; past the clamp it adds 10 and no gradient."""
+    return kl_k3(logprobs, ref_logprobs).clamp(max=KL_K3_MAX)
 
 
 def _masked(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -285,13 +326,26 @@ class LossStats:
     mismatch_k3_sum: float = 0.0
     entropy_sum: float = 0.0
     entropy_tokens: float = 0.0
+    # the loss choice's own (learner.objectives.objective_stats)
+    clipped_low: float = 0.0
+    clipped_high: float = 0.0
+    masked_tokens: float = 0.0
+    rejected_samples: float = 0.0
+    rejected_tokens: float = 0.0
+    seq_samples: float = 0.0
+    seq_ratio_sum: float = 0.0
+    seq_ratio_min: float = math.inf
+    seq_ratio_max: float = -math.inf
+    distill_kl_sum: float = 0.0
+    distill_tokens: float = 0.0
 
     def __add__(self, other: LossStats) -> LossStats:
         if not isinstance(other, LossStats):
             return NotImplemented
-        values = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        values["is_weight_min"] = min(self.is_weight_min, other.is_weight_min)
-        values["is_weight_max"] = max(self.is_weight_max, other.is_weight_max)
+        values = {}
+        for f in fields(self):  # *_min and *_max fields combine by min and max, the rest add
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            values[f.name] = min(a, b) if f.name.endswith("_min") else max(a, b) if f.name.endswith("_max") else a + b
         return LossStats(**values)
 
     def finalize(self) -> dict[str, float]:
@@ -299,8 +353,12 @@ class LossStats:
 
         tokens; clip_fraction (share of tokens whose PPO clip was active); is_weight_mean/min/max
         (untruncated exp(logprobs - behaviour)); mismatch_kl_k1 / mismatch_kl_k3 (two estimates
-        of KL(behaviour || current) from the behaviour's samples); entropy (when given). Means
-        over zero tokens are left out rather than reported as NaN.
+        of KL(behaviour || current) from the behaviour's samples); entropy (when given). With the
+        loss choice's sums (`learner.objectives.objective_stats`): clip_fraction_low/_high (the
+        share of tokens clipped below / above the band), masked_tokens (IcePop), rejected_samples
+        and rejected_tokens, seq_ratio_mean/min/max (each sample's geometric-mean ratio
+        exp(mean_t log(pi / mu))), distill_kl (mean per-token log pi - log teacher). Means over
+        zero tokens are left out rather than reported as NaN.
         """
         out = {"tokens": self.tokens}
         if self.tokens > 0:
@@ -314,6 +372,19 @@ class LossStats:
             }
         if self.entropy_tokens > 0:
             out["entropy"] = self.entropy_sum / self.entropy_tokens
+        if self.seq_samples > 0:
+            out |= {
+                "clip_fraction_low": self.clipped_low / max(self.tokens, 1.0),
+                "clip_fraction_high": self.clipped_high / max(self.tokens, 1.0),
+                "masked_tokens": self.masked_tokens,
+                "rejected_samples": self.rejected_samples,
+                "rejected_tokens": self.rejected_tokens,
+                "seq_ratio_mean": self.seq_ratio_sum / self.seq_samples,
+                "seq_ratio_min": self.seq_ratio_min,
+                "seq_ratio_max": self.seq_ratio_max,
+            }
+            if self.distill_tokens > 0:
+                out["distill_kl"] = self.distill_kl_sum / self.distill_tokens
         return out
 
 

@@ -15,6 +15,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("is_weight_mean", "is_w", "{:.3f}"),
     ("mismatch_kl_k3", "mismatch_kl", "{:.2e}"),
     ("kl_ref", "kl_ref", "{:.2e}"),
+    ("distill_kl", "distill_kl", "{:+.3f}"),
     ("entropy", "entropy", "{:.3f}"),
     ("grad_norm", "grad", "{:.3f}"),
     ("staleness_max", "stale", "{:.0f}"),

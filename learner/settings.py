@@ -18,7 +18,9 @@ from typing import Any, Literal, get_args
 from learner.errors import LearnerError
 from trajstore import Estimator
 
-LossName = Literal["ppo", "tis"]
+LossName = Literal["ppo", "tis", "gspo", "cispo", "distill"]
+KlEstimatorName = Literal["k1", "k2", "k3"]
+RejectName = Literal["none", "geo", "k3"]
 AggregationName = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 DeviceName = Literal["auto", "cpu", "cuda"]
 
@@ -59,10 +61,20 @@ class LearnSettings:
     loss: LossName = "ppo"
     clip_low: float = 0.2
     clip_high: float = 0.28
-    is_cap: float = 2.0  # truncated importance-sampling cap (loss "tis")
+    is_cap: float = 2.0  # truncated importance-sampling cap (losses "tis" and "distill")
+    dual_clip: float | None = None  # ppo: bound a negative advantage's loss at -dual_clip * A (> 1; None: off)
+    seq_clip_low: float = 3e-4  # gspo: the sequence ratio's clip band (the GSPO paper's values)
+    seq_clip_high: float = 4e-4
+    mask_ratio: tuple[float, float] | None = None  # IcePop: drop tokens whose pi / behaviour leaves [low, high]
+    reject: RejectName = "none"  # sequence rejection: by geometric-mean ratio ("geo") or mean k3 ("k3")
+    reject_low: float = 0.0  # geo: reject a sample whose geometric-mean ratio is below this ...
+    reject_high: float = 0.0  # ... or above this; k3: whose mean k3 exceeds this
+    teacher: str | None = None  # distill: the annotation name (`trajstore annotate --name`) to learn from
+    distill_reward_coef: float = 0.0  # distill: weight of the task advantage beside the reverse KL
     aggregation: AggregationName = "token_mean"
     normalizer: int = 1024  # seq_mean_token_sum: the fixed divisor of each sample's token sum (Dr. GRPO)
-    kl_coef: float = 0.0  # k3 KL to the initial model; the reference model is loaded only when > 0
+    kl_coef: float = 0.0  # KL to the initial model (LoRA: the base); the reference is loaded only when > 0
+    kl_estimator: KlEstimatorName = "k3"  # k1, k2, or k3 clamped to <= 10 (learner.losses)
     temperature: float = 1.0  # the collectors' sampling temperature: logits / temperature match their logprobs
     seed: int = 0
     lora: bool = False
@@ -112,16 +124,44 @@ class LearnSettings:
             out.append(f"warmup_steps must be >= 0 (got {self.warmup_steps})")
         if self.kl_coef < 0:
             out.append(f"kl_coef must be >= 0 (got {self.kl_coef})")
+        out += self._loss_problems()
         if self.steps is None and not self.follow:
             out.append("say when to stop: give steps (a total step count) or follow=True (run until killed)")
         if self.steps is not None and self.steps < 1:
             out.append(f"steps must be >= 1 (got {self.steps})")
         for name, typ in (("estimator", Estimator), ("loss", LossName), ("aggregation", AggregationName),
-                          ("device", DeviceName)):
+                          ("device", DeviceName), ("kl_estimator", KlEstimatorName), ("reject", RejectName)):
             if getattr(self, name) not in get_args(typ):
                 out.append(f"{name} {getattr(self, name)!r} is not one of {list(get_args(typ))}")
         if self.writer is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", self.writer):
             out.append(f"writer {self.writer!r} must be 1-100 letters, digits, '.', '_' or '-'")
+        return out
+
+    def _loss_problems(self) -> list[str]:
+        """The loss choice's own knobs: dual clip, GSPO's band, IcePop's band, rejection, distillation."""
+        out: list[str] = []
+        if self.dual_clip is not None and not 1 < self.dual_clip < math.inf:
+            out.append(f"dual_clip must be > 1 (the dual-clip paper uses 3), got {self.dual_clip}; leave it out "
+                       "to turn it off")
+        if not (0 <= self.seq_clip_low < 1 and 0 <= self.seq_clip_high < math.inf):
+            out.append(f"seq_clip_low must be in [0, 1) and seq_clip_high >= 0 (got {self.seq_clip_low}, "
+                       f"{self.seq_clip_high}; GSPO uses 3e-4 and 4e-4)")
+        if self.mask_ratio is not None and not (len(self.mask_ratio) == 2
+                                                and 0 < self.mask_ratio[0] < 1 < self.mask_ratio[1] < math.inf):
+            out.append(f"mask_ratio must be LOW,HIGH with 0 < LOW < 1 < HIGH (got {self.mask_ratio}; "
+                       "IcePop uses 0.5,5)")
+        if self.reject == "geo" and not 0 < self.reject_low < 1 < self.reject_high < math.inf:
+            out.append(f"reject geo needs 0 < low < 1 < high (got {self.reject_low}, {self.reject_high}); "
+                       "e.g. --reject geo:0.5,2")
+        if self.reject == "k3" and not 0 < self.reject_high < math.inf:
+            out.append(f"reject k3 needs a bound > 0 (got {self.reject_high}); e.g. --reject k3:0.05")
+        if not (0 <= self.distill_reward_coef < math.inf):
+            out.append(f"distill_reward_coef must be >= 0 and finite (got {self.distill_reward_coef})")
+        if self.loss == "distill" and not self.teacher:
+            out.append("loss distill needs teacher: the --name a `trajstore annotate` run wrote the teacher's "
+                       "logprobs under")
+        if self.teacher is not None and self.loss != "distill":
+            out.append(f"teacher {self.teacher!r} is only read by loss distill (got loss {self.loss!r})")
         return out
 
     def check(self) -> None:

@@ -15,8 +15,9 @@ directory was renamed into place but whose event never reached the store is anno
 restart (same deterministic event id). A retrained step appears twice in `metrics` (one per
 attempt); `checkpoints.consumed` is the record of what was trained.
 
-Loss of one step: the chosen per-token loss (`LOSSES`), plus kl_coef * k3 KL to the initial
-model, aggregated over the step (`AGGREGATIONS`) with normalizers computed over all of its
+Loss of one step: the chosen per-token loss (`learner.objectives.LOSSES`), plus kl_coef * the
+chosen KL estimate to the initial model, less the tokens IcePop masks and the samples rejection
+drops (`learner.objectives.kept_tokens`), aggregated over the step (`AGGREGATIONS`) with normalizers computed over all of its
 micro-batches before the first one, so gradient accumulation gives the step's exact
 gradient however the samples were packed. Behaviour logprobs (what the policy server
 sampled with) are the PPO "old" logprobs: one optimizer step per shard, the ratio measures
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -54,15 +54,13 @@ from learner.batching import MicroBatch, StepTotals, pack, step_totals
 from learner.losses import (
     LossStats,
     entropy,
-    kl_k3,
     loss_stats,
-    ppo_clip_loss,
     seq_mean_token_mean,
     seq_mean_token_sum,
-    tis_pg_loss,
     token_logprobs,
     token_mean,
 )
+from learner.objectives import KL_ESTIMATORS, LOSSES, LossInputs, kept_tokens, objective_stats
 from learner.errors import LearnerError
 from learner.settings import LearnSettings, SettingsError
 from trajstore import Metric, Store, Writer, artifacts, open_store
@@ -73,21 +71,6 @@ _NO_ROLLOUT_LIMIT = 1 << 40
 
 
 # ---- the choices of the settings, one visible dict each ------------------------------------------
-
-def _ppo(lp: torch.Tensor, behaviour: torch.Tensor, adv: torch.Tensor,
-         s: LearnSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    return ppo_clip_loss(lp, behaviour, adv, clip_low=s.clip_low, clip_high=s.clip_high)
-
-
-def _tis(lp: torch.Tensor, behaviour: torch.Tensor, adv: torch.Tensor,
-         s: LearnSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    truncated = (lp.detach() - behaviour) > math.log(s.is_cap)  # reported as the clip fraction
-    return tis_pg_loss(lp, behaviour, adv, cap=s.is_cap), truncated
-
-
-# per-token loss (N,) and the tokens its clip/truncation is active on (N,) bool
-LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, LearnSettings],
-                           tuple[torch.Tensor, torch.Tensor]]] = {"ppo": _ppo, "tis": _tis}
 
 # (per-token loss over one micro-batch's trainable tokens, their sample index, the micro-batch's
 # sample weights, the step's totals, settings) -> this micro-batch's share of the step's loss
@@ -188,7 +171,8 @@ def wait_for_shard(store: Store, s: LearnSettings, version: int, exclude: Iterab
     report_at = time.monotonic()
     while True:
         shard = store.shard(policy_version=version, max_staleness=s.max_staleness, max_rollouts=_NO_ROLLOUT_LIMIT,
-                            estimator=s.estimator, run=s.run, exclude=exclude, max_groups=s.groups_per_step)
+                            estimator=s.estimator, run=s.run, exclude=exclude, max_groups=s.groups_per_step,
+                            teacher=s.teacher)
         if len(shard.group_ids) >= s.groups_per_step:
             return shard
         if deadline is not None and time.monotonic() >= deadline:
@@ -213,6 +197,19 @@ def check_vocabulary(samples: pa.Table, vocab_size: int) -> None:
                        f"{vocab_size} tokens (ids 0..{vocab_size - 1}): its run was collected with another "
                        "tokenizer or model. Train it with the model that sampled it (--model), or keep runs of "
                        "different models apart (--run)")
+
+
+def check_teacher(samples: pa.Table, teacher: str | None) -> None:
+    """With a teacher, every sample must carry its logprobs; otherwise say which one lacks them and how to fix it."""
+    if teacher is None:
+        return
+    missing = samples.filter(pc.is_null(samples.column("teacher_logprobs")))
+    if missing.num_rows:
+        first = missing.slice(0, 1).to_pylist()[0]
+        raise LearnerError(f"{missing.num_rows} of the step's {samples.num_rows} samples have no complete "
+                           f"logprobs from teacher {teacher!r} (the first: rollout {first['rollout_id']}, segment "
+                           f"{first['segment_id']} of run {first['run']!r}); score them first with `trajstore "
+                           f"annotate --store ... --run {first['run']} --teacher-model DIR --name {teacher}`")
 
 
 def shard_metrics(samples: pa.Table, version: int) -> dict[str, float]:
@@ -262,7 +259,10 @@ def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | No
     with autocast():
         logits = forward_logits(model, mb, s.temperature)
     logprobs = token_logprobs(logits, targets)
-    per_token, clipped = LOSSES[s.loss](logprobs, behaviour, advantages, s)
+    inputs = LossInputs(logprobs, behaviour, advantages, seq, samples=int(mb.seq_weight.shape[0]),
+                        teacher=mb.teacher_logprobs[keep] if mb.teacher_logprobs is not None else None)
+    out = LOSSES[s.loss](inputs, s)
+    per_token = out.loss
     kl_value = 0.0
     if s.kl_coef > 0:
         with torch.no_grad(), autocast():
@@ -271,13 +271,17 @@ def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | No
             else:  # LoRA: the base model is the reference
                 with model.disable_adapter():  # type: ignore[operator]
                     ref_logits = forward_logits(model, mb, s.temperature)
-        kl = kl_k3(logprobs, token_logprobs(ref_logits, targets))
+        kl = KL_ESTIMATORS[s.kl_estimator](logprobs, token_logprobs(ref_logits, targets))
         per_token = per_token + s.kl_coef * kl
         kl_value = AGGREGATIONS[s.aggregation](kl.detach(), seq, mb.seq_weight, totals, s).item()
+    # IcePop-masked tokens and rejected samples leave the loss (selected out: no gradient, NaN-safe)
+    kept, masked, rejected = kept_tokens(inputs, s)
+    per_token = torch.where(kept, per_token, torch.zeros_like(per_token))
     loss = AGGREGATIONS[s.aggregation](per_token, seq, mb.seq_weight, totals, s)
     (loss * grad_scale).backward()
-    stats = loss_stats(logprobs, behaviour, torch.ones_like(keep, dtype=torch.bool), clipped, entropy(logits))
-    return loss.item(), kl_value, stats
+    stats = loss_stats(logprobs, behaviour, torch.ones_like(keep, dtype=torch.bool),
+                       out.clipped_low | out.clipped_high, entropy(logits))
+    return loss.item(), kl_value, stats + objective_stats(inputs, out, masked, rejected)
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
@@ -359,6 +363,7 @@ def learn(settings: LearnSettings, *,
                 break
             started = time.perf_counter()
             check_vocabulary(shard.samples, vocab_size)
+            check_teacher(shard.samples, s.teacher)
             totals = step_totals(shard.samples)
             batches = pack(shard.samples, s.micro_batch_tokens)
             optimizer.zero_grad(set_to_none=True)

@@ -332,7 +332,9 @@ def test_the_fsync_checker_sees_each_spelling(tmp_path: Path) -> None:
 # Citations of files that are not in the repository: design notes kept beside a checkout, a sibling
 # `shared` folder, a workstation's absolute paths. A reader of the repository cannot open them.
 OUTSIDE = re.compile(r"\b(?:DESIGN|STYLE)\.md\b|\.\./shared\b|/work/(?:wt|main|shared)\b")
-SKIPPED_DIRS = {".git", ".venv", ".venv-vllm", "node_modules", "test-artifacts", "__pycache__", ".pytest_cache"}
+# A fixture store's Delta log records where its table was written (commitInfo): data, not a citation.
+SKIPPED_DIRS = {".git", ".venv", ".venv-vllm", "node_modules", "test-artifacts", "__pycache__", ".pytest_cache",
+                "_delta_log"}
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".json", ".jinja", ".html", ".css", ".js", ".cfg", ".ini", ".yml",
                  ".yaml", ".sh"}
 

@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("ArtifactError", "CommitConflictError", "CorruptionError", "InvalidEventError", "QueryError",
                      "StoreNotFoundError", "TrajstoreError", "VersionNotFoundError", "WriterBusyError",
                      "WriterClosedError"), "trajstore.errors"),
-    **dict.fromkeys(("Checkpoint", "Event", "Metric", "Reward", "Status", "Turn"), "trajstore.events"),
+    **dict.fromkeys(("Checkpoint", "Event", "Metric", "Reward", "Status", "Teacher", "Turn"), "trajstore.events"),
     "new_id": "trajstore.ids",
     "Snapshot": "trajstore.read",
     "EVENT_SCHEMA": "trajstore.schema", "SCHEMA_VERSION": "trajstore.schema",
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
         WriterBusyError,
         WriterClosedError,
     )
-    from trajstore.events import Checkpoint, Event, Metric, Reward, Status, Turn
+    from trajstore.events import Checkpoint, Event, Metric, Reward, Status, Teacher, Turn
     from trajstore.ids import new_id
     from trajstore.read import Snapshot
     from trajstore.schema import EVENT_SCHEMA, SCHEMA_VERSION

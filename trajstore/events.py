@@ -1,7 +1,7 @@
 """Typed events, their validation, and their conversion to Arrow columns.
 
 An event is either one of the frozen dataclasses below (`Turn`, `Reward`, `Status`,
-`Checkpoint`, `Metric`) or a plain dict shaped like a JSON line of `trajstore ingest`. Both
+`Checkpoint`, `Metric`, `Teacher`) or a plain dict shaped like a JSON line of `trajstore ingest`. Both
 are validated once, at the store's edge: `to_columns` (what `Writer.append` calls) checks a
 whole call at once and reports every problem; it never returns a partial batch. Building a
 typed event checks nothing, so a token list is read once on its way to the log. Checks that are O(1) per event run in Python; checks over token lists
@@ -50,11 +50,14 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "status": ("group_id", "rollout_id", "status"),
     "checkpoint": ("policy_version", "step"),
     "metric": ("step", "metrics"),
+    "teacher": ("group_id", "rollout_id", "segment_id", "turn_index", "policy_version", "teacher",
+                "teacher_logprobs"),
 }
 SUPPLIABLE: frozenset[str] = frozenset(COLUMNS) - WRITER_COLUMNS - COUNT_COLUMNS
-_ID_FIELDS = ("event_id", "run", "group_id", "rollout_id", "session_id", "segment_id", "reward_name")
+_ID_FIELDS = ("event_id", "run", "group_id", "rollout_id", "session_id", "segment_id", "reward_name", "teacher")
 _INT_FIELDS = ("turn_index", "policy_version", "group_size", "step", "table_version")
 _LOGPROB_SLACK = 1e-4  # float rounding can push log(1) a hair above zero
+_LOGPROB_LISTS = ("output_logprobs", "teacher_logprobs")
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 _LIST_FIELDS = tuple(ELEMENT)
 
@@ -147,8 +150,27 @@ class Metric(_Event):
     consumed: Sequence[str] | None = None
 
 
-Event = Union[Turn, Reward, Status, Checkpoint, Metric]
-EVENT_TYPES: dict[str, type[_Event]] = {t.kind: t for t in (Turn, Reward, Status, Checkpoint, Metric)}
+@dataclass(frozen=True, kw_only=True)
+class Teacher(_Event):
+    """A teacher's logprob of each output token of one turn, appended after the fact (`trajstore annotate`).
+
+    Keyed by the turn it scores (rollout_id, segment_id, turn_index) and filed under `teacher`, a
+    name; the turn's group_id and policy_version come along so that a training shard, which reads
+    by group and version, finds it beside the turn. The `teacher_logprobs` view aligns it with the
+    sample's tokens."""
+
+    kind: ClassVar[str] = "teacher"
+    group_id: str
+    rollout_id: str
+    segment_id: str
+    turn_index: int
+    policy_version: int
+    teacher: str
+    teacher_logprobs: FloatList
+
+
+Event = Union[Turn, Reward, Status, Checkpoint, Metric, Teacher]
+EVENT_TYPES: dict[str, type[_Event]] = {t.kind: t for t in (Turn, Reward, Status, Checkpoint, Metric, Teacher)}
 
 
 def _length(value: Any) -> int | None:
@@ -263,13 +285,14 @@ def _check_token_values(rec: Mapping[str, Any]) -> list[str]:
             problems.append(f"{name} {why}")
         elif arr.size and (arr.min() < 0 or arr.max() > INT32_MAX):
             problems.append(f"{name} must hold token ids between 0 and {INT32_MAX}")
-    value = rec.get("output_logprobs")
-    if value is not None and not _not_a_list(value):
-        arr, why = row_array(value, "float")
-        if arr is None:
-            problems.append(f"output_logprobs {why}")
-        elif arr.size and (np.isnan(arr).any() or arr.max() > _LOGPROB_SLACK):
-            problems.append("output_logprobs must be log probabilities (<= 0, not NaN)")
+    for name in _LOGPROB_LISTS:
+        value = rec.get(name)
+        if value is not None and not _not_a_list(value):
+            arr, why = row_array(value, "float")
+            if arr is None:
+                problems.append(f"{name} {why}")
+            elif arr.size and (np.isnan(arr).any() or arr.max() > _LOGPROB_SLACK):
+                problems.append(f"{name} must be log probabilities (<= 0, not NaN)")
     value = rec.get("output_mask")
     if value is not None and not _not_a_list(value):
         arr, why = row_array(value, "bool")
@@ -323,17 +346,18 @@ def _vector_checks(columns: dict[str, pa.Array]) -> list[tuple[int, str]]:
     (Token id ranges are checked during conversion, before the ids are narrowed to int32.)
     """
     problems: list[tuple[int, str]] = []
-    lp = columns["output_logprobs"]
-    if lp.null_count == len(lp) or not len(lp.values):
-        return problems
-    values = lp.values.to_numpy()  # a view of the float32 buffer, not a copy
-    if np.isnan(values).any() or values.max() > _LOGPROB_SLACK:  # rows only when some fail
-        flat = pc.list_flatten(lp)
-        bad = pc.or_(pc.is_nan(flat), pc.greater(flat, _LOGPROB_SLACK))
-        if pc.any(bad).as_py():
-            rows = pc.list_parent_indices(lp).filter(bad)
-            for row in sorted(set(rows.to_pylist())):
-                problems.append((row, "output_logprobs must be log probabilities (<= 0, not NaN)"))
+    for name in _LOGPROB_LISTS:
+        lp = columns.get(name)  # missing when its conversion failed (already reported)
+        if lp is None or lp.null_count == len(lp) or not len(lp.values):
+            continue
+        values = lp.values.to_numpy()  # a view of the float32 buffer, not a copy
+        if np.isnan(values).any() or values.max() > _LOGPROB_SLACK:  # rows only when some fail
+            flat = pc.list_flatten(lp)
+            bad = pc.or_(pc.is_nan(flat), pc.greater(flat, _LOGPROB_SLACK))
+            if pc.any(bad).as_py():
+                rows = pc.list_parent_indices(lp).filter(bad)
+                for row in sorted(set(rows.to_pylist())):
+                    problems.append((row, f"{name} must be log probabilities (<= 0, not NaN)"))
     return problems
 
 
@@ -343,7 +367,7 @@ def as_record(event: Event | Mapping[str, Any]) -> dict[str, Any]:
         return event.record()
     if isinstance(event, Mapping):
         return dict(event)
-    raise TypeError(f"an event must be a Turn, Reward, Status, Checkpoint, Metric or a dict, got {type(event).__name__}")
+    raise TypeError(f"an event must be a Turn, Reward, Status, Checkpoint, Metric, Teacher or a dict, got {type(event).__name__}")
 
 
 _DEFAULTED = frozenset({"event_id", "run", "reward_name", "time"})  # filled in when missing
@@ -453,8 +477,7 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             for row in _rows_failing(values, typ) or range(n):
                 problems.append((row, f"{name} cannot be stored as {typ}: {exc}"))
-    if "output_logprobs" in columns:  # also when another column failed: every problem is reported
-        problems += _vector_checks(columns)
+    problems += _vector_checks(columns)  # also when another column failed: every problem is reported
     if problems:
         raise InvalidEventError(sorted(problems))
     prompt_len = _lengths(columns["prompt_ids"])

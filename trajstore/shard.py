@@ -38,6 +38,7 @@ from trajstore.views import ESTIMATORS, Estimator
 _SCALARS = [f.name for f in EVENT_SCHEMA if not isinstance(f.type, (pa.ListType, pa.MapType))
             and f.name not in ("request", "response", "sampling", "meta", "error")]
 _SAMPLE_COLUMNS = [*_SCALARS, "prompt_ids", "output_ids", "output_logprobs", "output_mask", "consumed"]
+_TEACHER_COLUMNS = [*_SAMPLE_COLUMNS, "teacher_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,9 @@ class Shard:
     run, group_id, rollout_id, segment_id, tokens, loss_mask, logprobs (equal lengths),
     advantage (the rollout's, on every segment of it), reward, prompt_tokens, num_tokens,
     trainable_tokens, min_version, max_version, rollout_segments (segments of its rollout,
-    so a loss can count the rollout once).
+    so a loss can count the rollout once); with a `teacher`, teacher_logprobs (aligned with
+    tokens, as the `teacher_logprobs` view has them; null where the sample is not completely
+    annotated by that teacher).
     """
 
     samples: pa.Table
@@ -72,7 +75,7 @@ class Shard:
 
 def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
                estimator: Estimator = "grpo", run: str | None = None,
-               exclude: Iterable[str] = (), max_groups: int | None = None) -> Shard:
+               exclude: Iterable[str] = (), max_groups: int | None = None, teacher: str | None = None) -> Shard:
     problems = []
     if policy_version < 0 or max_staleness < 0:
         problems.append("policy_version and max_staleness must be >= 0")
@@ -138,19 +141,25 @@ def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_r
         # 3. samples of the chosen groups' trainable rollouts, with the rollout's advantage
         chosen_sorted = sorted(set(chosen.column("group_id").to_pylist()))
         chosen_files = files_covering(files, "group_id", chosen_sorted)
+        # (a teacher's events carry their turn's group and version, so they are in the same files)
         snap.use_rows(rows_where(reader.table, chosen_files, live, "group_id", chosen_sorted,
-                                 columns=_SAMPLE_COLUMNS))
+                                 columns=_SAMPLE_COLUMNS if teacher is None else _TEACHER_COLUMNS))
         snap.register("_chosen", chosen)
+        teacher_column, teacher_join = "", ""
+        if teacher is not None:
+            teacher_column = ", CASE WHEN t.complete THEN t.teacher_logprobs END AS teacher_logprobs"
+            teacher_join = ("LEFT JOIN (SELECT * FROM teacher_logprobs WHERE teacher = $teacher) t "
+                            "USING (rollout_id, segment_id)")
         samples = snap.query(
             f"""
             SELECT s.run, s.group_id, s.rollout_id, s.segment_id, s.tokens, s.loss_mask, s.logprobs,
                    a.{estimator} AS advantage, a.reward, s.prompt_tokens, s.num_tokens,
                    s.trainable_tokens, s.min_version, s.max_version,
-                   count(*) OVER (PARTITION BY s.rollout_id) AS rollout_segments
-            FROM samples s JOIN advantages a USING (rollout_id)
+                   count(*) OVER (PARTITION BY s.rollout_id) AS rollout_segments {teacher_column}
+            FROM samples s JOIN advantages a USING (rollout_id) {teacher_join}
             WHERE (s.run, s.group_id) IN (SELECT (run, group_id) FROM _chosen)
             ORDER BY s.first_time, s.rollout_id, s.segment_id
-            """
+            """, {"teacher": teacher} if teacher is not None else None
         )
     rollout_ids = tuple(dict.fromkeys(samples.column("rollout_id").to_pylist()))
     return Shard(samples, rollout_ids, tuple(chosen.column("group_id").to_pylist()), table.version, policy_version,

@@ -80,15 +80,16 @@ class Store:
 
     def shard(self, *, policy_version: int, max_staleness: int, max_rollouts: int = 512,
               estimator: Estimator = "grpo", run: str | None = None, exclude: Iterable[str] = (),
-              max_groups: int | None = None) -> Shard:
+              max_groups: int | None = None, teacher: str | None = None) -> Shard:
         """The next training shard: complete groups whose oldest tokens are at most
         `max_staleness` versions behind `policy_version`, not consumed by any checkpoint and
         not in `exclude` (rollouts the learner holds but has not checkpointed yet), oldest
         first, up to `max_rollouts` trainable rollouts (at least one group) and at most
-        `max_groups` groups. See trajstore.shard."""
+        `max_groups` groups; with `teacher`, each sample's logprobs from that teacher's
+        annotations too. See trajstore.shard."""
         return make_shard(self.reader, policy_version=policy_version, max_staleness=max_staleness,
                           max_rollouts=max_rollouts, estimator=estimator, run=run, exclude=exclude,
-                          max_groups=max_groups)
+                          max_groups=max_groups, teacher=teacher)
 
     def ingest(self, path: str | os.PathLike[str], *, writer: str | None = None) -> IngestResult:
         """Append a JSON-lines file of events, validated whole first; events already stored are skipped."""
@@ -128,6 +129,8 @@ def open_store(location: str | os.PathLike[str], *, create: bool = True,
             raise StoreNotFoundError(f"no trajstore store at {loc.uri}; create one with `trajstore ingest` "
                                      "or open_store(location) without create=False")
         table.create_if_missing()
+    elif create:
+        table.upgrade_schema()  # a store made before the newest columns: its table gains them (nothing else moves)
     if create:
         loc.wal_root.mkdir(parents=True, exist_ok=True)
     return Store(loc)  # create=False writes nothing: readers (query, view) leave the store as they found it

@@ -149,6 +149,26 @@ class Table:
             if not self.exists():
                 raise
 
+    def upgrade_schema(self) -> bool:
+        """Append the columns added to the event schema since this table was created (nullable, at the
+        end, in one metadata-only commit); True when it did. Reading never needs it (sealed files
+        without a column read as null, `trajstore.wal` widens older segments); it keeps the table's
+        own schema, which other Delta readers go by, equal to `EVENT_SCHEMA`."""
+        dt = self._current()
+        have = dt.schema().to_arrow().names
+        if list(have) == EVENT_SCHEMA.names[:len(have)] and len(have) < len(EVENT_SCHEMA):
+            from deltalake.schema import Field  # the Delta field type, only on the rare upgrade
+
+            new = [Field.from_arrow(f) for f in list(EVENT_SCHEMA)[len(have):]]
+            try:
+                dt.alter.add_columns(new, commit_properties=CommitProperties(
+                    custom_metadata={deltalog.OPERATION_KEY: "upgrade schema"}))
+            except (CommitFailedError, DeltaError):
+                # another process upgraded it first; anything else is reported by the next read
+                return False
+            return True
+        return False
+
     def exists(self) -> bool:
         return DeltaTable.is_deltatable(self.location.table_uri, self.location.storage_options or None)
 

@@ -20,6 +20,11 @@ Definitions an RL researcher can rely on:
   trainable: every slot has a usable rollout, so a failed attempt awaiting its retry, or an
   aborted one awaiting a resumed run, keeps the group out of training.
   Reward statistics are over trainable rollouts.
+- `teacher_logprobs`: per sample (rollout_id, segment_id) and teacher (the name a `teacher`
+  event is filed under): `teacher_logprobs` aligned with the sample's `tokens`, the teacher's
+  logprob on each output token and 0 on prompt tokens (as `logprobs` has), the latest event per
+  turn counting; `complete` when every turn of the sample is annotated with one value per
+  output token (only then does `teacher_logprobs` line up with `tokens` throughout).
 - `advantages`: per trainable rollout, with the statistics of its (run, group_id) group over
   its trainable rollouts:
   `grpo` = (r - mean) / (std + 1e-6) with the sample std (GRPO), `dr_grpo` = r - mean
@@ -163,6 +168,24 @@ VIEWS: dict[str, str] = {
                g.mean AS group_mean, g.std AS group_std,
                {_ESTIMATOR_COLUMNS}
         FROM tr JOIN g USING (run, group_id) JOIN b USING (run)
+    """,
+    "teacher_logprobs": """
+        WITH a AS (
+            SELECT rollout_id, segment_id, turn_index, teacher,
+                   last(teacher_logprobs ORDER BY time, writer, writer_seq) AS lp
+            FROM events WHERE kind = 'teacher' GROUP BY rollout_id, segment_id, turn_index, teacher),
+        n AS (SELECT rollout_id, segment_id, count(*) AS turns FROM turns GROUP BY rollout_id, segment_id),
+        t AS (
+            SELECT turns.run, turns.group_id, turns.rollout_id, turns.segment_id, turns.turn_index, a.teacher,
+                   list_concat(list_transform(turns.prompt_ids, lambda x: 0.0::FLOAT), a.lp) AS lp,
+                   len(a.lp) = len(turns.output_ids) AS aligned
+            FROM turns JOIN a USING (rollout_id, segment_id, turn_index))
+        SELECT t.run, any_value(t.group_id) AS group_id, t.rollout_id, t.segment_id, t.teacher,
+               flatten(list(t.lp ORDER BY t.turn_index)) AS teacher_logprobs,
+               count(*) AS annotated_turns, any_value(n.turns) AS turns,
+               count(*) = any_value(n.turns) AND bool_and(t.aligned) AS complete
+        FROM t JOIN n USING (rollout_id, segment_id)
+        GROUP BY t.run, t.rollout_id, t.segment_id, t.teacher
     """,
     "checkpoints": """
         SELECT run, policy_version AS version, step, time, table_version,

@@ -153,6 +153,7 @@ class SegmentRead:
     total_bytes: int = 0
     torn: bool = False  # bytes after the last whole batch (a crash mid-write, or a live writer)
     closed: bool = False  # ends with the end-of-stream marker
+    schema: pa.Schema = EVENT_SCHEMA  # what its batches were written with: ours, or an older version's columns
 
     @property
     def last_seq(self) -> int | None:
@@ -321,7 +322,7 @@ class _Walk:
         """Decode a verified message and check its place in the writer's sequence."""
         try:
             message = pa.ipc.read_message(pa.BufferReader(self.buffer.slice(pos, end - pos)))
-            batch = pa.ipc.read_record_batch(message, EVENT_SCHEMA)
+            batch = pa.ipc.read_record_batch(message, self.read.schema)
             batch.validate(full=True)
             first, last = int(meta[_META_FIRST][1]), int(meta[_META_LAST][1])
             writer, epoch = meta[_META_WRITER][1].decode(), int(meta[_META_EPOCH][1])
@@ -330,8 +331,8 @@ class _Walk:
         previous = self.read.batches[-1].last_seq if self.read.batches else None
         if last - first + 1 != batch.num_rows or (previous is not None and first != previous + 1):
             raise self.damage(pos, f"a batch breaks the writer's sequence (seq {first}..{last}, {batch.num_rows} rows)")
-        self.read.batches.append(Batch(batch, writer, epoch, first, last))
-        return batch
+        self.read.batches.append(Batch(_widen(batch), writer, epoch, first, last))
+        return batch  # as written: format 1 checks the CRC of its serialization
 
     def whole_message_after(self, start: int) -> bool:
         """Whether a whole, verifiable batch starts anywhere after `start` (a torn tail has none)."""
@@ -369,7 +370,7 @@ def read_segment(path: Path, previous: SegmentRead | None = None) -> SegmentRead
             f.seek(previous.good_bytes)
             data = f.read()
         read = SegmentRead(path=path, batches=list(previous.batches), good_bytes=previous.good_bytes,
-                           total_bytes=previous.good_bytes + len(data))
+                           total_bytes=previous.good_bytes + len(data), schema=previous.schema)
         _Walk(data, previous.good_bytes, read).run(0)
         return read
     data = path.read_bytes()
@@ -380,7 +381,10 @@ def read_segment(path: Path, previous: SegmentRead | None = None) -> SegmentRead
         if SCHEMA_MESSAGE.startswith(data) or not any(data):  # cut (or zero-filled) right after creation
             read.torn = len(data) > 0
             return read
-        if not _schema_equal(data):  # format 1 segments carry another pyarrow's bytes for the same schema
+        older = _older_schema(data)
+        if older is not None:  # written before the newest columns were appended to the schema
+            read.schema = older
+        elif not _schema_equal(data):  # format 1 segments carry another pyarrow's bytes for the same schema
             if walk.whole_message_after(1):
                 raise walk.damage(0, "the schema message is damaged but whole batches follow it")
             read.torn = True  # nothing whole after it: no acknowledged batch is lost by cutting it
@@ -404,6 +408,30 @@ def _schema_equal(data: bytes) -> bool:
         return message.type == "schema" and pa.ipc.read_schema(message).equals(EVENT_SCHEMA)
     except (pa.ArrowException, OSError, EOFError, ValueError):
         return False
+
+
+def _older_schema(data: bytes) -> pa.Schema | None:
+    """The segment's schema when it is an older version of ours: our first columns, exactly, and
+    fewer of them (columns are only ever appended to the schema, nullable)."""
+    try:
+        message = pa.ipc.read_message(pa.BufferReader(data))
+        if message.type != "schema":
+            return None
+        schema = pa.ipc.read_schema(message)
+    except (pa.ArrowException, OSError, EOFError, ValueError):
+        return None
+    n = len(schema)
+    if not 0 < n < len(EVENT_SCHEMA) or any(not schema.field(i).equals(EVENT_SCHEMA.field(i)) for i in range(n)):
+        return None
+    return schema
+
+
+def _widen(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of an older schema with the columns appended since, all null."""
+    if batch.schema.equals(EVENT_SCHEMA):
+        return batch
+    extra = [pa.nulls(batch.num_rows, f.type) for f in list(EVENT_SCHEMA)[batch.num_columns:]]
+    return pa.RecordBatch.from_arrays(batch.columns + extra, schema=EVENT_SCHEMA)
 
 
 def truncate_torn_tail(read: SegmentRead) -> None:

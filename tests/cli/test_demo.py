@@ -76,8 +76,10 @@ def read_then(task: dict[str, Any], reply: str) -> ToolAgentResult:
 
 
 def test_bad_settings_are_all_reported() -> None:
-    problems = " ".join(DemoSettings(Path("unused"), warm_start_right=1.5, lr=0.0, steps=0, engine="tpu").problems())
-    for words in ("warm_start_right is a share", "lr must be > 0", "steps must be >= 1", "engine must be"):
+    problems = " ".join(DemoSettings(Path("unused"), warm_start_right=1.5, lr=0.0, steps=0, engine="tpu",
+                                     loss="distill").problems())
+    for words in ("warm_start_right is a share", "lr must be > 0", "steps must be >= 1", "engine must be",
+                  "distill needs a teacher"):
         assert words in problems, problems
 
 
@@ -126,3 +128,24 @@ def test_the_time_limit_the_demo_command_runs_with(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(cli.demo, "run_demo", fake_run_demo)
     CliRunner().invoke(main, ["demo", "--dir", str(tmp_path / "d"), *args])
     assert [s.time_limit_s for s in seen] == [limit]
+
+
+@pytest.mark.parametrize("loss", ["ppo", "tis", "gspo", "cispo"])
+def test_the_demo_runs_the_learner_with_the_loss_it_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             loss: str) -> None:
+    from click.testing import CliRunner
+
+    import cli.demo
+    from cli.main import main
+
+    seen: list[DemoSettings] = []
+
+    def fake_run_demo(settings: DemoSettings, say: object) -> None:
+        seen.append(settings)
+        raise KeyboardInterrupt  # stop before any work; only the settings matter here
+
+    monkeypatch.setattr(cli.demo, "run_demo", fake_run_demo)
+    CliRunner().invoke(main, ["demo", "--dir", str(tmp_path / "d"), "--loss", loss])
+    assert [s.loss for s in seen] == [loss] and seen[0].problems() == []
+    learn = cli.demo.commands(seen[0], tmp_path / "model")["learn"]
+    assert learn[learn.index("--loss") + 1] == loss

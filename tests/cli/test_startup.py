@@ -35,7 +35,8 @@ def imported(*args: str) -> tuple[str, str]:
     return heavy + "]", "[" + light
 
 
-@pytest.mark.parametrize("command", ["", "learn", "collect", "serve", "proxy", "demo", "replay", "view", "init-model", "sft"])
+@pytest.mark.parametrize("command", ["", "learn", "annotate", "collect", "serve", "proxy", "demo", "replay", "view",
+                                     "init-model", "sft"])
 def test_help_loads_neither_torch_nor_the_store(command: str) -> None:
     heavy, light = imported(*([command] if command else []), "--help")
     assert heavy == "[]" and light == "[]", (heavy, light)

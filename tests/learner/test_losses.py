@@ -13,9 +13,13 @@ import pytest
 import torch
 
 from learner.losses import (
+    KL_K3_MAX,
     LossStats,
     entropy,
+    kl_k1,
+    kl_k2,
     kl_k3,
+    kl_k3_clamped,
     loss_stats,
     ppo_clip_loss,
     seq_mean_token_mean,
@@ -392,3 +396,111 @@ def test_loss_stats_without_tokens_or_entropy() -> None:
     assert empty.finalize() == {"tokens": 0.0}
     assert LossStats().finalize() == {"tokens": 0.0}
     assert "entropy" not in loss_stats(t(-1.0), t(-2.0), torch.tensor([True]), torch.tensor([False])).finalize()
+
+
+# ---------------------------------------------------------------- dual clip
+
+
+def test_ppo_dual_clip_by_hand() -> None:
+    # clip band [0.8, 1.28], dual clip c = 3
+    log_ratio = t(1.5, 0.5, 1.5, -0.5)
+    adv = t(-1.0, -1.0, 1.0, -2.0)
+    old = torch.full((4,), -2.0, dtype=F64)
+    lp = (old + log_ratio).requires_grad_()
+
+    loss, clipped = ppo_clip_loss(lp, old, adv, dual_clip=3.0)
+
+    expected = t(
+        3.0,  # r = e^1.5 = 4.481689, A<0: PPO's loss 4.481689 is bounded by -c*A = 3 (dual clip)
+        1.648721,  # r = e^0.5 = 1.648721 < 3, A<0: PPO's unclipped 1.648721 stays
+        -1.28,  # A>0: the dual clip never applies; the upper clip does: -1.28
+        1.6,  # r = e^-0.5 = 0.606531 < 0.8, A=-2: PPO's lower clip, -0.8*-2 = 1.6 (below -c*A = 6)
+    )
+    assert torch.allclose(loss, expected, atol=1e-6)
+    assert clipped.tolist() == [True, False, True, True]
+    loss.sum().backward()
+    # only the unclipped token has a gradient: -A * r = 1.648721
+    assert lp.grad is not None and torch.allclose(lp.grad, t(0.0, 1.648721, 0.0, 0.0), atol=1e-6)
+    # without it, token 0 is PPO's 4.481689 with gradient 4.481689
+    plain, _ = ppo_clip_loss(lp, old, adv)
+    assert plain[0].item() == pytest.approx(4.481689, abs=1e-6)
+
+
+def dual_clip_objective_from_the_paper(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, eps_low: float,
+                                       eps_high: float, c: float) -> torch.Tensor:
+    """Ye et al. 2020, eq. 5: for A < 0, max(min(r A, clip(r) A), c A); otherwise min(r A, clip(r) A)."""
+    r = torch.exp(lp - old)
+    ppo = torch.minimum(r * adv, torch.clamp(r, 1 - eps_low, 1 + eps_high) * adv)
+    return torch.where(adv < 0, torch.maximum(ppo, c * adv), ppo)
+
+
+def test_ppo_dual_clip_matches_the_paper_values_and_gradients() -> None:
+    g = torch.Generator().manual_seed(5)
+    old = -torch.rand(64, generator=g, dtype=F64) * 3
+    lp = (old + torch.randn(64, generator=g, dtype=F64) * 0.8).requires_grad_()
+    adv = torch.randn(64, generator=g, dtype=F64)
+    loss, _ = ppo_clip_loss(lp, old, adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    (grad,) = torch.autograd.grad(loss.sum(), lp)
+    ref = -dual_clip_objective_from_the_paper(lp, old, adv, 0.2, 0.28, 3.0)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), lp)
+    assert torch.allclose(loss, ref) and torch.allclose(grad, ref_grad)
+    neg = adv < 0
+    assert (loss.detach()[neg] <= -3.0 * adv[neg] + 1e-12).all()  # bounded where A < 0
+    assert (loss.detach()[neg] == -3.0 * adv[neg]).any()  # and the bound is reached by some token here
+
+
+def test_ppo_dual_clip_validates() -> None:
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        ppo_clip_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), dual_clip=1.0)
+
+
+# ---------------------------------------------------------------- k1 / k2 / k3 penalties
+
+
+def test_kl_estimators_by_hand_and_gradients() -> None:
+    lp = t(-1.0, -2.0, -4.0).requires_grad_()
+    ref = t(-2.0, -1.0, -1.0)
+    # d = ref - lp = [-1, 1, 3]
+    k1, k2, k3 = kl_k1(lp, ref), kl_k2(lp, ref), kl_k3_clamped(lp, ref)
+    assert torch.allclose(k1, t(1.0, -1.0, -3.0))  # -d
+    assert torch.allclose(k2, t(0.5, 0.5, 4.5))  # d^2 / 2
+    # e^-1 + 1 - 1 = 0.367879; e - 1 - 1 = 0.718282; e^3 - 3 - 1 = 16.085537 -> clamped to 10
+    assert torch.allclose(k3, t(0.367879, 0.718282, KL_K3_MAX), atol=1e-6)
+    (g1,) = torch.autograd.grad(k1.sum(), lp)
+    (g2,) = torch.autograd.grad(k2.sum(), lp)
+    (g3,) = torch.autograd.grad(k3.sum(), lp)
+    assert torch.allclose(g1, t(1.0, 1.0, 1.0))
+    assert torch.allclose(g2, t(1.0, -1.0, -3.0))  # lp - ref
+    # 1 - e^d: [1 - 0.367879, 1 - 2.718282, 0 (past the clamp)]
+    assert torch.allclose(g3, t(0.632121, -1.718282, 0.0), atol=1e-6)
+
+
+def test_kl_estimators_match_schulman_in_expectation() -> None:
+    # Schulman 2020: with r = q(x) / p(x), x ~ p: k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r;
+    # E_p[k1] = E_p[k3] = KL(p || q), exactly, here as a weighted sum over a small vocabulary
+    g = torch.Generator().manual_seed(2)
+    p = torch.softmax(torch.randn(7, generator=g, dtype=F64), 0)
+    q = torch.softmax(torch.randn(7, generator=g, dtype=F64), 0)
+    kl = (p * (p / q).log()).sum()
+    r = q / p
+    lp, ref = p.log(), q.log()
+    assert torch.allclose(kl_k1(lp, ref), -r.log()) and torch.allclose(kl_k2(lp, ref), r.log() ** 2 / 2)
+    assert torch.allclose(kl_k3_clamped(lp, ref), (r - 1) - r.log())
+    assert (p * kl_k1(lp, ref)).sum().item() == pytest.approx(kl.item(), rel=1e-9)
+    assert (p * kl_k3_clamped(lp, ref)).sum().item() == pytest.approx(kl.item(), rel=1e-9)
+
+
+def test_kl_k2_gradient_is_the_reverse_kl_gradient_on_own_samples() -> None:
+    # sum_y pi(y) * grad k2(y) = grad KL(pi || ref) with respect to pi's logits, exactly
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(1, 6, generator=g, dtype=F64).requires_grad_()
+    ref = torch.log_softmax(torch.randn(6, generator=g, dtype=F64), 0)
+    pi = torch.softmax(logits[0], 0).detach()
+    expected = torch.zeros_like(logits)
+    for y in range(6):
+        lp = token_logprobs(logits, torch.tensor([y]))
+        (grad,) = torch.autograd.grad(kl_k2(lp, ref[y:y + 1]).sum(), logits)
+        expected += pi[y] * grad
+    logp = torch.log_softmax(logits[0], 0)
+    (exact,) = torch.autograd.grad((logp.exp() * (logp - ref)).sum(), logits)
+    assert torch.allclose(expected, exact, atol=1e-12)

@@ -40,6 +40,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "status": {"kind": "status", "group_id": "g", "rollout_id": "r", "status": "completed"},
     "checkpoint": {"kind": "checkpoint", "policy_version": 1, "step": 1},
     "metric": {"kind": "metric", "step": 1, "metrics": {"loss": 0.5}},
+    "teacher": {"kind": "teacher", "group_id": "g", "rollout_id": "r", "segment_id": "s", "turn_index": 0,
+                "policy_version": 0, "teacher": "big", "teacher_logprobs": [-0.5, -1.0]},
 }
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import shutil
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -83,6 +85,9 @@ FULL: dict[str, dict[str, Any]] = {
                    "consumed": ["r1", "r2"], "metrics": {"loss": 0.25}, "meta": {"path": "/ckpt/4"}},
     "metric": {"kind": "metric", "step": 10, "metrics": {"loss": 0.25, "clip_frac": 0.0},
                "policy_version": 3, "table_version": 7, "consumed": ["r1"]},
+    "teacher": {"kind": "teacher", "group_id": "g1", "rollout_id": "r1", "segment_id": "s1", "turn_index": 0,
+                "policy_version": 3, "teacher": "big", "teacher_logprobs": [-0.25, -2.0],
+                "meta": {"model": "/models/big"}},
 }
 MINIMAL: dict[str, dict[str, Any]] = {
     kind: {"kind": kind, **{name: FULL[kind][name] for name in REQUIRED[kind]}} for kind in KINDS
@@ -288,6 +293,9 @@ INVALID: list[tuple[str, dict[str, Any]]] = [
     ("metrics of text", {**FULL["metric"], "metrics": {"loss": "low"}}),
     ("consumed as text", {**FULL["checkpoint"], "consumed": "r1"}),
     ("prompt_ids as text", {**FULL["turn"], "prompt_ids": "1 2 3"}),
+    ("positive teacher logprob", {**FULL["teacher"], "teacher_logprobs": [-0.5, 0.5]}),
+    ("teacher logprobs of text", {**FULL["teacher"], "teacher_logprobs": ["-0.5"]}),
+    ("empty teacher name", {**FULL["teacher"], "teacher": ""}),
 ]
 
 
@@ -356,3 +364,27 @@ def test_store_table_and_views_carry_the_event_schema(store: trajstore.Store) ->
             assert _same_type(table.schema.field(field.name).type, field.type), field.name
     assert live.to_pylist() == sealed.to_pylist()
     assert sealed.column("kind").to_pylist() == sorted(KINDS)
+
+
+OLD_STORE = Path(__file__).parent / "data" / "store_v1_before_teacher"
+
+
+def test_a_store_written_before_the_teacher_columns_still_reads_and_grows(tmp_path: Path) -> None:
+    """A store the previous schema wrote (tests/trajstore/data: one sealed file and one unsealed
+    write-ahead segment, made by the code before `teacher` and `teacher_logprobs` were appended)
+    reads as before, takes the new kind, and its table gains the new columns."""
+    shutil.copytree(OLD_STORE, tmp_path / "store")
+    store = trajstore.open_store(tmp_path / "store")
+    delta = DeltaTable(store.location.table_uri).schema().to_arrow()
+    assert list(delta.names) == EVENT_SCHEMA.names  # upgraded on open, by a metadata-only commit
+    samples = store.query("SELECT rollout_id, tokens FROM samples ORDER BY rollout_id").to_pylist()
+    assert samples == [{"rollout_id": "r1", "tokens": [1, 2, 3, 4, 5, 7, 4, 5]},
+                       {"rollout_id": "r2", "tokens": [1, 2, 3, 4, 5]}]  # r2 lives in the old segment only
+    with store.writer("new-w") as writer:
+        writer.append([trajstore.Teacher(run="old", group_id="g1", rollout_id="r2", segment_id="r2-s0", turn_index=0,
+                                         policy_version=0, teacher="big", teacher_logprobs=[-0.5, -0.25])])
+    store.compact()  # rewrites the old file and seals the old segment under the new schema
+    assert store.verify().problems == []
+    rows = store.query("SELECT rollout_id, teacher_logprobs, complete FROM teacher_logprobs").to_pylist()
+    assert rows == [{"rollout_id": "r2", "teacher_logprobs": [0.0, 0.0, 0.0, -0.5, -0.25], "complete": True}]
+    assert store.query("SELECT count(*) AS n FROM events").column("n")[0].as_py() == 8
