@@ -18,7 +18,8 @@ fsynced, then renamed into place: a reader sees a whole version or none. A `.par
 directory is what a crash left behind (or a version being written): readers skip it, and the
 learner that owns the directory removes leftovers when it starts (`published(clean=True)`).
 
-The store learns of a version from its Checkpoint event (`checkpoint_event`), appended after
+The store learns of a version from its announcement (`checkpoint_event`: a
+`trajstore.announcement.Announcement`, the type collectors read back), appended after
 the rename with the deterministic id `checkpoint:{run}:{version}`: after a crash between the
 rename and the append, the resumed learner appends the same event again from the JSON here.
 Version 0 is the initial model, announced by `initial_event` so that collectors know the
@@ -48,6 +49,7 @@ from learner import distributed
 from learner.distributed import GatheredState
 from learner.errors import LearnerError
 from trajstore import Checkpoint, artifacts
+from trajstore.announcement import Announcement
 from trajstore.durable import staged_directory
 
 INFO_FILE = "trajstore_checkpoint.json"
@@ -210,10 +212,6 @@ def restore(state: LearnerState, optimizer: torch.optim.Optimizer, model: torch.
         torch.cuda.set_rng_state_all(state.cuda_rng)
 
 
-def event_id(run: str, version: int) -> str:
-    return f"checkpoint:{run}:{version}"
-
-
 def upload(info: CheckpointInfo, base_uri: str) -> tuple[str, str]:
     """Publish a version at `base_uri`/v000001 where every host can read it; returns (its URI, its digest)."""
     uri = f"{base_uri.rstrip('/')}/{info.path.name}"
@@ -224,25 +222,20 @@ def checkpoint_event(info: CheckpointInfo, run: str, metrics: Mapping[str, float
                      max_staleness: int, published: tuple[str, str] | None = None) -> Checkpoint:
     """The store's announcement of a published version (idempotent: a deterministic event id);
     `published` is what `upload` returned, when the version was uploaded."""
-    meta: dict[str, Any] = {"path": str(info.path.resolve()), "adapter": info.adapter, "base_model": info.base_model,
-                            "groups_per_version": groups_per_version, "max_staleness": max_staleness}
-    if published is not None:
-        meta["uri"], meta["digest"] = published
-    return Checkpoint(
-        run=run, policy_version=info.version, step=info.step, consumed=list(info.consumed),
-        table_version=info.table_version, metrics=dict(metrics), meta=meta, event_id=event_id(run, info.version),
-    )
+    uri, digest = published if published is not None else (None, None)
+    return Announcement(
+        run=run, version=info.version, step=info.step, path=str(info.path.resolve()), uri=uri, digest=digest,
+        adapter=info.adapter, base_model=info.base_model, groups_per_version=groups_per_version,
+        max_staleness=max_staleness, table_version=info.table_version, consumed=info.consumed, metrics=dict(metrics),
+    ).to_event()
 
 
 def initial_event(model_dir: str | Path, run: str, groups_per_version: int, max_staleness: int,
                   settings: Mapping[str, Any] | None = None) -> Checkpoint:
     """Version 0: the initial model, announced by a fresh learner so collectors learn its batch size."""
     path = str(Path(model_dir).resolve())
-    meta: dict[str, Any] = {"path": path, "adapter": False, "base_model": path,
-                            "groups_per_version": groups_per_version, "max_staleness": max_staleness}
-    if settings is not None:
-        meta["settings"] = dict(settings)
-    return Checkpoint(run=run, policy_version=0, step=0, consumed=[], meta=meta, event_id=event_id(run, 0))
+    return Announcement(run=run, version=0, step=0, path=path, base_model=path, groups_per_version=groups_per_version,
+                        max_staleness=max_staleness, settings=settings).to_event()
 
 
 def missing_events(infos: Sequence[CheckpointInfo], announced: set[int]) -> list[CheckpointInfo]:

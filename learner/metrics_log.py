@@ -17,6 +17,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("kl_ref", "kl_ref", "{:.2e}"),
     ("entropy", "entropy", "{:.3f}"),
     ("grad_norm", "grad", "{:.3f}"),
+    ("groups_no_spread", "flat_groups", "{:.0f}"),
     ("staleness_max", "stale", "{:.0f}"),
     ("rollouts", "rollouts", "{:.0f}"),
     ("tokens", "tokens", "{:.0f}"),

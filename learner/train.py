@@ -216,18 +216,45 @@ def check_vocabulary(samples: pa.Table, vocab_size: int) -> None:
 
 
 def shard_metrics(samples: pa.Table, version: int) -> dict[str, float]:
-    """Reward, advantage and staleness of a step's data (one value per rollout for the first two)."""
-    per_rollout = {r: (rew, adv) for r, rew, adv in zip(samples.column("rollout_id").to_pylist(),
-                                                       samples.column("reward").to_pylist(),
-                                                       samples.column("advantage").to_pylist())}
+    """Reward, advantage and staleness of a step's data (one value per rollout for the first two), and how
+    many of its groups had no reward spread (`groups_no_spread`: every rollout of the group got the same
+    reward, so a group-relative advantage is 0 and the group teaches nothing)."""
+    per_rollout = {r: (rew, adv, g) for r, rew, adv, g in zip(samples.column("rollout_id").to_pylist(),
+                                                              samples.column("reward").to_pylist(),
+                                                              samples.column("advantage").to_pylist(),
+                                                              samples.column("group_id").to_pylist())}
     rewards = np.array([v[0] for v in per_rollout.values()], dtype=np.float64)
     advantages = np.array([v[1] for v in per_rollout.values()], dtype=np.float64)
     staleness = version - samples.column("min_version").to_numpy().astype(np.float64)
+    group_rewards: dict[str, list[float]] = {}
+    for reward, _, group in per_rollout.values():
+        group_rewards.setdefault(group, []).append(reward)
+    flat = sum(1 for values in group_rewards.values() if max(values) - min(values) <= NO_SPREAD)
     return {"reward_mean": float(rewards.mean()), "advantage_mean": float(advantages.mean()),
-            "advantage_std": float(advantages.std()), "staleness_mean": float(staleness.mean()),
-            "staleness_max": float(staleness.max()), "rollouts": float(len(per_rollout)),
-            "samples": float(samples.num_rows),
+            "advantage_std": float(advantages.std()), "advantage_abs_max": float(np.abs(advantages).max()),
+            "staleness_mean": float(staleness.mean()), "staleness_max": float(staleness.max()),
+            "rollouts": float(len(per_rollout)), "groups": float(len(group_rewards)),
+            "groups_no_spread": float(flat), "samples": float(samples.num_rows),
             "tokens": float(samples.column("num_tokens").to_numpy().sum())}
+
+
+NO_SPREAD = 1e-9  # rewards of a group this close are equal: float noise, not a signal
+
+
+def spread_note(step: int, metrics: Mapping[str, float], run: str, said_before: bool) -> str | None:
+    """What to tell the user when a step's groups had no reward spread: always when the step trained on
+    nothing (every advantage 0), once per run of `learn` when only some groups were flat."""
+    flat, groups = int(metrics["groups_no_spread"]), int(metrics["groups"])
+    if metrics["advantage_abs_max"] <= NO_SPREAD:
+        return (f"step {step} trained on nothing: {flat} of its {groups} groups had no reward spread (every "
+                f"rollout of a group got the same reward) and every advantage is 0, so the gradient is 0. The "
+                f"reward cannot tell the rollouts of run {run!r} apart: check that the reward scores them "
+                f"(trajstore query \"SELECT reward, count(*) FROM rollouts WHERE run = '{run}' GROUP BY 1\"), "
+                "give easier tasks, or start from a model that sometimes succeeds (a warm start)")
+    if flat and not said_before:
+        return (f"step {step}: {flat} of its {groups} groups had no reward spread; their rollouts get advantage 0 "
+                "and teach nothing (the `groups_no_spread` metric counts them every step)")
+    return None
 
 
 def announce_missing(store: Store, writer: Writer, s: LearnSettings,
@@ -288,8 +315,9 @@ def learn(settings: LearnSettings, *,
     """Train `settings.run` from the store until `settings.steps` (or forever with `follow`).
 
     `show(step, version, metrics)` is called after every step (the CLI prints a line), `say(text)`
-    while it waits for data. Raises SettingsError listing every problem before any work starts,
-    and StoreNotFoundError when the store does not exist (unless `create_store`).
+    while it waits for data, and when a step's groups had no reward spread (`spread_note`). Raises
+    SettingsError listing every problem before any work starts, and StoreNotFoundError when the
+    store does not exist (unless `create_store`).
     """
     s = settings
     s.check()
@@ -341,6 +369,7 @@ def learn(settings: LearnSettings, *,
     stopped: Literal["steps", "no_data"] = "steps"
     waiting: str | None = None
     steps_trained = 0
+    said_flat = False  # told the user some groups had no reward spread
     last_step = step_done
     steps = itertools.count(step_done + 1) if s.steps is None else range(step_done + 1, s.steps + 1)
     writer = store.writer(s.writer_name, seal_interval=s.seal_interval) if store is not None else None
@@ -397,6 +426,10 @@ def learn(settings: LearnSettings, *,
                                       table_version=shard.table_version, consumed=list(shard.rollout_ids))])
             if show is not None and ranks.main:
                 show(step, version, metrics)
+            note = spread_note(step, metrics, s.run, said_flat)
+            said_flat = said_flat or (note is not None and metrics["advantage_abs_max"] > NO_SPREAD)
+            if note is not None and say is not None and ranks.main:
+                say(note)
 
             if pending_steps == s.publish_every:
                 version = _publish(s, model, optimizer, writer, version + 1, step, pending, table_version,

@@ -50,10 +50,11 @@ def test_a_collector_on_another_host_loads_the_version_through_the_store(
     learn(store, model, learner_host / "ckpts", 1)
 
     head = read_head(open_store(store), "default")
+    assert head is not None
     v1 = f"{store}/checkpoints/default/v000001"
     assert (head.version, head.path, head.uri) == (1, str(learner_host / "ckpts" / "v000001"), v1)
     # on the learner's host the announced directory is its own: nothing is downloaded
-    assert local_checkpoint(head, tmp_path / "unused-cache") == head.path
+    assert local_checkpoint(head.load_request(), tmp_path / "unused-cache") == head.path
     assert not (tmp_path / "unused-cache").exists()
 
     shutil.move(learner_host, tmp_path / "gone")  # from here on no process can see the learner's disk
@@ -61,7 +62,7 @@ def test_a_collector_on_another_host_loads_the_version_through_the_store(
     weights = (tmp_path / "gone" / "ckpts" / "v000001" / "model.safetensors").read_bytes()
     s3_server.put(f"{v1}/model.safetensors", weights[:-7])  # damaged in storage: refused, never loaded
     with pytest.raises(ArtifactError, match="is damaged: model.safetensors"):
-        local_checkpoint(head, cache)
+        local_checkpoint(head.load_request(), cache)
     s3_server.put(f"{v1}/model.safetensors", weights)
 
     tasks = write_tasks(collector_host / "tasks.jsonl", [{"id": "q1", "prompt": "Hi"}])
@@ -97,11 +98,11 @@ def test_a_learner_killed_mid_upload_uploads_again_before_announcing(
     (v2 / "trajstore_checkpoint.json").write_text(json.dumps({**info, "version": 2, "step": 2, "consumed": []}))
     s3_server.put(f"{bucket_dir}/v000002/config.json", (v2 / "config.json").read_bytes())
     stale = read_head(open_store(store), "default")
-    assert stale.version == 1 and stale.uri == f"{bucket_dir}/v000001"
+    assert stale is not None and stale.version == 1 and stale.uri == f"{bucket_dir}/v000001"
 
     learn(store, model, tmp_path / "ckpts", 2, "--checkpoint-uri", bucket_dir)  # resumes at step 2: trains none
     head = read_head(open_store(store), "default")
-    assert (head.version, head.uri) == (2, f"{bucket_dir}/v000002")
+    assert head is not None and (head.version, head.uri) == (2, f"{bucket_dir}/v000002")
     copy = artifacts.fetch(head.uri or "", tmp_path / "cache", expect=head.digest)
     assert (copy / "model.safetensors").read_bytes() == (v2 / "model.safetensors").read_bytes()
     assert not (copy / "learner_state.pt").exists(), "the optimizer state stays on the learner's disk"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 import os
 import shutil
 from dataclasses import replace
@@ -324,3 +325,23 @@ def test_sigterm_stops_learn_cleanly_and_seals_and_its_output_is_its_own(templat
     sealed = DeltaTable(str(store_dir / "events")).to_pyarrow_table(columns=["kind", "run"]).to_pylist()
     assert sum(r["kind"] == "checkpoint" for r in sealed) == 1 + GROUPS // 2  # version 0, then one per step
     assert sum(r["kind"] == "metric" for r in sealed) == GROUPS // 2
+
+
+def test_groups_without_reward_spread_are_counted_and_named(template: Path, model_dir: Path, tmp_path: Path) -> None:
+    """Every rollout of the two oldest groups rescored to 0: the step trains on nothing and says so."""
+    store_dir = fresh_store(template, tmp_path)
+    store = trajstore.open_store(store_dir)
+    oldest = store.query("SELECT group_id, rollout_id FROM rollouts WHERE group_id IN "
+                         "(SELECT group_id FROM groups ORDER BY started LIMIT 3) ORDER BY started").to_pylist()
+    later = datetime(2027, 1, 1, tzinfo=timezone.utc)
+    with store.writer("rescore") as w:  # a newer value of the same reward component replaces the old one
+        w.append([trajstore.Reward(run="default", group_id=r["group_id"], rollout_id=r["rollout_id"], reward=0.0,
+                                   time=later, event_id=f"{r['rollout_id']}-rescored") for r in oldest])
+    said: list[str] = []
+    learn(settings(store_dir, model_dir, steps=2), say=said.append)
+    step1, step2 = ([r for r in store.query("SELECT step, name, value FROM metrics WHERE name = "
+                                            "'groups_no_spread' ORDER BY step").to_pylist()])
+    assert (step1["value"], step2["value"]) == (2.0, 1.0)  # groups 1-2, then group 3 beside a scored one
+    assert [line.split(":")[0] for line in said] == ["step 1 trained on nothing", "step 2"]
+    assert "2 of its 2 groups had no reward spread" in said[0] and "the gradient is 0" in said[0]
+    assert "1 of its 2 groups had no reward spread" in said[1]
