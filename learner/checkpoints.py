@@ -7,7 +7,8 @@ Layout (the contract between learner and collectors; they share nothing else but
                      or adapter_config.json, adapter_model.safetensors, tokenizer files (LoRA;
                      base_model_name_or_path = absolute path of the base model directory)
                      trajstore_checkpoint.json  {"version", "step", "parent", "run", "table_version",
-                                                 "consumed", "adapter", "base_model", "metrics", "settings"}
+                                                 "consumed", "adapter", "base_model", "metrics", "settings",
+                                                 "learner_state": learner_state.pt's size and sha256}
                      learner_state.pt           optimizer state (keyed by parameter name, full: the same
                                                 whatever the number of ranks) and RNG states (learner-private)
                      trajstore_manifest.json    when uploaded for other hosts: every other file's size and
@@ -27,11 +28,17 @@ learner's batch size before the first checkpoint.
 
 Other hosts cannot read CKPTS. With a checkpoint URI (`LearnSettings.publish_uri`: by default
 `<store>/checkpoints/<run>` for an `s3://` store), `upload` also publishes each version at
-`URI/v000001/` through `trajstore.artifacts` (files, then a manifest of sizes and sha256s; the
-learner-private learner_state.pt stays here) before the event is appended, and the event's meta
-names it: `uri` (where every host finds it) and `digest` (the manifest's sha256) beside `path`
-(this host's directory). A crash mid-upload leaves no manifest: readers ignore it, and the
-resumed learner uploads the version again before announcing it.
+`URI/v000001/` through `trajstore.artifacts` (files, then a manifest of sizes and sha256s)
+before the event is appended, and the event's meta names it: `uri` (where every host finds it)
+and `digest` (the manifest's sha256) beside `path` (this host's directory). A crash mid-upload
+leaves no manifest: readers ignore it, and the resumed learner uploads the version again before
+announcing it.
+
+Resuming on another host (a preempted machine, a spare): learner_state.pt is uploaded beside
+the version, first and outside the manifest (collectors never download it), and
+trajstore_checkpoint.json, which the manifest lists, records its size and sha256. A learner
+whose CKPTS lacks the store's newest version `fetch`es it (files checked against the announced
+digest, the state against the recorded sha256) into CKPTS and resumes from it as from its own.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ import torch
 from learner import distributed
 from learner.distributed import GatheredState
 from learner.errors import LearnerError
-from trajstore import Checkpoint, artifacts
+from trajstore import ArtifactError, Checkpoint, artifacts
 from trajstore.announcement import Announcement
 from trajstore.durable import staged_directory
 
@@ -80,6 +87,7 @@ class CheckpointInfo:
     base_model: str
     metrics: dict[str, float]
     settings: dict[str, Any]
+    learner_state: dict[str, Any] | None = None  # STATE_FILE's size and sha256 (None: written before they were)
 
 
 def version_dir(root: str | Path, version: int) -> Path:
@@ -138,7 +146,8 @@ def publish(root: str | Path, version: int, step: int, model: torch.nn.Module, t
         optimizer_state = gathered.optimizer if gathered is not None else distributed.optimizer_state(model, optimizer)
         torch.save(_learner_state(optimizer_state), tmp / STATE_FILE)
         record = {**dict(info), "version": version, "step": step, "adapter": adapter, "base_model": str(base),
-                  "consumed": list(info.get("consumed", ()))}
+                  "consumed": list(info.get("consumed", ())),
+                  "learner_state": artifacts.file_entry(tmp / STATE_FILE)}  # how a learner elsewhere checks it
         (tmp / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
     return final
 
@@ -163,7 +172,7 @@ def read_info(path: str | Path) -> CheckpointInfo:
         run=str(raw.get("run", "default")), table_version=raw.get("table_version"),
         consumed=tuple(raw.get("consumed", ())), adapter=bool(raw.get("adapter", False)),
         base_model=str(raw.get("base_model", "")), metrics=dict(raw.get("metrics") or {}),
-        settings=dict(raw.get("settings") or {}),
+        settings=dict(raw.get("settings") or {}), learner_state=raw.get("learner_state"),
     )
 
 
@@ -213,9 +222,47 @@ def restore(state: LearnerState, optimizer: torch.optim.Optimizer, model: torch.
 
 
 def upload(info: CheckpointInfo, base_uri: str) -> tuple[str, str]:
-    """Publish a version at `base_uri`/v000001 where every host can read it; returns (its URI, its digest)."""
+    """Publish a version at `base_uri`/v000001 where every host can read it; returns (its URI, its digest).
+
+    The learner state goes beside it, outside the manifest (collectors never download it), so that a
+    learner on any host can resume from the version (`fetch`)."""
     uri = f"{base_uri.rstrip('/')}/{info.path.name}"
+    if (info.path / STATE_FILE).is_file():
+        artifacts.upload_beside(info.path / STATE_FILE, uri)
     return uri, artifacts.upload(info.path, uri, exclude=(STATE_FILE,))
+
+
+def fetch(announced: Announcement, root: str | Path) -> CheckpointInfo:
+    """Bring an announced version, published by a learner on another host, into this learner's `root`:
+    its files, verified against the announced digest, and its learner state, verified against the
+    size and sha256 its trajstore_checkpoint.json records; then it is a version of `root` like any other.
+    Raises CheckpointError saying what to do when that cannot be done."""
+    root = Path(root)
+    where = f"version {announced.version} of run {announced.run!r}"
+    if announced.uri is None or announced.digest is None:
+        raise CheckpointError(
+            f"the store's newest checkpoint of run {announced.run!r} is version {announced.version} (step "
+            f"{announced.step}), in {announced.path} on the host of the learner that published it, but it was not "
+            f"published where other hosts can read it, and {root} does not hold it. Resume there with --checkpoints "
+            f"{announced.path}, or copy that directory here; to resume on any host, publish checkpoints for every "
+            "host (an s3:// store does by default; else --checkpoint-uri), or start a new run with another --run")
+    staging = root / f"{PARTIAL_PREFIX}fetch"  # removed by the next start if this one is killed
+    try:
+        copy = artifacts.fetch(announced.uri, staging, expect=announced.digest)
+        info = read_info(copy)
+        if info.learner_state is None:
+            raise CheckpointError(
+                f"{where} at {announced.uri} was published without its learner state (by an older trajstore), so "
+                f"no other host can resume from it: resume on the learner's host with --checkpoints "
+                f"{announced.path}, or start a new run with another --run")
+        artifacts.fetch_beside(announced.uri, STATE_FILE, copy / STATE_FILE, info.learner_state)
+        final = version_dir(root, announced.version)
+        copy.rename(final)
+    except ArtifactError as exc:
+        raise CheckpointError(f"cannot resume from {where}: {exc}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return read_info(final)
 
 
 def checkpoint_event(info: CheckpointInfo, run: str, metrics: Mapping[str, float], groups_per_version: int,

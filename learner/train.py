@@ -66,6 +66,7 @@ from learner.losses import (
 from learner.errors import LearnerError
 from learner.settings import LearnSettings, SettingsError
 from trajstore import Metric, Store, Writer, artifacts, open_store
+from trajstore.announcement import LATEST_SQL, Announcement
 from trajstore.shard import Shard
 
 # the shard planner's rollout budget: a step is bounded by its group count, not its rollouts
@@ -257,18 +258,48 @@ def spread_note(step: int, metrics: Mapping[str, float], run: str, said_before: 
     return None
 
 
+def newest_announced(store: Store, run: str) -> Announcement | None:
+    rows = store.query(LATEST_SQL, [run]).to_pylist()
+    return Announcement.from_row(rows[0]) if rows else None
+
+
+def catch_up(store: Store, s: LearnSettings,
+             infos: list[checkpoints.CheckpointInfo]) -> list[checkpoints.CheckpointInfo]:
+    """The versions to resume from: `infos` (this host's), plus the store's newest version when another host's
+    learner published it (fetched from where it was published, `checkpoints.fetch`, which refuses at once,
+    saying what to do, when it cannot be)."""
+    head = newest_announced(store, s.run)
+    newest_here = infos[-1].version if infos else 0
+    if head is None or head.version <= newest_here:
+        return infos
+    if head.adapter != s.lora:  # before a download: the same refusal the local check makes
+        raise checkpoints.CheckpointError(
+            f"run {s.run!r} was trained {'with' if head.adapter else 'without'} LoRA (its version {head.version}); "
+            "resume with the same --lora setting")
+    try:
+        return [*infos, checkpoints.fetch(head, s.checkpoints)]
+    except checkpoints.CheckpointError as exc:
+        raise checkpoints.CheckpointError(
+            f"{s.checkpoints} holds versions of run {s.run!r} only up to {newest_here}, but the store already "
+            f"holds checkpoints up to version {head.version}: {exc}") from exc
+
+
+def check_still_newest(store: Store, run: str, version: int) -> None:
+    """Refuse to publish over a version another learner of the run announced meanwhile (a learner thought dead,
+    still running on another host): their versions would train the same rollouts twice."""
+    head = newest_announced(store, run)
+    if head is not None and head.version > version:
+        raise checkpoints.CheckpointError(
+            f"another learner of run {run!r} announced version {head.version} (step {head.step}, {head.path}) while "
+            f"this one trained on version {version}: two learners of one run would train rollouts twice, so this one "
+            "stops without publishing. Run one learner per run; restart this one to resume from the newest version")
+
+
 def announce_missing(store: Store, writer: Writer, s: LearnSettings,
                      infos: list[checkpoints.CheckpointInfo]) -> None:
-    """Append the Checkpoint event of every published version the store lacks; refuse a foreign history."""
+    """Append the Checkpoint event of every published version the store lacks."""
     known = store.query("SELECT DISTINCT version FROM checkpoints WHERE run = $run", {"run": s.run})
-    announced = set(known.column("version").to_pylist())
-    newest_here = infos[-1].version if infos else 0
-    if announced and max(announced) > newest_here:
-        raise checkpoints.CheckpointError(
-            f"the store already holds checkpoints of run {s.run!r} up to version {max(announced)}, but "
-            f"{s.checkpoints} holds versions only up to {newest_here}; resume with that run's checkpoint "
-            "directory, or start a new run with another --run")
-    missing = checkpoints.missing_events(infos, announced)
+    missing = checkpoints.missing_events(infos, set(known.column("version").to_pylist()))
     if missing:  # uploaded (again: a crash may have cut the upload short) before they are announced
         writer.append([checkpoints.checkpoint_event(i, s.run, i.metrics, s.groups_per_version, s.max_staleness,
                                                     _upload(s, i)) for i in missing])
@@ -334,8 +365,12 @@ def learn(settings: LearnSettings, *,
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     torch.manual_seed(s.seed)
 
-    # resume point: the newest published version, if any (partial leftovers are removed)
+    # resume point: the newest published version, if any (partial leftovers are removed), fetched when a
+    # learner on another host published it. Every refusal comes before the model loads.
     infos = checkpoints.published(s.checkpoints, clean=ranks.main)  # leftovers of a crash mid-publish go
+    if store is not None:
+        infos = catch_up(store, s, infos)
+    infos = distributed.broadcast(infos, ranks)  # every rank loads the same version (from a directory they share)
     resume = infos[-1] if infos else None
     if resume is not None and resume.adapter != s.lora:
         raise checkpoints.CheckpointError(
@@ -345,21 +380,30 @@ def learn(settings: LearnSettings, *,
         raise checkpoints.CheckpointError(
             f"{resume.path} belongs to run {resume.run!r}, not {s.run!r}; give each run its own --checkpoints")
 
-    # model, optional frozen reference (the initial policy), optimizer; sharded by FSDP2 under torchrun
-    model = distributed.shard(load_policy(s, resume), ranks, device).eval()  # eval: no dropout, the sampling policy
-    reference = None
-    if s.kl_coef > 0 and not s.lora:  # with LoRA the reference is the base, adapter disabled
-        reference = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32)
-        reference.requires_grad_(False)
-        reference = distributed.shard(reference, ranks, device).eval()
-    vocab_size = int(model.get_input_embeddings().num_embeddings)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    # one writer name per machine (a restart here reopens its write-ahead directory, a learner moved to another
+    # host takes that host's): opened before the model loads, so a name another machine holds is refused at once
+    writer = store.writer(s.writer or store.machine_writer_name(s.writer_name),
+                          seal_interval=s.seal_interval) if store is not None else None
+    try:
+        # model, optional frozen reference (the initial policy), optimizer; sharded by FSDP2 under torchrun
+        model = distributed.shard(load_policy(s, resume), ranks, device).eval()  # eval: the sampling policy
+        reference = None
+        if s.kl_coef > 0 and not s.lora:  # with LoRA the reference is the base, adapter disabled
+            reference = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32)
+            reference.requires_grad_(False)
+            reference = distributed.shard(reference, ranks, device).eval()
+        vocab_size = int(model.get_input_embeddings().num_embeddings)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
-    version = step_done = 0
-    if resume is not None:
-        checkpoints.restore(checkpoints.load_state(resume), optimizer, model)
-        version, step_done = resume.version, resume.step
+        version = step_done = 0
+        if resume is not None:
+            checkpoints.restore(checkpoints.load_state(resume), optimizer, model)
+            version, step_done = resume.version, resume.step
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        raise
 
     pending: list[str] = []  # rollouts trained since the last published version
     pending_steps = 0
@@ -372,7 +416,6 @@ def learn(settings: LearnSettings, *,
     said_flat = False  # told the user some groups had no reward spread
     last_step = step_done
     steps = itertools.count(step_done + 1) if s.steps is None else range(step_done + 1, s.steps + 1)
-    writer = store.writer(s.writer_name, seal_interval=s.seal_interval) if store is not None else None
     try:
         if store is not None and writer is not None:
             announce_missing(store, writer, s, infos)
@@ -432,13 +475,13 @@ def learn(settings: LearnSettings, *,
                 say(note)
 
             if pending_steps == s.publish_every:
-                version = _publish(s, model, optimizer, writer, version + 1, step, pending, table_version,
-                                   metrics, ranks)
+                version = _publish(s, store, model, optimizer, writer, version + 1, step, pending,
+                                   table_version, metrics, ranks)
                 published.append(version)
                 pending, pending_steps = [], 0
         if pending_steps:  # the last steps of a finished run are published too
-            version = _publish(s, model, optimizer, writer, version + 1, last_step, pending, table_version,
-                               metrics, ranks)
+            version = _publish(s, store, model, optimizer, writer, version + 1, last_step, pending,
+                               table_version, metrics, ranks)
             published.append(version)
     finally:
         if writer is not None:
@@ -449,12 +492,13 @@ def learn(settings: LearnSettings, *,
                         stopped=stopped, last_metrics=metrics, waiting=waiting)
 
 
-def _publish(s: LearnSettings, model: torch.nn.Module, optimizer: torch.optim.Optimizer, writer: Writer | None,
-             version: int, step: int, consumed: list[str], table_version: int | None,
+def _publish(s: LearnSettings, store: Store | None, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             writer: Writer | None, version: int, step: int, consumed: list[str], table_version: int | None,
              metrics: Mapping[str, float], ranks: distributed.Ranks) -> int:
     """Write version `version` and announce it (rank 0, from the state every rank gathers), then go on together."""
     gathered = distributed.gather_state(model, optimizer, ranks)
     if ranks.main:
+        check_still_newest(store, s.run, version - 1)  # type: ignore[arg-type]
         info = {"run": s.run, "parent": version - 1, "table_version": table_version, "consumed": consumed,
                 "metrics": dict(metrics), "settings": s.resolved()}
         path = checkpoints.publish(s.checkpoints, version, step, model, s.model, optimizer, info=info,

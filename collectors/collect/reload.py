@@ -2,8 +2,8 @@
 
 The learner announces itself (version 0, its initial model) and every published version with
 a `checkpoint` event, read back as a `trajstore.announcement.Announcement`: the checkpoint
-directory (`path`) and the learner's batch size (`groups_per_version`). `Reloader.sync(head)` loads the newest version when it is newer than
-the one served: intermediate versions are skipped, since only the newest matters for
+directory (`path`) and the learner's batch size (`groups_per_version`). `Reloader.sync(head)`
+loads the newest version when it is newer than the one served: intermediate versions are skipped, since only the newest matters for
 sampling. A failed load is reported and retried on a later poll with a growing pause; it
 never stops collection (the server keeps serving the weights it has).
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -106,6 +107,35 @@ def test_a_learner_killed_mid_upload_uploads_again_before_announcing(
     copy = artifacts.fetch(head.uri or "", tmp_path / "cache", expect=head.digest)
     assert (copy / "model.safetensors").read_bytes() == (v2 / "model.safetensors").read_bytes()
     assert not (copy / "learner_state.pt").exists(), "the optimizer state stays on the learner's disk"
+
+
+def test_a_learner_resumes_on_another_host_from_what_it_published(
+        s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host A learns 2 steps and is lost with its disk; host B (its own spool, model copy and checkpoint
+    directory) goes on from version 2 with A's optimizer state, and no rollout is trained twice."""
+    host_a, host_b = tmp_path / "host-a", tmp_path / "host-b"
+    monkeypatch.setenv("TRAJSTORE_SPOOL", str(host_a / "spool"))
+    model = make_model(host_a / "tiny")
+    shutil.copytree(model, host_b / "tiny")
+    store = s3_server.new_uri()
+    write_groups(store, model, groups=8, group_size=4)
+    learn(store, model, host_a / "ckpts", 2)
+    state_a = (host_a / "ckpts" / "v000002" / "learner_state.pt").read_bytes()
+    shutil.move(host_a, tmp_path / "gone")  # preempted: no process can see A's disk any more
+
+    monkeypatch.setenv("TRAJSTORE_SPOOL", str(host_b / "spool"))
+    learn(store, host_b / "tiny", host_b / "ckpts", 4)
+    assert (host_b / "ckpts" / "v000002" / "learner_state.pt").read_bytes() == state_a  # fetched, verified
+    reader = open_store(store, spool=tmp_path / "reader-spool")
+    rows = reader.query("SELECT version, step, consumed, path FROM checkpoints ORDER BY version").to_pylist()
+    assert [(r["version"], r["step"]) for r in rows] == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)]
+    assert [Path(r["path"]).parent.parent.name for r in rows[1:]] == ["host-a", "host-a", "host-b", "host-b"]
+    consumed = [rid for r in rows for rid in r["consumed"]]
+    assert len(consumed) == len(set(consumed)) == 4 * 2 * 4  # every step's groups once, none trained twice
+    optimizer = torch.load(host_b / "ckpts" / "v000004" / "learner_state.pt", weights_only=True)["optimizer"]
+    assert {float(p["step"]) for p in optimizer["state"].values()} == {4.0}  # Adam's moments went on from A's
+    writers = reader.query("SELECT DISTINCT writer FROM events WHERE kind = 'checkpoint'").column(0).to_pylist()
+    assert len(writers) == 2 and all(w.startswith("learner-default-") for w in writers)  # one name per host
 
 
 @pytest.mark.parametrize(("value", "message"), [

@@ -181,11 +181,20 @@ def test_staleness_bound_and_no_data_stop(template: Path, model_dir: Path, tmp_p
     assert json.loads(zero[0]["meta"])["groups_per_version"] == 2
 
 
-def test_a_foreign_checkpoint_history_is_refused(template: Path, model_dir: Path, tmp_path: Path) -> None:
+def test_a_foreign_checkpoint_history_is_refused(template: Path, model_dir: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints published nowhere but the learner's own directory: another directory cannot resume the run,
+    and is told so at once (before any model loads) with the directory that can."""
     store_dir = fresh_store(template, tmp_path)
     learn(settings(store_dir, model_dir, steps=1))
-    with pytest.raises(checkpoints.CheckpointError, match="up to version 1"):
+
+    def no_model(*args: object) -> None:
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr("learner.train.load_policy", no_model)
+    with pytest.raises(checkpoints.CheckpointError, match="up to version 1") as refused:
         learn(settings(store_dir, model_dir, steps=2, checkpoints=str(tmp_path / "other")))
+    assert f"Resume there with --checkpoints {(tmp_path / 'ckpts' / 'v000001').resolve()}" in str(refused.value)
 
 
 def test_lora_publishes_adapters_and_resumes_from_them(template: Path, model_dir: Path, tmp_path: Path) -> None:
