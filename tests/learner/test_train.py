@@ -131,9 +131,8 @@ def test_each_rollout_is_consumed_by_exactly_one_version(template: Path, model_d
     assert summary.published == (1, 2)  # steps 1-2, then the last step on its own
     rows = checkpoint_rows(store_dir)
     assert [(r["version"], r["step"]) for r in rows] == [(0, 0), (1, 2), (2, 3)]
-    metas = [json.loads(m) for m in trajstore.open_store(store_dir).query(
-        "SELECT meta FROM checkpoints ORDER BY version").column("meta").to_pylist()]
-    assert [m["groups_per_version"] for m in metas] == [4, 4, 4]  # what collectors pace admission by
+    paced = trajstore.open_store(store_dir).query("SELECT groups_per_version FROM checkpoints ORDER BY version")
+    assert paced.column(0).to_pylist() == [4, 4, 4]  # what collectors pace admission by
     consumed = [rid for r in rows for rid in r["consumed"]]
     assert len(consumed) == len(set(consumed)) == 3 * 2 * 4
     store = trajstore.open_store(store_dir)
@@ -176,9 +175,8 @@ def test_staleness_bound_and_no_data_stop(template: Path, model_dir: Path, tmp_p
     empty = trajstore.open_store(tmp_path / "empty")
     summary = learn(settings(tmp_path / "empty", model_dir, checkpoints=str(tmp_path / "ck2"), steps=2))
     assert summary.steps_trained == 0 and summary.published == () and summary.version == 0
-    zero = empty.query("SELECT version, meta FROM checkpoints").to_pylist()
-    assert len(zero) == 1 and zero[0]["version"] == 0
-    assert json.loads(zero[0]["meta"])["groups_per_version"] == 2
+    zero = empty.query("SELECT version, groups_per_version FROM checkpoints").to_pylist()
+    assert zero == [{"version": 0, "groups_per_version": 2}]
 
 
 def test_a_foreign_checkpoint_history_is_refused(template: Path, model_dir: Path, tmp_path: Path,
