@@ -13,7 +13,8 @@ checkpoint (weights, optimizer state, RNG, step, version) and trains the unpubli
 rollouts again, so every rollout ends up in exactly one published version. A version whose
 directory was renamed into place but whose event never reached the store is announced on
 restart (same deterministic event id). A retrained step appears twice in `metrics` (one per
-attempt); `checkpoints.consumed` is the record of what was trained.
+attempt); `checkpoints.consumed` is the record of what was trained. The restart may be on another
+host: the run's newest version is fetched from where it was published (`learner.resume`).
 
 Loss of one step: the chosen per-token loss (`LOSSES`), plus kl_coef * k3 KL to the initial
 model, aggregated over the step (`AGGREGATIONS`) with normalizers computed over all of its
@@ -64,9 +65,9 @@ from learner.losses import (
     token_mean,
 )
 from learner.errors import LearnerError
+from learner.resume import announce_missing, catch_up, check_still_newest, upload
 from learner.settings import LearnSettings, SettingsError
 from trajstore import Metric, Store, Writer, artifacts, open_store
-from trajstore.announcement import LATEST_SQL, Announcement
 from trajstore.shard import Shard
 
 # the shard planner's rollout budget: a step is bounded by its group count, not its rollouts
@@ -256,57 +257,6 @@ def spread_note(step: int, metrics: Mapping[str, float], run: str, said_before: 
         return (f"step {step}: {flat} of its {groups} groups had no reward spread; their rollouts get advantage 0 "
                 "and teach nothing (the `groups_no_spread` metric counts them every step)")
     return None
-
-
-def newest_announced(store: Store, run: str) -> Announcement | None:
-    rows = store.query(LATEST_SQL, [run]).to_pylist()
-    return Announcement.from_row(rows[0]) if rows else None
-
-
-def catch_up(store: Store, s: LearnSettings,
-             infos: list[checkpoints.CheckpointInfo]) -> list[checkpoints.CheckpointInfo]:
-    """The versions to resume from: `infos` (this host's), plus the store's newest version when another host's
-    learner published it (fetched from where it was published, `checkpoints.fetch`, which refuses at once,
-    saying what to do, when it cannot be)."""
-    head = newest_announced(store, s.run)
-    newest_here = infos[-1].version if infos else 0
-    if head is None or head.version <= newest_here:
-        return infos
-    if head.adapter != s.lora:  # before a download: the same refusal the local check makes
-        raise checkpoints.CheckpointError(
-            f"run {s.run!r} was trained {'with' if head.adapter else 'without'} LoRA (its version {head.version}); "
-            "resume with the same --lora setting")
-    try:
-        return [*infos, checkpoints.fetch(head, s.checkpoints)]
-    except checkpoints.CheckpointError as exc:
-        raise checkpoints.CheckpointError(
-            f"{s.checkpoints} holds versions of run {s.run!r} only up to {newest_here}, but the store already "
-            f"holds checkpoints up to version {head.version}: {exc}") from exc
-
-
-def check_still_newest(store: Store, run: str, version: int) -> None:
-    """Refuse to publish over a version another learner of the run announced meanwhile (a learner thought dead,
-    still running on another host): their versions would train the same rollouts twice."""
-    head = newest_announced(store, run)
-    if head is not None and head.version > version:
-        raise checkpoints.CheckpointError(
-            f"another learner of run {run!r} announced version {head.version} (step {head.step}, {head.path}) while "
-            f"this one trained on version {version}: two learners of one run would train rollouts twice, so this one "
-            "stops without publishing. Run one learner per run; restart this one to resume from the newest version")
-
-
-def announce_missing(store: Store, writer: Writer, s: LearnSettings,
-                     infos: list[checkpoints.CheckpointInfo]) -> None:
-    """Append the Checkpoint event of every published version the store lacks."""
-    known = store.query("SELECT DISTINCT version FROM checkpoints WHERE run = $run", {"run": s.run})
-    missing = checkpoints.missing_events(infos, set(known.column("version").to_pylist()))
-    if missing:  # uploaded (again: a crash may have cut the upload short) before they are announced
-        writer.append([checkpoints.checkpoint_event(i, s.run, i.metrics, s.groups_per_version, s.max_staleness,
-                                                    _upload(s, i)) for i in missing])
-
-
-def _upload(s: LearnSettings, info: checkpoints.CheckpointInfo) -> tuple[str, str] | None:
-    return checkpoints.upload(info, s.publish_uri) if s.publish_uri is not None else None
 
 
 def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | None, mb: MicroBatch,
@@ -505,7 +455,7 @@ def _publish(s: LearnSettings, store: Store | None, model: torch.nn.Module, opti
                                    adapter=s.lora, gathered=gathered)
         written = checkpoints.read_info(path)
         event = checkpoints.checkpoint_event(written, s.run, metrics, s.groups_per_version, s.max_staleness,
-                                             _upload(s, written))
+                                             upload(s, written))
         writer.append([event])  # type: ignore[union-attr]
     distributed.all_ranks(None, ranks)  # a barrier: no rank runs ahead of a version rank 0 is writing
     return version
