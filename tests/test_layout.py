@@ -102,3 +102,12 @@ def test_collectors_are_subsystems_and_modules_stay_small() -> None:
     long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
             if not {".venv", ".venv-vllm"} & set(p.parts) and (n := len(p.read_text().splitlines())) > 600}
     assert long == {}, f"modules over 600 lines (split each into modules with one job): {long}"
+
+
+def test_the_checkpoint_announcement_is_read_through_its_type() -> None:
+    """Only trajstore reads the announcement's JSON (`trajstore.announcement`, the `checkpoints` view's typed
+    columns): a package that parsed the event's meta itself would be a second, untyped copy of the contract."""
+    readers = {str(p.relative_to(ROOT)) for package in ("collectors", "learner", "cli")
+               for p in (ROOT / package).rglob("*.py")
+               if "meta FROM checkpoints" in (text := p.read_text()) or "json_extract(meta, '$.groups_per" in text}
+    assert readers == set(), f"read the checkpoints view's typed columns or trajstore.announcement instead: {readers}"
