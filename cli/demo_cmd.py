@@ -30,7 +30,8 @@ console = CommandConsole()
 @click.option("--quick", is_flag=True, help="The CI-sized loop: the same task, 60 learner steps instead of 90.")
 @click.option("--steps", type=click.IntRange(min=1), help="Learner steps (default: the preset's).")
 @click.option("--minutes", type=click.FloatRange(min=0.5),
-              help="Time limit for collect + learn (default: the preset's; 20 with --engine vllm).")
+              help="Safety net for collect + learn (default: 60); the demo's budget is its learner steps. When "
+                   "it fires, the demo says so and exits with status 1.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--engine", type=click.Choice(["embedded", "vllm"]), default="embedded", show_default=True,
               help="Who serves the model to the collector: the embedded server, or vLLM from .venv-vllm "
@@ -57,12 +58,12 @@ def demo(directory: Path, quick: bool, steps: int | None, minutes: float | None,
     settings = dataclasses.replace(settings, engine=engine, loss=loss)
     if steps is not None:
         settings = dataclasses.replace(settings, steps=steps)
-    if minutes is None and engine == "vllm" and not quick:
-        minutes = 20  # vLLM's per-step costs dominate a model this small: the 90 steps took 12.6 min here, not 6-8
     if minutes is not None:
         settings = dataclasses.replace(settings, time_limit_s=minutes * 60)
     result = run_demo(settings, say=console.print)
     show(result)
+    if result.cut_short:
+        raise click.ClickException(f"the demo was cut short: {result.cut_short}")
 
 
 def show(result: DemoResult) -> None:
@@ -86,8 +87,10 @@ def show(result: DemoResult) -> None:
                       f"{first['rollouts']} rollouts) -> last quarter, versions {late['versions'][0]}-"
                       f"{late['versions'][-1]}: {late['correct']:.2f} ({late['low']:.2f}-{late['high']:.2f}, "
                       f"{late['rollouts']} rollouts)[/bold]; without reading the forecast the best is 0.25")
-    console.print(f"{result.steps} learner steps, {result.rollouts} rollouts, {result.tokens} tokens in "
-                  f"{result.seconds / 60:.1f} min")
+    console.print(f"{result.steps} of {result.planned_steps} learner steps, {result.rollouts} rollouts, "
+                  f"{result.tokens} tokens in {result.seconds / 60:.1f} min")
+    if result.cut_short:
+        console.print(f"[bold red]CUT SHORT:[/bold red] {result.cut_short}")
     if result.plot:
         console.print(f"plot: {result.plot}")
     store = result.store

@@ -110,7 +110,8 @@ def _reject(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str
               help="Seconds between looks at the store while waiting for groups.")
 @click.option("--wait-timeout", type=float, default=_default("wait_timeout"), show_default=True,
               help="Without --follow: stop after this many seconds without a full step of data.")
-@click.option("--writer", help="Store writer name (default: learner-RUN).")
+@click.option("--writer", help="Store writer name (default: learner-RUN-ID, ID this machine's spool id, so a "
+                                "learner resumed on another host takes its own).")
 @click.option("--create-store", is_flag=True,
               help="Create the store if it does not exist (without it, a store that is not there is an error).")
 @seal_interval_option(_default("seal_interval"))

@@ -7,7 +7,8 @@ Layout (the contract between learner and collectors; they share nothing else but
                      or adapter_config.json, adapter_model.safetensors, tokenizer files (LoRA;
                      base_model_name_or_path = absolute path of the base model directory)
                      trajstore_checkpoint.json  {"version", "step", "parent", "run", "table_version",
-                                                 "consumed", "adapter", "base_model", "metrics", "settings"}
+                                                 "consumed", "adapter", "base_model", "metrics", "settings",
+                                                 "learner_state": learner_state.pt's size and sha256}
                      learner_state.pt           optimizer state (keyed by parameter name, full: the same
                                                 whatever the number of ranks) and RNG states (learner-private)
                      trajstore_manifest.json    when uploaded for other hosts: every other file's size and
@@ -18,7 +19,8 @@ fsynced, then renamed into place: a reader sees a whole version or none. A `.par
 directory is what a crash left behind (or a version being written): readers skip it, and the
 learner that owns the directory removes leftovers when it starts (`published(clean=True)`).
 
-The store learns of a version from its Checkpoint event (`checkpoint_event`), appended after
+The store learns of a version from its announcement (`checkpoint_event`: a
+`trajstore.announcement.Announcement`, the type collectors read back), appended after
 the rename with the deterministic id `checkpoint:{run}:{version}`: after a crash between the
 rename and the append, the resumed learner appends the same event again from the JSON here.
 Version 0 is the initial model, announced by `initial_event` so that collectors know the
@@ -26,11 +28,17 @@ learner's batch size before the first checkpoint.
 
 Other hosts cannot read CKPTS. With a checkpoint URI (`LearnSettings.publish_uri`: by default
 `<store>/checkpoints/<run>` for an `s3://` store), `upload` also publishes each version at
-`URI/v000001/` through `trajstore.artifacts` (files, then a manifest of sizes and sha256s; the
-learner-private learner_state.pt stays here) before the event is appended, and the event's meta
-names it: `uri` (where every host finds it) and `digest` (the manifest's sha256) beside `path`
-(this host's directory). A crash mid-upload leaves no manifest: readers ignore it, and the
-resumed learner uploads the version again before announcing it.
+`URI/v000001/` through `trajstore.artifacts` (files, then a manifest of sizes and sha256s)
+before the event is appended, and the event's meta names it: `uri` (where every host finds it)
+and `digest` (the manifest's sha256) beside `path` (this host's directory). A crash mid-upload
+leaves no manifest: readers ignore it, and the resumed learner uploads the version again before
+announcing it.
+
+Resuming on another host (a preempted machine, a spare): learner_state.pt is uploaded beside
+the version, first and outside the manifest (collectors never download it), and
+trajstore_checkpoint.json, which the manifest lists, records its size and sha256. A learner
+whose CKPTS lacks the store's newest version `fetch`es it (files checked against the announced
+digest, the state against the recorded sha256) into CKPTS and resumes from it as from its own.
 """
 
 from __future__ import annotations
@@ -47,7 +55,8 @@ import torch
 from learner import distributed
 from learner.distributed import GatheredState
 from learner.errors import LearnerError
-from trajstore import Checkpoint, artifacts
+from trajstore import ArtifactError, Checkpoint, artifacts
+from trajstore.announcement import Announcement
 from trajstore.durable import staged_directory
 
 INFO_FILE = "trajstore_checkpoint.json"
@@ -78,6 +87,7 @@ class CheckpointInfo:
     base_model: str
     metrics: dict[str, float]
     settings: dict[str, Any]
+    learner_state: dict[str, Any] | None = None  # STATE_FILE's size and sha256 (None: written before they were)
 
 
 def version_dir(root: str | Path, version: int) -> Path:
@@ -136,7 +146,8 @@ def publish(root: str | Path, version: int, step: int, model: torch.nn.Module, t
         optimizer_state = gathered.optimizer if gathered is not None else distributed.optimizer_state(model, optimizer)
         torch.save(_learner_state(optimizer_state), tmp / STATE_FILE)
         record = {**dict(info), "version": version, "step": step, "adapter": adapter, "base_model": str(base),
-                  "consumed": list(info.get("consumed", ()))}
+                  "consumed": list(info.get("consumed", ())),
+                  "learner_state": artifacts.file_entry(tmp / STATE_FILE)}  # how a learner elsewhere checks it
         (tmp / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
     return final
 
@@ -161,7 +172,7 @@ def read_info(path: str | Path) -> CheckpointInfo:
         run=str(raw.get("run", "default")), table_version=raw.get("table_version"),
         consumed=tuple(raw.get("consumed", ())), adapter=bool(raw.get("adapter", False)),
         base_model=str(raw.get("base_model", "")), metrics=dict(raw.get("metrics") or {}),
-        settings=dict(raw.get("settings") or {}),
+        settings=dict(raw.get("settings") or {}), learner_state=raw.get("learner_state"),
     )
 
 
@@ -210,39 +221,68 @@ def restore(state: LearnerState, optimizer: torch.optim.Optimizer, model: torch.
         torch.cuda.set_rng_state_all(state.cuda_rng)
 
 
-def event_id(run: str, version: int) -> str:
-    return f"checkpoint:{run}:{version}"
-
-
 def upload(info: CheckpointInfo, base_uri: str) -> tuple[str, str]:
-    """Publish a version at `base_uri`/v000001 where every host can read it; returns (its URI, its digest)."""
+    """Publish a version at `base_uri`/v000001 where every host can read it; returns (its URI, its digest).
+
+    The learner state goes beside it, outside the manifest (collectors never download it), so that a
+    learner on any host can resume from the version (`fetch`)."""
     uri = f"{base_uri.rstrip('/')}/{info.path.name}"
+    if (info.path / STATE_FILE).is_file():
+        artifacts.upload_beside(info.path / STATE_FILE, uri)
     return uri, artifacts.upload(info.path, uri, exclude=(STATE_FILE,))
+
+
+def fetch(announced: Announcement, root: str | Path) -> CheckpointInfo:
+    """Bring an announced version, published by a learner on another host, into this learner's `root`:
+    its files, verified against the announced digest, and its learner state, verified against the
+    size and sha256 its trajstore_checkpoint.json records; then it is a version of `root` like any other.
+    Raises CheckpointError saying what to do when that cannot be done."""
+    root = Path(root)
+    where = f"version {announced.version} of run {announced.run!r}"
+    if announced.uri is None or announced.digest is None:
+        raise CheckpointError(
+            f"the store's newest checkpoint of run {announced.run!r} is version {announced.version} (step "
+            f"{announced.step}), in {announced.path} on the host of the learner that published it, but it was not "
+            f"published where other hosts can read it, and {root} does not hold it. Resume there with --checkpoints "
+            f"{announced.path}, or copy that directory here; to resume on any host, publish checkpoints for every "
+            "host (an s3:// store does by default; else --checkpoint-uri), or start a new run with another --run")
+    staging = root / f"{PARTIAL_PREFIX}fetch"  # removed by the next start if this one is killed
+    try:
+        copy = artifacts.fetch(announced.uri, staging, expect=announced.digest)
+        info = read_info(copy)
+        if info.learner_state is None:
+            raise CheckpointError(
+                f"{where} at {announced.uri} was published without its learner state (by an older trajstore), so "
+                f"no other host can resume from it: resume on the learner's host with --checkpoints "
+                f"{announced.path}, or start a new run with another --run")
+        artifacts.fetch_beside(announced.uri, STATE_FILE, copy / STATE_FILE, info.learner_state)
+        final = version_dir(root, announced.version)
+        copy.rename(final)
+    except ArtifactError as exc:
+        raise CheckpointError(f"cannot resume from {where}: {exc}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return read_info(final)
 
 
 def checkpoint_event(info: CheckpointInfo, run: str, metrics: Mapping[str, float], groups_per_version: int,
                      max_staleness: int, published: tuple[str, str] | None = None) -> Checkpoint:
     """The store's announcement of a published version (idempotent: a deterministic event id);
     `published` is what `upload` returned, when the version was uploaded."""
-    meta: dict[str, Any] = {"path": str(info.path.resolve()), "adapter": info.adapter, "base_model": info.base_model,
-                            "groups_per_version": groups_per_version, "max_staleness": max_staleness}
-    if published is not None:
-        meta["uri"], meta["digest"] = published
-    return Checkpoint(
-        run=run, policy_version=info.version, step=info.step, consumed=list(info.consumed),
-        table_version=info.table_version, metrics=dict(metrics), meta=meta, event_id=event_id(run, info.version),
-    )
+    uri, digest = published if published is not None else (None, None)
+    return Announcement(
+        run=run, version=info.version, step=info.step, path=str(info.path.resolve()), uri=uri, digest=digest,
+        adapter=info.adapter, base_model=info.base_model, groups_per_version=groups_per_version,
+        max_staleness=max_staleness, table_version=info.table_version, consumed=info.consumed, metrics=dict(metrics),
+    ).to_event()
 
 
 def initial_event(model_dir: str | Path, run: str, groups_per_version: int, max_staleness: int,
                   settings: Mapping[str, Any] | None = None) -> Checkpoint:
     """Version 0: the initial model, announced by a fresh learner so collectors learn its batch size."""
     path = str(Path(model_dir).resolve())
-    meta: dict[str, Any] = {"path": path, "adapter": False, "base_model": path,
-                            "groups_per_version": groups_per_version, "max_staleness": max_staleness}
-    if settings is not None:
-        meta["settings"] = dict(settings)
-    return Checkpoint(run=run, policy_version=0, step=0, consumed=[], meta=meta, event_id=event_id(run, 0))
+    return Announcement(run=run, version=0, step=0, path=path, base_model=path, groups_per_version=groups_per_version,
+                        max_staleness=max_staleness, settings=settings).to_event()
 
 
 def missing_events(infos: Sequence[CheckpointInfo], announced: set[int]) -> list[CheckpointInfo]:

@@ -18,6 +18,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("distill_kl", "distill_kl", "{:+.3f}"),
     ("entropy", "entropy", "{:.3f}"),
     ("grad_norm", "grad", "{:.3f}"),
+    ("groups_no_spread", "flat_groups", "{:.0f}"),
     ("staleness_max", "stale", "{:.0f}"),
     ("rollouts", "rollouts", "{:.0f}"),
     ("tokens", "tokens", "{:.0f}"),

@@ -83,7 +83,7 @@ class LearnSettings:
     device: DeviceName = "auto"
     poll_interval: float = 1.0  # seconds between looks at the store while waiting for groups
     wait_timeout: float = 600.0  # without --follow: stop after this long without a full step of data
-    writer: str | None = None  # store writer name; default learner-<run>
+    writer: str | None = None  # store writer name; default learner-<run>-<this machine's spool id>
     seal_interval: float = 60.0  # seconds before metrics are sealed (checkpoint events are sealed at once)
     create_store: bool = False  # create the store when none exists (else: refuse, a mistyped --store waits forever)
 
@@ -205,6 +205,7 @@ class LearnSettings:
 
     @property
     def writer_name(self) -> str:
+        """The explicit writer name, else the prefix the store completes with the machine's id."""
         return self.writer or ("learner-" + _WRITER_UNSAFE.sub("_", self.run))[:100]
 
     def resolved(self) -> dict[str, Any]:

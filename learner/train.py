@@ -13,7 +13,8 @@ checkpoint (weights, optimizer state, RNG, step, version) and trains the unpubli
 rollouts again, so every rollout ends up in exactly one published version. A version whose
 directory was renamed into place but whose event never reached the store is announced on
 restart (same deterministic event id). A retrained step appears twice in `metrics` (one per
-attempt); `checkpoints.consumed` is the record of what was trained.
+attempt); `checkpoints.consumed` is the record of what was trained. The restart may be on another
+host: the run's newest version is fetched from where it was published (`learner.resume`).
 
 Loss of one step: the chosen per-token loss (`learner.objectives.LOSSES`), plus kl_coef * the
 chosen KL estimate to the initial model, less the tokens IcePop masks and the samples rejection
@@ -62,6 +63,7 @@ from learner.losses import (
 )
 from learner.objectives import KL_ESTIMATORS, LOSSES, LossInputs, kept_tokens, objective_stats
 from learner.errors import LearnerError
+from learner.resume import announce_missing, catch_up, check_still_newest, upload
 from learner.settings import LearnSettings, SettingsError
 from trajstore import Metric, Store, Writer, artifacts, open_store
 from trajstore.shard import Shard
@@ -213,39 +215,45 @@ def check_teacher(samples: pa.Table, teacher: str | None) -> None:
 
 
 def shard_metrics(samples: pa.Table, version: int) -> dict[str, float]:
-    """Reward, advantage and staleness of a step's data (one value per rollout for the first two)."""
-    per_rollout = {r: (rew, adv) for r, rew, adv in zip(samples.column("rollout_id").to_pylist(),
-                                                       samples.column("reward").to_pylist(),
-                                                       samples.column("advantage").to_pylist())}
+    """Reward, advantage and staleness of a step's data (one value per rollout for the first two), and how
+    many of its groups had no reward spread (`groups_no_spread`: every rollout of the group got the same
+    reward, so a group-relative advantage is 0 and the group teaches nothing)."""
+    per_rollout = {r: (rew, adv, g) for r, rew, adv, g in zip(samples.column("rollout_id").to_pylist(),
+                                                              samples.column("reward").to_pylist(),
+                                                              samples.column("advantage").to_pylist(),
+                                                              samples.column("group_id").to_pylist())}
     rewards = np.array([v[0] for v in per_rollout.values()], dtype=np.float64)
     advantages = np.array([v[1] for v in per_rollout.values()], dtype=np.float64)
     staleness = version - samples.column("min_version").to_numpy().astype(np.float64)
+    group_rewards: dict[str, list[float]] = {}
+    for reward, _, group in per_rollout.values():
+        group_rewards.setdefault(group, []).append(reward)
+    flat = sum(1 for values in group_rewards.values() if max(values) - min(values) <= NO_SPREAD)
     return {"reward_mean": float(rewards.mean()), "advantage_mean": float(advantages.mean()),
-            "advantage_std": float(advantages.std()), "staleness_mean": float(staleness.mean()),
-            "staleness_max": float(staleness.max()), "rollouts": float(len(per_rollout)),
-            "samples": float(samples.num_rows),
+            "advantage_std": float(advantages.std()), "advantage_abs_max": float(np.abs(advantages).max()),
+            "staleness_mean": float(staleness.mean()), "staleness_max": float(staleness.max()),
+            "rollouts": float(len(per_rollout)), "groups": float(len(group_rewards)),
+            "groups_no_spread": float(flat), "samples": float(samples.num_rows),
             "tokens": float(samples.column("num_tokens").to_numpy().sum())}
 
 
-def announce_missing(store: Store, writer: Writer, s: LearnSettings,
-                     infos: list[checkpoints.CheckpointInfo]) -> None:
-    """Append the Checkpoint event of every published version the store lacks; refuse a foreign history."""
-    known = store.query("SELECT DISTINCT version FROM checkpoints WHERE run = $run", {"run": s.run})
-    announced = set(known.column("version").to_pylist())
-    newest_here = infos[-1].version if infos else 0
-    if announced and max(announced) > newest_here:
-        raise checkpoints.CheckpointError(
-            f"the store already holds checkpoints of run {s.run!r} up to version {max(announced)}, but "
-            f"{s.checkpoints} holds versions only up to {newest_here}; resume with that run's checkpoint "
-            "directory, or start a new run with another --run")
-    missing = checkpoints.missing_events(infos, announced)
-    if missing:  # uploaded (again: a crash may have cut the upload short) before they are announced
-        writer.append([checkpoints.checkpoint_event(i, s.run, i.metrics, s.groups_per_version, s.max_staleness,
-                                                    _upload(s, i)) for i in missing])
+NO_SPREAD = 1e-9  # rewards of a group this close are equal: float noise, not a signal
 
 
-def _upload(s: LearnSettings, info: checkpoints.CheckpointInfo) -> tuple[str, str] | None:
-    return checkpoints.upload(info, s.publish_uri) if s.publish_uri is not None else None
+def spread_note(step: int, metrics: Mapping[str, float], run: str, said_before: bool) -> str | None:
+    """What to tell the user when a step's groups had no reward spread: always when the step trained on
+    nothing (every advantage 0), once per run of `learn` when only some groups were flat."""
+    flat, groups = int(metrics["groups_no_spread"]), int(metrics["groups"])
+    if metrics["advantage_abs_max"] <= NO_SPREAD:
+        return (f"step {step} trained on nothing: {flat} of its {groups} groups had no reward spread (every "
+                f"rollout of a group got the same reward) and every advantage is 0, so the gradient is 0. The "
+                f"reward cannot tell the rollouts of run {run!r} apart: check that the reward scores them "
+                f"(trajstore query \"SELECT reward, count(*) FROM rollouts WHERE run = '{run}' GROUP BY 1\"), "
+                "give easier tasks, or start from a model that sometimes succeeds (a warm start)")
+    if flat and not said_before:
+        return (f"step {step}: {flat} of its {groups} groups had no reward spread; their rollouts get advantage 0 "
+                "and teach nothing (the `groups_no_spread` metric counts them every step)")
+    return None
 
 
 def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | None, mb: MicroBatch,
@@ -292,8 +300,9 @@ def learn(settings: LearnSettings, *,
     """Train `settings.run` from the store until `settings.steps` (or forever with `follow`).
 
     `show(step, version, metrics)` is called after every step (the CLI prints a line), `say(text)`
-    while it waits for data. Raises SettingsError listing every problem before any work starts,
-    and StoreNotFoundError when the store does not exist (unless `create_store`).
+    while it waits for data, and when a step's groups had no reward spread (`spread_note`). Raises
+    SettingsError listing every problem before any work starts, and StoreNotFoundError when the
+    store does not exist (unless `create_store`).
     """
     s = settings
     s.check()
@@ -310,8 +319,12 @@ def learn(settings: LearnSettings, *,
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     torch.manual_seed(s.seed)
 
-    # resume point: the newest published version, if any (partial leftovers are removed)
+    # resume point: the newest published version, if any (partial leftovers are removed), fetched when a
+    # learner on another host published it. Every refusal comes before the model loads.
     infos = checkpoints.published(s.checkpoints, clean=ranks.main)  # leftovers of a crash mid-publish go
+    if store is not None:
+        infos = catch_up(store, s, infos)
+    infos = distributed.broadcast(infos, ranks)  # every rank loads the same version (from a directory they share)
     resume = infos[-1] if infos else None
     if resume is not None and resume.adapter != s.lora:
         raise checkpoints.CheckpointError(
@@ -321,21 +334,30 @@ def learn(settings: LearnSettings, *,
         raise checkpoints.CheckpointError(
             f"{resume.path} belongs to run {resume.run!r}, not {s.run!r}; give each run its own --checkpoints")
 
-    # model, optional frozen reference (the initial policy), optimizer; sharded by FSDP2 under torchrun
-    model = distributed.shard(load_policy(s, resume), ranks, device).eval()  # eval: no dropout, the sampling policy
-    reference = None
-    if s.kl_coef > 0 and not s.lora:  # with LoRA the reference is the base, adapter disabled
-        reference = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32)
-        reference.requires_grad_(False)
-        reference = distributed.shard(reference, ranks, device).eval()
-    vocab_size = int(model.get_input_embeddings().num_embeddings)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    # one writer name per machine (a restart here reopens its write-ahead directory, a learner moved to another
+    # host takes that host's): opened before the model loads, so a name another machine holds is refused at once
+    writer = store.writer(s.writer or store.machine_writer_name(s.writer_name),
+                          seal_interval=s.seal_interval) if store is not None else None
+    try:
+        # model, optional frozen reference (the initial policy), optimizer; sharded by FSDP2 under torchrun
+        model = distributed.shard(load_policy(s, resume), ranks, device).eval()  # eval: the sampling policy
+        reference = None
+        if s.kl_coef > 0 and not s.lora:  # with LoRA the reference is the base, adapter disabled
+            reference = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32)
+            reference.requires_grad_(False)
+            reference = distributed.shard(reference, ranks, device).eval()
+        vocab_size = int(model.get_input_embeddings().num_embeddings)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
-    version = step_done = 0
-    if resume is not None:
-        checkpoints.restore(checkpoints.load_state(resume), optimizer, model)
-        version, step_done = resume.version, resume.step
+        version = step_done = 0
+        if resume is not None:
+            checkpoints.restore(checkpoints.load_state(resume), optimizer, model)
+            version, step_done = resume.version, resume.step
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        raise
 
     pending: list[str] = []  # rollouts trained since the last published version
     pending_steps = 0
@@ -345,9 +367,9 @@ def learn(settings: LearnSettings, *,
     stopped: Literal["steps", "no_data"] = "steps"
     waiting: str | None = None
     steps_trained = 0
+    said_flat = False  # told the user some groups had no reward spread
     last_step = step_done
     steps = itertools.count(step_done + 1) if s.steps is None else range(step_done + 1, s.steps + 1)
-    writer = store.writer(s.writer_name, seal_interval=s.seal_interval) if store is not None else None
     try:
         if store is not None and writer is not None:
             announce_missing(store, writer, s, infos)
@@ -402,15 +424,19 @@ def learn(settings: LearnSettings, *,
                                       table_version=shard.table_version, consumed=list(shard.rollout_ids))])
             if show is not None and ranks.main:
                 show(step, version, metrics)
+            note = spread_note(step, metrics, s.run, said_flat)
+            said_flat = said_flat or (note is not None and metrics["advantage_abs_max"] > NO_SPREAD)
+            if note is not None and say is not None and ranks.main:
+                say(note)
 
             if pending_steps == s.publish_every:
-                version = _publish(s, model, optimizer, writer, version + 1, step, pending, table_version,
-                                   metrics, ranks)
+                version = _publish(s, store, model, optimizer, writer, version + 1, step, pending,
+                                   table_version, metrics, ranks)
                 published.append(version)
                 pending, pending_steps = [], 0
         if pending_steps:  # the last steps of a finished run are published too
-            version = _publish(s, model, optimizer, writer, version + 1, last_step, pending, table_version,
-                               metrics, ranks)
+            version = _publish(s, store, model, optimizer, writer, version + 1, last_step, pending,
+                               table_version, metrics, ranks)
             published.append(version)
     finally:
         if writer is not None:
@@ -421,19 +447,20 @@ def learn(settings: LearnSettings, *,
                         stopped=stopped, last_metrics=metrics, waiting=waiting)
 
 
-def _publish(s: LearnSettings, model: torch.nn.Module, optimizer: torch.optim.Optimizer, writer: Writer | None,
-             version: int, step: int, consumed: list[str], table_version: int | None,
+def _publish(s: LearnSettings, store: Store | None, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             writer: Writer | None, version: int, step: int, consumed: list[str], table_version: int | None,
              metrics: Mapping[str, float], ranks: distributed.Ranks) -> int:
     """Write version `version` and announce it (rank 0, from the state every rank gathers), then go on together."""
     gathered = distributed.gather_state(model, optimizer, ranks)
     if ranks.main:
+        check_still_newest(store, s.run, version - 1)  # type: ignore[arg-type]
         info = {"run": s.run, "parent": version - 1, "table_version": table_version, "consumed": consumed,
                 "metrics": dict(metrics), "settings": s.resolved()}
         path = checkpoints.publish(s.checkpoints, version, step, model, s.model, optimizer, info=info,
                                    adapter=s.lora, gathered=gathered)
         written = checkpoints.read_info(path)
         event = checkpoints.checkpoint_event(written, s.run, metrics, s.groups_per_version, s.max_staleness,
-                                             _upload(s, written))
+                                             upload(s, written))
         writer.append([event])  # type: ignore[union-attr]
     distributed.all_ranks(None, ranks)  # a barrier: no rank runs ahead of a version rank 0 is writing
     return version

@@ -388,3 +388,12 @@ def test_every_relative_link_of_the_docs_names_a_file_in_the_repository() -> Non
             if not resolved.is_relative_to(ROOT) or not resolved.exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, broken
+
+
+def test_the_checkpoint_announcement_is_read_through_its_type() -> None:
+    """Only trajstore reads the announcement's JSON (`trajstore.announcement`, the `checkpoints` view's typed
+    columns): a package that parsed the event's meta itself would be a second, untyped copy of the contract."""
+    readers = {str(p.relative_to(ROOT)) for package in ("collectors", "learner", "cli")
+               for p in (ROOT / package).rglob("*.py")
+               if "meta FROM checkpoints" in (text := p.read_text()) or "json_extract(meta, '$.groups_per" in text}
+    assert readers == set(), f"read the checkpoints view's typed columns or trajstore.announcement instead: {readers}"

@@ -91,6 +91,11 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def file_entry(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A file's size and sha256, as a manifest lists it (and as `fetch_beside` checks it)."""
+    return {"size": Path(path).stat().st_size, "sha256": _sha256_file(Path(path))}
+
+
 def manifest(local: str | os.PathLike[str], exclude: Collection[str] = ()) -> bytes:
     """The manifest of `local`'s files (relative POSIX paths; `exclude` names files left out)."""
     root = Path(local)
@@ -98,7 +103,7 @@ def manifest(local: str | os.PathLike[str], exclude: Collection[str] = ()) -> by
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
         if p.is_file() and rel != MANIFEST and rel not in exclude:
-            files[rel] = {"size": p.stat().st_size, "sha256": _sha256_file(p)}
+            files[rel] = file_entry(p)
     return (json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True) + "\n").encode()
 
 
@@ -176,6 +181,34 @@ def upload(local: str | os.PathLike[str], uri: str, *, exclude: Collection[str] 
         with fs.open_output_stream(f"{root}/{MANIFEST}") as out:  # last: the directory is now published
             out.write(data)
     return digest(data)
+
+
+def upload_beside(local_file: str | os.PathLike[str], uri: str, *,
+                  storage_options: Mapping[str, str] | None = None) -> None:
+    """Copy one file into the directory `uri` without listing it in the manifest: readers of the published
+    directory never fetch it. Whoever needs it reads it with `fetch_beside`, checked against a size and
+    sha256 it learned elsewhere (typically from a file the manifest does list). Upload it before the
+    directory itself: once the manifest is there, so is the file."""
+    fs, root = directory(uri, storage_options=dict(storage_options or {}))
+    name = Path(local_file).name
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(root, recursive=True)
+    pafs.copy_files(str(local_file), f"{root}/{name}", source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=fs)
+
+
+def fetch_beside(uri: str, name: str, dest: str | os.PathLike[str], entry: Mapping[str, Any], *,
+                 storage_options: Mapping[str, str] | None = None) -> None:
+    """Download the file `name` that `upload_beside` put into `uri` to `dest`, checking its size and sha256
+    against `entry` (`file_entry`'s); raises ArtifactError, leaving nothing at `dest`, when it is missing
+    or damaged."""
+    fs, root = directory(uri, storage_options=dict(storage_options or {}))
+    dest = Path(dest)
+    try:
+        _download(fs, f"{root}/{name}", dest, entry, uri, name)
+    except ArtifactError:
+        dest.unlink(missing_ok=True)
+        raise
 
 
 def check_destination(uri: str, storage_options: Mapping[str, str] | None = None) -> None:

@@ -13,7 +13,9 @@ So, for a remote store:
   data). The commit is conditional (Delta's conflict check plus a precheck against the
   latest version), so of two machines racing for one name exactly one wins; the other's
   open fails with `WriterBusyError`. Reopening a name on its own machine costs no commit.
-- default writer names carry the spool id (`unique_name`), so they never clash.
+- default writer names carry the spool id (`unique_name`, per process; `machine_name`, per
+  machine: a role such as a run's learner keeps its name across restarts on one machine and
+  takes another on the next), so they never clash.
 
 A name stays with its machine's spool: a writer that moves to another machine (its old disk
 lost) takes a new name. A local store needs no claim: its write-ahead directories live in the
@@ -65,6 +67,12 @@ def unique_name(wal_root: Path, prefix: str = "") -> str:
     """`<prefix><host>-<pid>-<spool id>`: unique across machines whatever their hostnames and pids."""
     host = "".join(c if c.isalnum() or c in "._-" else "_" for c in socket.gethostname())[:40] or "host"
     return f"{prefix}{host}-{os.getpid()}-{spool_id(wal_root):x}"[:100]
+
+
+def machine_name(wal_root: Path, prefix: str) -> str:
+    """`<prefix>-<spool id>`: the same for every process of this machine, another on any other machine."""
+    suffix = f"-{spool_id(wal_root):x}"
+    return prefix[:100 - len(suffix)] + suffix
 
 
 def claim(table: Table, name: str, owner: int) -> None:

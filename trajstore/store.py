@@ -54,6 +54,11 @@ class Store:
         """`<prefix><host>-<pid>-<spool id>`: no other process, on this machine or another, has it."""
         return owner.unique_name(self.location.wal_root, prefix)
 
+    def machine_writer_name(self, prefix: str) -> str:
+        """`<prefix>-<spool id>`: one name for every process of this machine (a restart reopens its write-ahead
+        directory), another on any other machine (whose writer would otherwise be refused the name)."""
+        return owner.machine_name(self.location.wal_root, prefix)
+
     def seal_orphans(self) -> dict[str, int]:
         """Seal what dead writers of this machine left unsealed (events per writer); live writers are left alone."""
         return maintenance.seal_orphans(self.location, self.table)

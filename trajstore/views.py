@@ -56,6 +56,35 @@ _ESTIMATOR_SQL: dict[Estimator, str] = {
 }
 _ESTIMATOR_COLUMNS = ",\n               ".join(f"{_ESTIMATOR_SQL[name]} AS {name}" for name in ESTIMATORS)
 
+
+def _meta(key: str, json_type: str) -> str:
+    """SQL: the checkpoint meta's `key` as text when its JSON type is `json_type`, else NULL (meta is free JSON)."""
+    return f"CASE WHEN json_type(meta, '$.{key}') = '{json_type}' THEN json_extract_string(meta, '$.{key}') END"
+
+
+def _learner_int(key: str, least: int) -> str:
+    """SQL: the learner setting `key` (an integer >= `least`) of the newest announcement of the run up to this
+    one that states it: an announcement written by an older learner may lack it, and each row reads whole."""
+    return (f"last_value(CASE WHEN TRY_CAST({_meta(key, 'UBIGINT')} AS BIGINT) >= {least} "
+            f"OR TRY_CAST({_meta(key, 'BIGINT')} AS BIGINT) >= {least} "
+            f"THEN TRY_CAST(json_extract_string(meta, '$.{key}') AS BIGINT) END IGNORE NULLS) "
+            "OVER (PARTITION BY run ORDER BY policy_version, time ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)")
+
+
+# The typed columns of the `checkpoints` view, from each checkpoint event's meta (what
+# `trajstore.announcement.Announcement` writes there; stores written before it read the same way).
+# `uri` and `digest` go together: a version is published for other hosts with both or not at all.
+_CHECKPOINT_COLUMNS = f"""
+    {_meta('path', 'VARCHAR')} AS path,
+    CASE WHEN json_type(meta, '$.digest') = 'VARCHAR' THEN {_meta('uri', 'VARCHAR')} END AS uri,
+    CASE WHEN json_type(meta, '$.uri') = 'VARCHAR' THEN {_meta('digest', 'VARCHAR')} END AS digest,
+    coalesce({_meta('adapter', 'BOOLEAN')}::BOOLEAN, false) AS adapter,
+    {_meta('base_model', 'VARCHAR')} AS base_model,
+    {_learner_int('groups_per_version', 1)} AS groups_per_version,
+    {_learner_int('max_staleness', 0)} AS max_staleness,
+    CASE WHEN json_type(meta, '$.settings') = 'OBJECT' THEN json_extract(meta, '$.settings')::VARCHAR END AS settings
+"""
+
 VIEWS: dict[str, str] = {
     "events": """
         SELECT * FROM _raw
@@ -187,9 +216,10 @@ VIEWS: dict[str, str] = {
         FROM t JOIN n USING (rollout_id, segment_id)
         GROUP BY t.run, t.rollout_id, t.segment_id, t.teacher
     """,
-    "checkpoints": """
+    "checkpoints": f"""
         SELECT run, policy_version AS version, step, time, table_version,
-               coalesce(len(consumed), 0) AS consumed_rollouts, consumed, metrics, meta, event_id
+               coalesce(len(consumed), 0) AS consumed_rollouts, consumed, metrics, {_CHECKPOINT_COLUMNS},
+               meta, event_id
         FROM events WHERE kind = 'checkpoint'
     """,
     "consumed": """

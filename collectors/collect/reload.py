@@ -1,9 +1,9 @@
 """Hot reload: follow the learner's checkpoint events and load each newer version into the policy server.
 
 The learner announces itself (version 0, its initial model) and every published version with
-a `checkpoint` event whose meta holds the checkpoint directory (`path`) and its batch size
-(`groups_per_version`). `Reloader.sync(head)` loads the newest version when it is newer than
-the one served: intermediate versions are skipped, since only the newest matters for
+a `checkpoint` event, read back as a `trajstore.announcement.Announcement`: the checkpoint
+directory (`path`) and the learner's batch size (`groups_per_version`). `Reloader.sync(head)`
+loads the newest version when it is newer than the one served: intermediate versions are skipped, since only the newest matters for
 sampling. A failed load is reported and retried on a later poll with a growing pause; it
 never stops collection (the server keeps serving the weights it has).
 
@@ -29,12 +29,10 @@ reported, retried, never loaded. The cache keeps the `artifacts.KEEP` most recen
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
@@ -42,56 +40,24 @@ from collectors.collect.admission import Queryable
 from collectors.errors import VersionConflict
 from collectors.policy import PolicyClient, PublishedLoader
 from trajstore import artifacts
+from trajstore.announcement import LATEST_SQL, Announcement, LoadRequest
 
 log = logging.getLogger(__name__)
-HEAD_SQL = "SELECT version, meta FROM checkpoints WHERE run = ? ORDER BY version DESC LIMIT 1"
-G_SQL = """SELECT meta FROM checkpoints WHERE run = ? AND json_extract(meta, '$.groups_per_version') IS NOT NULL
-           ORDER BY version DESC LIMIT 1"""
 
 
-@dataclass(frozen=True)
-class Head:
-    """The learner as its newest checkpoint event shows it (all None before it announced itself)."""
-
-    version: int | None = None
-    path: str | None = None  # the learner's directory, on the learner's host
-    groups_per_version: int | None = None
-    max_staleness: int | None = None
-    uri: str | None = None  # where every host can fetch the version (with the manifest's `digest`)
-    digest: str | None = None
+def read_head(snapshot: Queryable, run: str) -> Announcement | None:
+    """The newest announcement of `run`, as the store (or one snapshot of it) sees it; None before the
+    learner announced itself."""
+    rows = snapshot.query(LATEST_SQL, [run]).to_pylist()
+    return Announcement.from_row(rows[0]) if rows else None
 
 
-def _meta(text: Any) -> dict[str, Any]:
-    try:
-        meta = json.loads(text) if isinstance(text, str) else text
-    except json.JSONDecodeError:
-        return {}
-    return meta if isinstance(meta, dict) else {}
-
-
-def read_head(snapshot: Queryable, run: str) -> Head:
-    """The newest checkpoint of `run`, as the store (or one snapshot of it) sees it."""
-    rows = snapshot.query(HEAD_SQL, [run]).to_pylist()
-    if not rows:
-        return Head()
-    meta = _meta(rows[0]["meta"])
-    if not isinstance(meta.get("groups_per_version"), int):
-        older = snapshot.query(G_SQL, [run]).to_pylist()
-        meta = {**(_meta(older[0]["meta"]) if older else {}), **meta}
-    g, k = meta.get("groups_per_version"), meta.get("max_staleness")
-    text = {name: value if isinstance(value := meta.get(name), str) else None for name in ("path", "uri", "digest")}
-    return Head(version=int(rows[0]["version"]), path=text["path"],
-                groups_per_version=g if isinstance(g, int) and g >= 1 else None,
-                max_staleness=k if isinstance(k, int) and k >= 0 else None,
-                uri=text["uri"] if text["digest"] else None, digest=text["digest"] if text["uri"] else None)
-
-
-def local_checkpoint(head: Head, cache: Path) -> str | None:
-    """A directory on this host holding `head`'s checkpoint: the learner's own when this host has it,
+def local_checkpoint(request: LoadRequest, cache: Path) -> str | None:
+    """A directory on this host holding the requested version: the learner's own when this host has it,
     else a verified copy fetched into `cache` (blocking: run it in a thread). Raises ArtifactError."""
-    if head.uri is None or head.digest is None:
-        return head.path
-    return str(artifacts.local_copy(head.path, head.uri, head.digest, cache))
+    if request.uri is None or request.digest is None:
+        return request.path
+    return str(artifacts.local_copy(request.path, request.uri, request.digest, cache))
 
 
 async def served_version(client: PolicyClient, fallback: int = 0) -> int:
@@ -123,19 +89,19 @@ class Reloader:
     _retry_at: float = 0.0
     _backoff_s: float = 1.0
 
-    async def sync(self, head: Head) -> bool:
+    async def sync(self, head: Announcement | None) -> bool:
         """Load `head` if it is newer than what is served; True when the served version changed."""
-        if head.version is None or head.version <= self.served or (head.path is None and head.uri is None):
+        if head is None or head.version <= self.served or (head.path is None and head.uri is None):
             return False
         if time.monotonic() < self._retry_at:
             return False
         where = path = head.uri or head.path  # `path`: what the server loaded, once it says
         try:
-            if head.uri is not None and head.digest is not None and isinstance(self.client, PublishedLoader):
-                path = await self.client.load_published(head.version, uri=head.uri, digest=head.digest,
-                                                        path=head.path)  # the server resolves it on its disk
+            request = head.load_request()
+            if request.published and isinstance(self.client, PublishedLoader):
+                path = await self.client.load_published(request)  # the server resolves it on its disk
             else:
-                path = await asyncio.to_thread(local_checkpoint, head, self.cache)
+                path = await asyncio.to_thread(local_checkpoint, request, self.cache)
                 await self.client.load_weights(path, head.version)  # type: ignore[arg-type]
         except VersionConflict:
             # someone else (another collector on the same server) loaded it or a newer one already

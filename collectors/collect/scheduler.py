@@ -33,12 +33,13 @@ from collectors.collect.admission import (
     staleness_if_admitted,
 )
 from collectors.collect.progress import Progress
-from collectors.collect.reload import Head, Reloader, read_head
+from collectors.collect.reload import Reloader, read_head
 from collectors.collect.resume import GroupPlan, PastRollout, orphans, plans, read_history
 from collectors.collect.rollout import Job, Outcome, RolloutEnv, play
 from collectors.collect.settings import CollectSettings
 from collectors.collect.tasks import task_id
 from trajstore import Status, Store, new_id
+from trajstore.announcement import Announcement
 from trajstore.schema import TRAINABLE_STATUSES
 
 log = logging.getLogger(__name__)
@@ -73,14 +74,14 @@ class Collection:
     progress: Progress
     stop: asyncio.Event
     needs_reward: bool
-    head: Head = field(default_factory=Head)
+    head: Announcement | None = None  # the learner's newest announcement
     store_groups: list[StoreGroup] = field(default_factory=list)
     local: dict[str, LocalGroup] = field(default_factory=dict)
     tick: int = 0
     polled: asyncio.Event = field(default_factory=asyncio.Event)
 
     # ------------------------------------------------------------ the store poller
-    def _read(self) -> tuple[Head, list[StoreGroup] | None]:
+    def _read(self) -> tuple[Announcement | None, list[StoreGroup] | None]:
         with self.store.snapshot() as snap:
             head = read_head(snap, self.settings.run)
             groups = read_group_rows(snap, self.settings.run) if self.settings.max_staleness is not None else None
@@ -101,11 +102,16 @@ class Collection:
             del self.local[gid]
         await self.reloader.sync(self.head)
         p = self.progress
-        p.served_version, p.latest_version = self.reloader.served, self.head.version
+        p.served_version, p.latest_version = self.reloader.served, self.latest_version
         p.reloads, p.reload_failures, p.reload_error = (self.reloader.reloads, self.reloader.failures,
                                                         self.reloader.last_error)
         self.polled.set()
         self.polled = asyncio.Event()
+
+    @property
+    def latest_version(self) -> int | None:
+        """The learner's newest announced version (None before it announced itself)."""
+        return self.head.version if self.head is not None else None
 
     @property
     def poll_every_s(self) -> float:
@@ -135,21 +141,21 @@ class Collection:
         """Wait until the group may start: its id and the (slot, attempt) pairs to run; None when stopped."""
         s = self.settings
         if s.follow:
-            while self.head.version is None and not self.stop.is_set():
+            while self.head is None and not self.stop.is_set():
                 self.progress.waiting = f"the learner of run {s.run} has not announced itself yet (checkpoint v0)"
                 await self._next_poll()
         while not self.stop.is_set():  # `else` below: stopped while waiting
             served, k = self.reloader.served, s.max_staleness
             if k is None:
                 break
-            g = s.groups_per_version or self.head.groups_per_version
+            g = s.groups_per_version or (self.head.groups_per_version if self.head is not None else None)
             if g is None:
                 self.progress.waiting = ("the learner has not announced groups_per_version (its checkpoint v0); "
                                          "pass --groups-per-version to start without it")
                 await self._next_poll()
                 continue
-            latest = served if self.head.version is None else self.head.version
-            p = count_pending(self.store_groups, self.local, latest=self.head.version, max_staleness=k,
+            latest = served if self.head is None else self.head.version
+            p = count_pending(self.store_groups, self.local, latest=self.latest_version, max_staleness=k,
                               exclude=plan.group_id)
             oldest = min(served, plan.oldest_version) if plan.oldest_version is not None else served
             if admissible(latest, oldest, p, g, k):

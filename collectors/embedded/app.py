@@ -71,7 +71,6 @@ from collectors.embedded.protocol import (
 )
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
 from collectors.model.detokenize import IncrementalText
-from collectors.policy import MAX_POLICY_VERSION
 from collectors.serving import (
     BadRequest,
     ClientGone,
@@ -83,6 +82,7 @@ from collectors.serving import (
     start_app,
 )
 from trajstore import ArtifactError, artifacts
+from trajstore.announcement import BadLoadRequest, LoadRequest
 
 log = logging.getLogger(__name__)
 ENGINE = web.AppKey("engine", Engine)
@@ -266,28 +266,14 @@ async def load_weights(request: web.Request) -> web.Response:
                            "call it on the server's machine, or start the server with --control-token TOKEN and "
                            "send that token", status=403, kind="PermissionDeniedError")
     check_control(request)
-    body = await read_json(request, MAX_BODY)
-    body = body if isinstance(body, dict) else {}
-    path, uri, digest, version = (body.get(k) for k in ("path", "uri", "digest", "version"))
-    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= MAX_POLICY_VERSION:
-        raise RequestError(f"`version` must be an integer policy version from 0 to {MAX_POLICY_VERSION}, got "
-                           f"{version!r}", param="version")
-    if path is not None and (not isinstance(path, str) or not path):
-        raise RequestError(f"`path` must be a checkpoint directory on this server's host, got {path!r}", param="path")
-    if uri is None and digest is None:
-        if path is None:
-            raise RequestError('`path` must be the checkpoint directory, e.g. {"path": "ckpt/v3", "version": 3}, '
-                               'or name a published version by `uri` and `digest` (its checkpoint event\'s meta)',
-                               param="path")
-        loaded = await _load(engine, path, version)
+    try:
+        load = LoadRequest.from_body(await read_json(request, MAX_BODY))
+    except BadLoadRequest as exc:
+        raise RequestError(str(exc), param=exc.param) from exc
+    if load.published:
+        loaded = await _load_published(engine, request.app[CHECKPOINT_CACHE], load)
     else:
-        if not isinstance(uri, str) or not uri:
-            raise RequestError(f"`uri` must be where the version was published (the checkpoint event's meta.uri, "
-                               f"e.g. s3://bucket/store/checkpoints/RUN/v000003), got {uri!r}", param="uri")
-        if not artifacts.is_digest(digest):
-            raise RequestError(f"`digest` must be the published manifest's sha256 (64 lowercase hex digits, the "
-                               f"checkpoint event's meta.digest), got {digest!r}", param="digest")
-        loaded = await _load_published(engine, request.app[CHECKPOINT_CACHE], path, uri, digest, version)
+        loaded = await _load(engine, str(load.path), load.version)  # from_body: without a uri, a path
     return _json({"status": "ok", "policy_version": engine.policy_version, "path": loaded},
                  version=engine.policy_version)
 
@@ -305,16 +291,17 @@ async def _load(engine: Engine, path: str, version: int) -> str:
     return path
 
 
-async def _load_published(engine: Engine, cache: Path, path: str | None, uri: str, digest: str, version: int) -> str:
-    """Load the version published at `uri`: `path` when this host holds the announced directory there, else a
-    verified copy fetched into `cache` (`trajstore.artifacts.local_copy`)."""
+async def _load_published(engine: Engine, cache: Path, load: LoadRequest) -> str:
+    """Load the version published at `load.uri`: `load.path` when this host holds the announced directory there,
+    else a verified copy fetched into `cache` (`trajstore.artifacts.local_copy`)."""
+    uri, version = str(load.uri), load.version
     try:
         engine.check_newer(version)  # before any download
     except VersionConflict as exc:
         raise RequestError(str(exc), param="version", status=409, kind="ConflictError") from exc
     still = f"still serving version {engine.policy_version}"
     try:
-        local = await asyncio.to_thread(artifacts.local_copy, path, uri, digest, cache)
+        local = await asyncio.to_thread(artifacts.local_copy, load.path, uri, str(load.digest), cache)
     except ValueError as exc:
         raise RequestError(f"{exc}; {still}", param="uri") from exc
     except ArtifactError as exc:

@@ -15,13 +15,14 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from trajstore.announcement import MAX_POLICY_VERSION, LoadRequest
+
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 
 # The ranges every edge checks (the embedded server, the proxy's wire protocols), so a value that
 # would overflow a tensor or a stored column is refused with a 400 and never reaches a batch.
 TOP_K_MAX = 2**31 - 1  # far above any vocabulary: top_k beyond the vocabulary keeps every token
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's: a 64-bit integer
-MAX_POLICY_VERSION = 2**63 - 1  # versions are stored as int64 with every turn
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,7 @@ class PublishedLoader(Protocol):
     another host than the collector's, or than the learner's, needs no shared disk.
     """
 
-    async def load_published(self, version: int, *, uri: str, digest: str, path: str | None = None) -> str:
-        """Load the version published at `uri` (manifest sha256 `digest`); returns the directory the server loaded."""
+    async def load_published(self, request: LoadRequest) -> str:
+        """Load the version published at `request.uri` (manifest sha256 `request.digest`); returns the directory
+        the server loaded."""
         ...

@@ -16,6 +16,7 @@ from multidict import CIMultiDict
 
 from collectors.errors import VersionConflict, WeightLoadError
 from collectors.policy.contract import MAX_POLICY_VERSION, Chunk, Sample, SamplingParams
+from trajstore.announcement import LoadRequest
 from collectors.policy.http import (
     Http,
     PolicyServerBadResponse,
@@ -91,20 +92,20 @@ class EmbeddedClient:
 
     async def load_weights(self, path: str, version: int) -> None:
         """POST /v1/load_weights: the server finishes in-flight requests on the old weights itself."""
-        await self._load({"path": str(path), "version": version}, str(path))
+        await self._load(LoadRequest(version=version, path=str(path)), str(path))
 
-    async def load_published(self, version: int, *, uri: str, digest: str, path: str | None = None) -> str:
-        """POST /v1/load_weights with the announced location: the server loads `path` if its disk holds the
-        announced directory, else fetches `uri` into its own cache and verifies it (`PublishedLoader`)."""
-        body = {"uri": uri, "digest": digest, "version": version, **({"path": path} if path is not None else {})}
-        loaded = await self._load(body, uri)
-        return loaded if isinstance(loaded, str) else uri
+    async def load_published(self, request: LoadRequest) -> str:
+        """POST /v1/load_weights with the announced location: the server loads `request.path` if its disk holds
+        the announced directory, else fetches `request.uri` into its own cache and verifies it (`PublishedLoader`)."""
+        what = str(request.uri or request.path)
+        loaded = await self._load(request, what)
+        return loaded if isinstance(loaded, str) else what
 
-    async def _load(self, body: dict[str, Any], what: str) -> Any:
+    async def _load(self, request: LoadRequest, what: str) -> Any:
         """One reload call; returns the directory the server says it loaded."""
-        version = body["version"]
+        version = request.version
         try:
-            reply = await self._http.call("POST", "/v1/load_weights", body=body, headers=self._control,
+            reply = await self._http.call("POST", "/v1/load_weights", body=request.to_body(), headers=self._control,
                                           timeout_s=self._reload_timeout_s)
         except PolicyServerRejected as exc:
             if exc.status == 409:

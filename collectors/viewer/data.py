@@ -148,13 +148,11 @@ class Source:
     def _find_model(self) -> str | None:
         with self.snapshot(None) as snap:
             snap.narrow("kind", ["checkpoint"])
-            metas = snap.query("SELECT meta FROM checkpoints ORDER BY time DESC").column("meta").to_pylist()
-        for meta in metas:
-            info = json.loads(meta) if meta else {}
-            for key in ("path", "base_model"):
-                path = Path(str(info.get(key) or ""))
-                if info.get(key) and (path / "tokenizer_config.json").is_file():
-                    return str(path)
+            rows = snap.query("SELECT path, base_model FROM checkpoints ORDER BY time DESC").to_pylist()
+        for row in rows:
+            for path in (row["path"], row["base_model"]):
+                if path and (Path(path) / "tokenizer_config.json").is_file():
+                    return path
         return None
 
     # -------------------------------------------------------------- runs
@@ -214,14 +212,13 @@ def runs_summary(snap: Snapshot) -> list[RunSummary]:
         if row["value"] is not None and math.isfinite(row["value"]):
             run = runs.setdefault(row["run"], RunSummary(row["run"], {}))  # a learner may log before any rollout
             run.steps.setdefault(row["name"], []).append((row["step"], row["value"]))
-    for row in snap.query("SELECT run, version, step, time, table_version, consumed_rollouts, metrics, meta "
+    for row in snap.query("SELECT run, version, step, time, table_version, consumed_rollouts, metrics, path, adapter "
                           "FROM checkpoints ORDER BY run, version, time").to_pylist():
         run = runs.setdefault(row["run"], RunSummary(row["run"], {}))
-        meta = json.loads(row["meta"]) if row["meta"] else {}
         metrics = dict(row["metrics"] or [])
         run.checkpoints.append({"version": row["version"], "step": row["step"], "time": row["time"],
                                 "table_version": row["table_version"], "consumed": row["consumed_rollouts"],
-                                "path": meta.get("path"), "adapter": meta.get("adapter"),
+                                "path": row["path"], "adapter": row["adapter"],
                                 "loss": _clean(metrics.get("loss")), "reward_mean": _clean(metrics.get("reward_mean"))})
     return list(runs.values())
 

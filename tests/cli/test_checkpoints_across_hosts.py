@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,10 +51,11 @@ def test_a_collector_on_another_host_loads_the_version_through_the_store(
     learn(store, model, learner_host / "ckpts", 1)
 
     head = read_head(open_store(store), "default")
+    assert head is not None
     v1 = f"{store}/checkpoints/default/v000001"
     assert (head.version, head.path, head.uri) == (1, str(learner_host / "ckpts" / "v000001"), v1)
     # on the learner's host the announced directory is its own: nothing is downloaded
-    assert local_checkpoint(head, tmp_path / "unused-cache") == head.path
+    assert local_checkpoint(head.load_request(), tmp_path / "unused-cache") == head.path
     assert not (tmp_path / "unused-cache").exists()
 
     shutil.move(learner_host, tmp_path / "gone")  # from here on no process can see the learner's disk
@@ -61,7 +63,7 @@ def test_a_collector_on_another_host_loads_the_version_through_the_store(
     weights = (tmp_path / "gone" / "ckpts" / "v000001" / "model.safetensors").read_bytes()
     s3_server.put(f"{v1}/model.safetensors", weights[:-7])  # damaged in storage: refused, never loaded
     with pytest.raises(ArtifactError, match="is damaged: model.safetensors"):
-        local_checkpoint(head, cache)
+        local_checkpoint(head.load_request(), cache)
     s3_server.put(f"{v1}/model.safetensors", weights)
 
     tasks = write_tasks(collector_host / "tasks.jsonl", [{"id": "q1", "prompt": "Hi"}])
@@ -97,14 +99,43 @@ def test_a_learner_killed_mid_upload_uploads_again_before_announcing(
     (v2 / "trajstore_checkpoint.json").write_text(json.dumps({**info, "version": 2, "step": 2, "consumed": []}))
     s3_server.put(f"{bucket_dir}/v000002/config.json", (v2 / "config.json").read_bytes())
     stale = read_head(open_store(store), "default")
-    assert stale.version == 1 and stale.uri == f"{bucket_dir}/v000001"
+    assert stale is not None and stale.version == 1 and stale.uri == f"{bucket_dir}/v000001"
 
     learn(store, model, tmp_path / "ckpts", 2, "--checkpoint-uri", bucket_dir)  # resumes at step 2: trains none
     head = read_head(open_store(store), "default")
-    assert (head.version, head.uri) == (2, f"{bucket_dir}/v000002")
+    assert head is not None and (head.version, head.uri) == (2, f"{bucket_dir}/v000002")
     copy = artifacts.fetch(head.uri or "", tmp_path / "cache", expect=head.digest)
     assert (copy / "model.safetensors").read_bytes() == (v2 / "model.safetensors").read_bytes()
     assert not (copy / "learner_state.pt").exists(), "the optimizer state stays on the learner's disk"
+
+
+def test_a_learner_resumes_on_another_host_from_what_it_published(
+        s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host A learns 2 steps and is lost with its disk; host B (its own spool, model copy and checkpoint
+    directory) goes on from version 2 with A's optimizer state, and no rollout is trained twice."""
+    host_a, host_b = tmp_path / "host-a", tmp_path / "host-b"
+    monkeypatch.setenv("TRAJSTORE_SPOOL", str(host_a / "spool"))
+    model = make_model(host_a / "tiny")
+    shutil.copytree(model, host_b / "tiny")
+    store = s3_server.new_uri()
+    write_groups(store, model, groups=8, group_size=4)
+    learn(store, model, host_a / "ckpts", 2)
+    state_a = (host_a / "ckpts" / "v000002" / "learner_state.pt").read_bytes()
+    shutil.move(host_a, tmp_path / "gone")  # preempted: no process can see A's disk any more
+
+    monkeypatch.setenv("TRAJSTORE_SPOOL", str(host_b / "spool"))
+    learn(store, host_b / "tiny", host_b / "ckpts", 4)
+    assert (host_b / "ckpts" / "v000002" / "learner_state.pt").read_bytes() == state_a  # fetched, verified
+    reader = open_store(store, spool=tmp_path / "reader-spool")
+    rows = reader.query("SELECT version, step, consumed, path FROM checkpoints ORDER BY version").to_pylist()
+    assert [(r["version"], r["step"]) for r in rows] == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)]
+    assert [Path(r["path"]).parent.parent.name for r in rows[1:]] == ["host-a", "host-a", "host-b", "host-b"]
+    consumed = [rid for r in rows for rid in r["consumed"]]
+    assert len(consumed) == len(set(consumed)) == 4 * 2 * 4  # every step's groups once, none trained twice
+    optimizer = torch.load(host_b / "ckpts" / "v000004" / "learner_state.pt", weights_only=True)["optimizer"]
+    assert {float(p["step"]) for p in optimizer["state"].values()} == {4.0}  # Adam's moments went on from A's
+    writers = reader.query("SELECT DISTINCT writer FROM events WHERE kind = 'checkpoint'").column(0).to_pylist()
+    assert len(writers) == 2 and all(w.startswith("learner-default-") for w in writers)  # one name per host
 
 
 @pytest.mark.parametrize(("value", "message"), [

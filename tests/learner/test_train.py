@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, get_args
 
@@ -131,9 +132,8 @@ def test_each_rollout_is_consumed_by_exactly_one_version(template: Path, model_d
     assert summary.published == (1, 2)  # steps 1-2, then the last step on its own
     rows = checkpoint_rows(store_dir)
     assert [(r["version"], r["step"]) for r in rows] == [(0, 0), (1, 2), (2, 3)]
-    metas = [json.loads(m) for m in trajstore.open_store(store_dir).query(
-        "SELECT meta FROM checkpoints ORDER BY version").column("meta").to_pylist()]
-    assert [m["groups_per_version"] for m in metas] == [4, 4, 4]  # what collectors pace admission by
+    paced = trajstore.open_store(store_dir).query("SELECT groups_per_version FROM checkpoints ORDER BY version")
+    assert paced.column(0).to_pylist() == [4, 4, 4]  # what collectors pace admission by
     consumed = [rid for r in rows for rid in r["consumed"]]
     assert len(consumed) == len(set(consumed)) == 3 * 2 * 4
     store = trajstore.open_store(store_dir)
@@ -176,16 +176,24 @@ def test_staleness_bound_and_no_data_stop(template: Path, model_dir: Path, tmp_p
     empty = trajstore.open_store(tmp_path / "empty")
     summary = learn(settings(tmp_path / "empty", model_dir, checkpoints=str(tmp_path / "ck2"), steps=2))
     assert summary.steps_trained == 0 and summary.published == () and summary.version == 0
-    zero = empty.query("SELECT version, meta FROM checkpoints").to_pylist()
-    assert len(zero) == 1 and zero[0]["version"] == 0
-    assert json.loads(zero[0]["meta"])["groups_per_version"] == 2
+    zero = empty.query("SELECT version, groups_per_version FROM checkpoints").to_pylist()
+    assert zero == [{"version": 0, "groups_per_version": 2}]
 
 
-def test_a_foreign_checkpoint_history_is_refused(template: Path, model_dir: Path, tmp_path: Path) -> None:
+def test_a_foreign_checkpoint_history_is_refused(template: Path, model_dir: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints published nowhere but the learner's own directory: another directory cannot resume the run,
+    and is told so at once (before any model loads) with the directory that can."""
     store_dir = fresh_store(template, tmp_path)
     learn(settings(store_dir, model_dir, steps=1))
-    with pytest.raises(checkpoints.CheckpointError, match="up to version 1"):
+
+    def no_model(*args: object) -> None:
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr("learner.train.load_policy", no_model)
+    with pytest.raises(checkpoints.CheckpointError, match="up to version 1") as refused:
         learn(settings(store_dir, model_dir, steps=2, checkpoints=str(tmp_path / "other")))
+    assert f"Resume there with --checkpoints {(tmp_path / 'ckpts' / 'v000001').resolve()}" in str(refused.value)
 
 
 def test_lora_publishes_adapters_and_resumes_from_them(template: Path, model_dir: Path, tmp_path: Path) -> None:
@@ -385,3 +393,21 @@ def test_the_learn_command_takes_the_loss_flags(template: Path, model_dir: Path,
         bad = CliRunner().invoke(main, [*common, *flags])
         assert bad.exit_code != 0 and says in bad.output, (flags, bad.output)
         assert "Traceback" not in bad.output
+def test_groups_without_reward_spread_are_counted_and_named(template: Path, model_dir: Path, tmp_path: Path) -> None:
+    """Every rollout of the two oldest groups rescored to 0: the step trains on nothing and says so."""
+    store_dir = fresh_store(template, tmp_path)
+    store = trajstore.open_store(store_dir)
+    oldest = store.query("SELECT group_id, rollout_id FROM rollouts WHERE group_id IN "
+                         "(SELECT group_id FROM groups ORDER BY started LIMIT 3) ORDER BY started").to_pylist()
+    later = datetime(2027, 1, 1, tzinfo=timezone.utc)
+    with store.writer("rescore") as w:  # a newer value of the same reward component replaces the old one
+        w.append([trajstore.Reward(run="default", group_id=r["group_id"], rollout_id=r["rollout_id"], reward=0.0,
+                                   time=later, event_id=f"{r['rollout_id']}-rescored") for r in oldest])
+    said: list[str] = []
+    learn(settings(store_dir, model_dir, steps=2), say=said.append)
+    step1, step2 = ([r for r in store.query("SELECT step, name, value FROM metrics WHERE name = "
+                                            "'groups_no_spread' ORDER BY step").to_pylist()])
+    assert (step1["value"], step2["value"]) == (2.0, 1.0)  # groups 1-2, then group 3 beside a scored one
+    assert [line.split(":")[0] for line in said] == ["step 1 trained on nothing", "step 2"]
+    assert "2 of its 2 groups had no reward spread" in said[0] and "the gradient is 0" in said[0]
+    assert "1 of its 2 groups had no reward spread" in said[1]

@@ -11,7 +11,8 @@ the kernel kills every process in its PID namespace and drops every namespace an
 
 A host is a network namespace on the bridge `br0` (address 10.77.0.N/24) plus a holder
 process started in new mount, UTS and PID namespaces: its own hostname, its own private
-`/tmp` (a tmpfs: the host's "disk"; nothing else on the machine is written by a host), and its
+`/tmp` (a tmpfs: the host's "disk"; nothing else on the machine is written by a host; a checkout
+or interpreter that lives under the machine's /tmp is bound through, `passed_through()`), and its
 own process ids (two hosts can have a process with the same pid, as containers do). Every
 command of a host enters those namespaces with `nsenter`; killing the holder kills everything
 on the host at once, like pulling its plug; `Sandbox.restart_host` then boots it again (same
@@ -25,6 +26,7 @@ Requires root (or CAP_SYS_ADMIN and CAP_NET_ADMIN), `unshare`, `nsenter` and ipr
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[2]
 SUBNET = "10.77.0"
 BRIDGE = "br0"
 _MARK = "TRAJSTORE_SANDBOX"  # set inside the sandbox: host commands refuse to run anywhere else
@@ -67,6 +70,17 @@ def _inside() -> None:
         raise RuntimeError("hosts are created only inside a fresh sandbox (tests.multihost.sandbox.enter): in the "
                            f"machine's own network namespace (interfaces {names}) their addresses would route off "
                            "the machine")
+
+
+def passed_through() -> list[Path]:
+    """What every host sees of the machine's /tmp: the checkout and the interpreter, when they live there.
+
+    A host's /tmp is its own disk, which would hide a clone under /tmp (and its virtualenv) from the
+    commands the hosts run; so these directories are bound through, at the same paths."""
+    tmp = Path("/tmp")
+    wanted = {Path(p) for p in (REPO, sys.prefix, Path(sys.executable).parent, Path(sys.executable).resolve().parent)}
+    under = sorted(p for p in wanted if p.is_absolute() and p != tmp and tmp in p.parents)
+    return [p for p in under if not any(q in p.parents for q in under)]
 
 
 def sh(*argv: str) -> None:
@@ -163,8 +177,14 @@ class Sandbox:
         return host
 
     def _boot(self, name: str, hostname: str, ip: str, disk: Path | None) -> Host:
-        mount_disk = f"mount --bind {disk} /tmp" if disk else "mount -t tmpfs tmpfs /tmp"
-        script = f"hostname {hostname} && {mount_disk} && echo ready && exec sleep 2147483647"
+        # the disk is made ready beside /tmp, the code it runs bound into it, then moved over /tmp in one step
+        staged = f"/run/disk-{name}"
+        steps = [f"hostname {hostname}", f"mkdir -p {staged}",
+                 f"mount --bind {shlex.quote(str(disk))} {staged}" if disk else f"mount -t tmpfs tmpfs {staged}"]
+        for path in passed_through():
+            inside = shlex.quote(f"{staged}/{path.relative_to('/tmp')}")
+            steps += [f"mkdir -p {inside}", f"mount --bind {shlex.quote(str(path))} {inside}"]
+        script = " && ".join([*steps, f"mount --move {staged} /tmp", "echo ready", "exec sleep 2147483647"])
         holder = subprocess.Popen(["ip", "netns", "exec", name, "unshare", "--mount", "--uts", "--pid", "--fork",
                                    "--kill-child", "--mount-proc", "sh", "-c", script], stdout=subprocess.PIPE)
         if holder.stdout is None or holder.stdout.readline().strip() != b"ready":

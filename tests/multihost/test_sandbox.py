@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multihost.sandbox import available, enter
+from tests.multihost.sandbox import available, enter, passed_through
 
 REPO = Path(__file__).resolve().parents[2]
 WHY = available()
@@ -21,7 +21,9 @@ def test_hosts_are_isolated_reach_only_each_other_and_die_with_their_plug() -> N
     r = json.loads(done.stdout.strip().splitlines()[-1])
     assert (r["c1"]["hostname"], r["c2"]["hostname"], r["store"]["hostname"]) == ("collector", "collector", "store")
     assert r["c1"]["pid"] == r["c2"]["pid"] < 10  # own PID namespaces: the same pid on two hosts, as in containers
-    assert r["c1"]["tmp"] == r["c2"]["tmp"] == r["store"]["tmp"] == []  # each /tmp is its own, fresh disk
+    # each /tmp is its own, fresh disk, where the checkout is bound through when it lives under /tmp
+    through = sorted({p.relative_to("/tmp").parts[0] for p in passed_through()})
+    assert r["c1"]["tmp"] == r["c2"]["tmp"] == r["store"]["tmp"] == through
     assert all(r[h]["store"] in ("refused", "connected") for h in ("c1", "c2", "store"))  # the bridge carries
     assert all("unreachable" in r[h]["outside"].lower() for h in ("c1", "c2", "store")), r  # nothing leaves
     assert r["c1_unplugged"] != "refused" and r["c1_replugged"] == "refused"

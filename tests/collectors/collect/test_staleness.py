@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from collectors.collect.admission import LocalGroup, StoreGroup, admissible, count_pending
-from collectors.collect.reload import Head, Reloader, read_head
+from collectors.collect.reload import Reloader, read_head
 from collectors.collect.runner import collect
 from collectors.collect.settings import CollectSettings
 from collectors.embedded.app import RunningServer
 from collectors.policy import EmbeddedClient
 from tests.collectors.agents_for_tests import rollout_rows, write_tasks
 from trajstore import Checkpoint, Store, open_store
+from trajstore.announcement import Announcement
 
 A = "tests.collectors.agents_for_tests"
 
@@ -62,12 +63,12 @@ def test_a_failed_reload_is_reported_and_retried(server: RunningServer, tiny_mod
         client = EmbeddedClient(server.url)
         reloader = Reloader(client, served=server.engine.policy_version)
         start = reloader.served
-        assert not await reloader.sync(Head(version=start + 1, path=str(tmp_path / "nothing-here")))
+        assert not await reloader.sync(Announcement(run="r", version=start + 1, step=1, path=str(tmp_path / "nothing-here")))
         assert reloader.failures == 1 and "nothing-here" in (reloader.last_error or "")
         assert reloader.served == start == server.engine.policy_version  # still serving the old weights
-        assert not await reloader.sync(Head(version=start + 1, path=str(tiny_model_v2)))  # backing off
+        assert not await reloader.sync(Announcement(run="r", version=start + 1, step=1, path=str(tiny_model_v2)))  # backing off
         reloader._retry_at = 0.0  # as if the pause had passed
-        assert await reloader.sync(Head(version=start + 1, path=str(tiny_model_v2)))
+        assert await reloader.sync(Announcement(run="r", version=start + 1, step=1, path=str(tiny_model_v2)))
         assert reloader.served == server.engine.policy_version == start + 1 and reloader.last_error is None
         await client.aclose()
 
@@ -152,4 +153,5 @@ def test_no_group_is_admitted_beyond_the_staleness_bound(server: RunningServer, 
                         "AND s.status = 'started' WHERE t.run = 'stale'").to_pylist()
     assert all(t["policy_version"] >= t["admitted"] for t in turns)
     assert {t["policy_version"] for t in turns} > {base}  # some turns were sampled by reloaded weights
-    assert read_head(store, "stale").version == base + len(published)
+    head = read_head(store, "stale")
+    assert head is not None and head.version == base + len(published)

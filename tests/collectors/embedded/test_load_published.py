@@ -25,13 +25,14 @@ import boto3
 import pytest
 
 from collectors.children import spawn_child
-from collectors.collect.reload import Head, Reloader
+from collectors.collect.reload import Reloader
 from collectors.errors import WeightLoadError
 from collectors.policy import EmbeddedClient, PublishedLoader
 from tests.collectors.fake_vllm import free_port
 from tests.collectors.proxy_harness import call
 from tests.conftest import S3_START_TIMEOUT_S, _first_line
 from trajstore import artifacts
+from trajstore.announcement import Announcement, LoadRequest
 from trajstore.location import directory
 
 REPO = Path(__file__).resolve().parents[3]
@@ -121,7 +122,7 @@ def test_a_server_loads_a_version_by_its_published_uri_and_refuses_what_it_canno
     assert status == 401 and "control token" in body["error"]["message"]
     for bad, param, fragment in [
         ({**v1, "uri": "http://elsewhere/v1"}, "uri", "use a directory path or an s3://bucket/prefix URI"),
-        ({**v1, "uri": 7}, "uri", "the checkpoint event's meta.uri"),
+        ({**v1, "uri": 7}, "uri", "the checkpoint announcement's uri"),
         ({**v1, "digest": "abc"}, "digest", "64 lowercase hex digits"),
         ({"uri": uri, "version": 1}, "digest", "64 lowercase hex digits"),
         ({**v1, "digest": hashlib.sha256(b"another manifest").hexdigest()}, "uri", "is not the one announced"),
@@ -159,14 +160,14 @@ def test_a_server_loads_a_version_by_its_published_uri_and_refuses_what_it_canno
     assert version(served) == 0 and copies(served.cache) == []
 
     # a collector's reloader names the version by its location; the server fetches, the collector does not
-    async def reload(head: Head, collector_cache: Path) -> Reloader:
+    async def reload(head: Announcement, collector_cache: Path) -> Reloader:
         async with EmbeddedClient(served.url, control_token=TOKEN) as client:
             assert isinstance(client, PublishedLoader)
             reloader = Reloader(client, served=0, cache=collector_cache)
             assert await reloader.sync(head), reloader.last_error
             return reloader
 
-    asyncio.run(reload(Head(version=1, path=v1["path"], uri=uri, digest=digest), tmp_path / "collector-cache"))
+    asyncio.run(reload(Announcement(run="r", version=1, step=1, path=v1["path"], uri=uri, digest=digest), tmp_path / "collector-cache"))
     assert version(served) == 1
     assert not (tmp_path / "collector-cache").exists(), "the collector fetched nothing: its server did"
     (copy,) = copies(served.cache)
@@ -175,7 +176,7 @@ def test_a_server_loads_a_version_by_its_published_uri_and_refuses_what_it_canno
     status, body = load(served, {**v1, "version": 1})  # refused before any download
     assert status == 409 and "versions only go up" in body["error"]["message"]
     # a second collector of the same server, a step behind: the conflict means the version is already served
-    other = asyncio.run(reload(Head(version=1, path=v1["path"], uri=uri, digest=digest), tmp_path / "other-cache"))
+    other = asyncio.run(reload(Announcement(run="r", version=1, step=1, path=v1["path"], uri=uri, digest=digest), tmp_path / "other-cache"))
     assert (other.served, other.failures) == (1, 0)
 
     # where the server's disk holds the announced directory (the learner's host), it is loaded in place
@@ -192,7 +193,7 @@ def test_a_server_loads_a_version_by_its_published_uri_and_refuses_what_it_canno
     async def unreachable() -> None:
         async with EmbeddedClient(served.url, control_token=TOKEN) as client:
             with pytest.raises(WeightLoadError, match=r"could not fetch .* still serving version 2"):
-                await client.load_published(3, uri=uri3, digest=digest3, path=None)
+                await client.load_published(LoadRequest(version=3, uri=uri3, digest=digest3))
 
     asyncio.run(unreachable())
     assert version(served) == 2
