@@ -116,9 +116,13 @@ def check_origin(request: web.Request) -> None:
                          "from a program, not a browser page", status=403)
 
 
-async def start_app(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
-    """Serve `app` from the running event loop; port 0 takes a free one. Returns (runner, base URL)."""
-    runner = web.AppRunner(app, access_log=None)
+async def start_app(app: web.Application, host: str = "127.0.0.1", port: int = 0, *,
+                    cancel_on_disconnect: bool = False) -> tuple[web.AppRunner, str]:
+    """Serve `app` from the running event loop; port 0 takes a free one. Returns (runner, base URL).
+
+    `cancel_on_disconnect`: a handler whose caller went away is cancelled (for a stateless app, such
+    as the policy server: it stops sampling a request nobody waits for)."""
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=cancel_on_disconnect)
     await runner.setup()
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
