@@ -81,6 +81,8 @@ def serve(model: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
 def measure(store: Path, run: str) -> dict[str, int]:
     from trajstore import open_store
 
+    if not store.is_dir():
+        return {"usable": 0}
     rows = open_store(store).query("""
         SELECT count(*) FILTER (WHERE status = 'failed') AS failed,
                count(*) FILTER (WHERE status = 'aborted') AS aborted,
@@ -120,6 +122,11 @@ def main() -> None:
         env={**os.environ, "PYTHONPATH": str(REPO)})
     started = time.monotonic()
     try:
+        while measure(store, "outage")["usable"] < 2 * N:  # collecting, not still starting up
+            if collect.poll() is not None or time.monotonic() - started > args.limit:
+                raise SystemExit(f"collect did not get going; see {root / 'collect.log'}")
+            time.sleep(0.5)
+        started = time.monotonic()
         time.sleep(args.warmup)
         server.send_signal(signal.SIGKILL)
         server.wait()
@@ -140,7 +147,7 @@ def main() -> None:
                 proc.wait()
     elapsed = time.monotonic() - started
     counts = measure(store, "outage")
-    print(f"collect ran {elapsed:.0f} s (exit {code}); {args.tasks} groups of {N}, outage {args.down:g} s")
+    print(f"collect ran {elapsed:.0f} s after its first rollouts (exit {code}); {args.tasks} groups of {N}, outage {args.down:g} s")
     print(f"failed rollouts {counts['failed']}, aborted {counts['aborted']}, usable {counts['usable']}; "
           f"groups incomplete {counts['incomplete']} of {counts['groups']}")
     print(f"logs: {root}")
