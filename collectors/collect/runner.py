@@ -13,10 +13,15 @@ attempt is retried in the same slot up to `retries` times. Around that:
 - staleness (`collectors.collect.admission`): with `max_staleness`, a group starts only when the
   learner will train it at most K versions after the version that samples it;
 - hot reload (`collectors.collect.reload`): the store is polled for the learner's checkpoints and
-  each newer one is loaded into the policy server;
+  each newer one is loaded into the policy server (again when a restarted server reports an older one);
+- outages: a model call that cannot reach the policy server waits for it (the proxy's
+  `collectors.proxy.upstream`, up to 300 s) instead of failing its rollout; the progress line
+  counts the calls waiting;
 - shutdown: when `stop` is set (SIGINT/SIGTERM in `run_collect`) no new work starts,
-  in-flight rollouts are closed as aborted ("interrupted") and `collect` returns; running
-  the same settings again resumes.
+  in-flight rollouts are closed as aborted ("interrupted"): their agents (commands with their
+  whole process group) are cancelled, and closing a rollout cancels its model calls in flight
+  (the server drops them), so nothing waits for replies nobody reads; then `collect` returns;
+  running the same settings again resumes.
 
 The policy server is `server` (embedded, or vLLM with `vllm=True`) or, without one, an
 embedded server started in-process on `model`, or with `vllm=True` a vLLM started on `model`
@@ -204,17 +209,19 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
         progress.started = time.monotonic()  # rates count collection, not start-up
         done = asyncio.Event()
 
-        async def forks() -> None:
+        async def proxy_stats() -> None:  # forks, and model calls waiting out a policy-server outage
             with contextlib.suppress(Exception):
-                progress.forks = int((await link.stats())["forks"]["total"])
+                stats = await link.stats()
+                progress.forks = int(stats["forks"]["total"])
+                progress.server_waits = int(stats.get("upstream", {}).get("waiting", 0))
 
         helpers = [asyncio.create_task(run.poll_forever(done)),
-                   asyncio.create_task(show(progress, _display_mode(settings), done, forks))]
+                   asyncio.create_task(show(progress, _display_mode(settings), done, proxy_stats))]
         try:
             await run.schedule(tasks)
         finally:
             await env.workdirs.drain()
-            await forks()
+            await proxy_stats()
             done.set()
             await asyncio.gather(*helpers, return_exceptions=True)
     return progress.summary(interrupted=stop.is_set())

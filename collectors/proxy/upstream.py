@@ -56,9 +56,10 @@ class Upstream:
                     now = time.monotonic()
                     if deadline is None:
                         deadline = now + self.wait_s
+                        if not self.waiting:  # once per outage, not once per call
+                            log.warning("%s; model calls wait up to %g s for it to come back", exc, self.wait_s)
                         self.waiting += 1
                         self.waited += 1
-                        log.warning("%s; waiting up to %g s for it to come back", exc, self.wait_s)
                     if now + pause > deadline:
                         self.gave_up += 1
                         raise PolicyServerUnreachable(f"{exc} (waited {self.wait_s:g} s for it to come back)",
