@@ -13,13 +13,26 @@ loads a newer version (v grows). A group is *dead* when it can no longer be trai
 rollout finished but too few are usable, or its oldest tokens are already more than K
 versions behind L (the learner's shard would skip it).
 
-`admissible` and `count_pending` are pure; `read_group_rows` is the one store query they need.
+Several collectors of one run share the room the rule leaves: each sees the others' groups only
+at its next store poll, so had each filled the whole room between polls, C collectors would
+admit C times what the learner can take in time, most of it trained too stale or never. So
+between two polls a collector admits at most its `share` of the room it saw: room / C, rounded
+up (every collector may always start one: a gone collector cannot stall the others), where C
+counts the collectors that started a rollout of the run in the last `ACTIVE_S` seconds (each
+names itself in its rollouts' started status, meta `collector`). A collector that does not yet
+see its own rollouts in the store (starting up: the others cannot see it either) admits one
+group per poll. The run then holds at most C - 1 groups beyond the bound, whatever the poll's
+lag.
+
+`admissible`, `room`, `share` and `count_pending` are pure; `read_group_rows` and
+`read_collectors` are the store queries they need.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -64,6 +77,22 @@ def admissible(latest: int, served: int, pending: int, groups_per_version: int, 
     """The admission rule: the new group, trained at version `latest + pending // G`, is at most
     `max_staleness` versions newer than the `served` version that samples it."""
     return latest + pending // groups_per_version - served <= max_staleness
+
+
+def room(latest: int, served: int, pending: int, groups_per_version: int, max_staleness: int) -> int:
+    """How many more groups the rule admits now (`admissible` holds for the next one exactly when this is > 0)."""
+    return (max_staleness + served - latest + 1) * groups_per_version - pending
+
+
+def share(free: int, collectors: Iterable[str], me: str) -> int:
+    """This collector's part of `free` groups of room when the `collectors` it saw fill it at once. While
+    it does not see itself among them, the others may not see it either: one group at a time then."""
+    collectors = set(collectors)
+    if free <= 0:
+        return 0
+    if me not in collectors:
+        return 1
+    return -(-free // len(collectors))
 
 
 def staleness_if_admitted(latest: int, served: int, pending: int, groups_per_version: int) -> int:
@@ -113,6 +142,20 @@ _GROUPS_SQL = f"""
     FROM r LEFT JOIN c USING (rollout_id)
     GROUP BY r.group_id
 """
+
+
+ACTIVE_S = 120.0  # a collector that started no rollout for this long no longer counts for `share`
+_COLLECTORS_SQL = """
+    SELECT DISTINCT json_extract_string(meta, '$.collector') AS collector FROM events
+    WHERE kind = 'status' AND status = 'started' AND run = $run AND time >= $since
+      AND json_extract_string(meta, '$.collector') IS NOT NULL
+"""
+
+
+def read_collectors(snapshot: Queryable, run: str) -> list[str]:
+    """The collectors that started a rollout of `run` in the last ACTIVE_S seconds."""
+    since = datetime.now(UTC) - timedelta(seconds=ACTIVE_S)
+    return snapshot.query(_COLLECTORS_SQL, {"run": run, "since": since}).column("collector").to_pylist()
 
 
 def read_group_rows(snapshot: Queryable, run: str) -> list[StoreGroup]:

@@ -55,7 +55,7 @@ from collectors.collect.scheduler import Collection
 from collectors.collect.settings import CollectSettings
 from collectors.collect.tasks import TaskFileError, load_tasks
 from collectors.policy import PolicyClient
-from trajstore import Store, artifacts, open_store
+from trajstore import Store, artifacts, new_id, open_store
 
 __all__ = ["CollectSettings", "CollectSummary", "collect", "run_collect"]
 
@@ -141,7 +141,8 @@ async def _start_vllm_client(settings: CollectSettings, stack: AsyncExitStack, w
     return client
 
 
-async def _start_proxy(settings: CollectSettings, store: Store, client: PolicyClient, stack: AsyncExitStack) -> str:
+async def _start_proxy(settings: CollectSettings, store: Store, client: PolicyClient, stack: AsyncExitStack,
+                       collector: str) -> str:
     from collectors.proxy.app import ProxyConfig, start_proxy
 
     model_dir = settings.model
@@ -153,7 +154,9 @@ async def _start_proxy(settings: CollectSettings, store: Store, client: PolicyCl
         if model_dir is None or not isinstance(client, EmbeddedClient):
             raise ValueError(f"the policy server at {client.base_url} serves {names}, not a checkpoint directory on "
                              "this machine; pass --model DIR (its tokenizer and chat template render the prompts)")
-    config = ProxyConfig(model_dir=model_dir, run=settings.run, writer=store.unique_writer_name("collect-"),
+    # the collector's id in the name: two collect() calls of one process must not share a writer
+    config = ProxyConfig(model_dir=model_dir, run=settings.run,
+                         writer=store.unique_writer_name(f"collect-{collector}-"),
                          model_names=("*",), seal_interval=settings.seal_interval)
     runner, url = await start_proxy(lambda: client, store, config)
     stack.push_async_callback(runner.cleanup)
@@ -191,7 +194,8 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
         orphans = await asyncio.to_thread(store.seal_orphans)
         if any(orphans.values()):
             log.warning("sealed what stopped writers of this machine had left unsealed: %s", orphans)
-        proxy_url = settings.proxy or await _start_proxy(settings, store, client, stack)
+        collector = new_id()[-12:]  # random part: names it in started statuses (admission) and its writer
+        proxy_url = settings.proxy or await _start_proxy(settings, store, client, stack, collector)
         link = ProxyLink(proxy_url)
         stack.push_async_callback(link.aclose)
         http = None
@@ -202,7 +206,7 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
                          timeout_s=settings.rollout_timeout, model=await link.model_name(),
                          max_turns=settings.max_turns, max_tokens=settings.max_tokens, sampling=_sampling(settings),
                          agent=agent, agent_cmd=settings.agent_cmd, reward=reward, reward_cmd=settings.reward_cmd,
-                         keep_workdirs=settings.keep_workdirs, http_client=http)
+                         keep_workdirs=settings.keep_workdirs, http_client=http, collector=collector)
         reloader = Reloader(client, await served_version(client, settings.policy_version), _checkpoint_cache(settings))
         run = Collection(settings, store, env, reloader, progress, stop, needs_reward=progress.scored)
         await run.poll_once()  # the learner's newest checkpoint is loaded before the first rollout

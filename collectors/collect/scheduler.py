@@ -29,7 +29,10 @@ from collectors.collect.admission import (
     StoreGroup,
     admissible,
     count_pending,
+    read_collectors,
     read_group_rows,
+    room,
+    share,
     staleness_if_admitted,
 )
 from collectors.collect.progress import Progress
@@ -76,26 +79,31 @@ class Collection:
     head: Head = field(default_factory=Head)
     store_groups: list[StoreGroup] = field(default_factory=list)
     local: dict[str, LocalGroup] = field(default_factory=dict)
+    collectors: list[str] = field(default_factory=list)  # the run's active collectors, at the last poll
+    admitted_since_poll: int = 0  # groups this collector admitted since the last poll read the store
     tick: int = 0
     polled: asyncio.Event = field(default_factory=asyncio.Event)
 
     # ------------------------------------------------------------ the store poller
-    def _read(self) -> tuple[Head, list[StoreGroup] | None]:
+    def _read(self) -> tuple[Head, list[StoreGroup] | None, list[str]]:
+        run = self.settings.run
         with self.store.snapshot() as snap:
-            head = read_head(snap, self.settings.run)
-            groups = read_group_rows(snap, self.settings.run) if self.settings.max_staleness is not None else None
-        return head, groups
+            head = read_head(snap, run)
+            if self.settings.max_staleness is None:
+                return head, None, []
+            return head, read_group_rows(snap, run), read_collectors(snap, run)
 
     async def poll_once(self) -> None:
         self.tick += 1
-        tick = self.tick
+        tick, admitted = self.tick, self.admitted_since_poll
         try:
-            self.head, groups = await asyncio.to_thread(self._read)
+            self.head, groups, self.collectors = await asyncio.to_thread(self._read)
         except Exception as exc:  # noqa: BLE001 - a failed poll is retried at the next one
             log.warning("reading the store failed (%s); retrying", exc)
             return
         if groups is not None:
             self.store_groups = groups
+            self.admitted_since_poll -= admitted  # the store shows those now; later ones count on
         # a group that finished before this poll began is in its rows: the store knows it from now on
         for gid in [g for g, loc in self.local.items() if loc.done and loc.done_tick < tick]:
             del self.local[gid]
@@ -151,6 +159,13 @@ class Collection:
             latest = served if self.head.version is None else self.head.version
             p = count_pending(self.store_groups, self.local, latest=self.head.version, max_staleness=k,
                               exclude=plan.group_id)
+            mine = share(room(latest, served, p - self.admitted_since_poll, g, k), self.collectors, self.env.collector)
+            if p < room(latest, served, 0, g, k) and self.admitted_since_poll >= mine:
+                self.progress.waiting = (f"this collector admitted its share of the room ({mine} group(s) of "
+                                         f"{len(set(self.collectors) | {self.env.collector})} collectors') since the "
+                                         "last store poll")
+                await self._next_poll()
+                continue
             oldest = min(served, plan.oldest_version) if plan.oldest_version is not None else served
             if admissible(latest, oldest, p, g, k):
                 break
@@ -165,6 +180,7 @@ class Collection:
         else:
             return None
         self.progress.waiting = None
+        self.admitted_since_poll += s.max_staleness is not None
         group_id = plan.group_id or new_id()
         served = self.reloader.served
         self.local[group_id] = LocalGroup(served if plan.oldest_version is None else min(served, plan.oldest_version))
@@ -265,7 +281,7 @@ class Collection:
     async def close_orphans(self, history: list[PastRollout], task_ids: set[str]) -> list[PastRollout]:
         found = orphans(history, task_ids)
         if found:
-            with self.store.writer(self.store.unique_writer_name("collect-resume-")) as writer:
+            with self.store.writer(self.store.unique_writer_name(f"collect-resume-{self.env.collector}-")) as writer:
                 await asyncio.to_thread(writer.append, [Status(
                     run=self.settings.run, group_id=r.group_id, rollout_id=r.rollout_id, status="aborted",
                     error="its collector stopped without closing it (closed when the run resumed)",
