@@ -1,7 +1,7 @@
 """Over-collection: how many groups are never trained when 1, 2 or 3 collectors feed one learner.
 
 One store, one embedded policy server (a tiny model made by `trajstore init-model`, in this
-process), a learner stand-in and C collectors (`collectors.collect.runner.collect`, each with
+process, started afresh for each trial), a learner stand-in and C collectors (`collectors.collect.runner.collect`, each with
 its own capture proxy, `--forever` over the same tasks, n = 4, `--max-staleness K`). The learner
 trains like `trajstore learn`: each step takes the next G complete, fresh, unconsumed groups
 (`Store.shard` with its staleness rule), "trains" for `--step-s` seconds and publishes the next
@@ -117,8 +117,8 @@ def main() -> None:
     print(f"G = {G} groups per version, K = {K}, n = {N}, {args.seconds:g} s per trial, learner step "
           f"{args.step_s:g} s (loaded machine)")
     print("collectors  versions  groups  trained  never trained (too stale + still fresh)  share never trained")
-    with serve_in_thread(model, threads=1, max_batch=16, device="cpu") as server:
-        for c in (int(x) for x in args.collectors.split(",")):
+    for c in (int(x) for x in args.collectors.split(",")):
+        with serve_in_thread(model, threads=1, max_batch=16, device="cpu") as server:  # each trial from version 0
             r = asyncio.run(trial(root, model, server.url, c, args.seconds, args.step_s))
             never = r["stale"] + r["fresh"]
             print(f"{c:10d}  {r['versions']:8d}  {r['groups']:6d}  {r['trained']:7d}  {never:6d} ({r['stale']} + "
