@@ -159,11 +159,12 @@ class Collection:
             latest = served if self.head.version is None else self.head.version
             p = count_pending(self.store_groups, self.local, latest=self.head.version, max_staleness=k,
                               exclude=plan.group_id)
+            # the room the last poll saw is shared with the run's other collectors (`admission`'s docstring)
             mine = share(room(latest, served, p - self.admitted_since_poll, g, k), self.collectors, self.env.collector)
-            if p < room(latest, served, 0, g, k) and self.admitted_since_poll >= mine:
-                self.progress.waiting = (f"this collector admitted its share of the room ({mine} group(s) of "
-                                         f"{len(set(self.collectors) | {self.env.collector})} collectors') since the "
-                                         "last store poll")
+            if room(latest, served, p, g, k) > 0 and self.admitted_since_poll >= mine:
+                others = len(set(self.collectors) - {self.env.collector})
+                self.progress.waiting = (f"admitted this collector's share of the room ({mine} group(s); {others} "
+                                         "other collector(s) of the run) since the last store poll")
                 await self._next_poll()
                 continue
             oldest = min(served, plan.oldest_version) if plan.oldest_version is not None else served

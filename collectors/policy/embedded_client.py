@@ -141,7 +141,8 @@ class EmbeddedClient:
             reply = await self._http.call("POST", "/v1/load_weights", body=body, headers=self._control,
                                           timeout_s=self._reload_timeout_s)
         except PolicyServerRejected as exc:
-            if exc.status == 409:
+            if exc.status == 409:  # it serves that version or a newer one (another collector loaded it)
+                self._loads, self._reported = self._loads + 1, None  # calls sent before may still show the old one
                 raise VersionConflict(exc.server_message or str(exc)) from exc
             raise WeightLoadError(f"the policy server at {self.base_url} did not load {what}: "
                                   f"{exc.server_message}") from exc
