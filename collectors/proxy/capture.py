@@ -8,7 +8,8 @@ call through, holding its session's lock:
 2. decide the segment (`collectors.proxy.segmenter`): continue it with the prompt delta, or fork;
 3. sample from the upstream policy server with the full token ids (`PolicyClient.complete`, or
    `PolicyClient.stream` for a streamed call, whose pieces reach the agent as they are sampled,
-   see `collectors.proxy.streaming`);
+   see `collectors.proxy.streaming`); a call waits out an outage of the server, and closing its
+   rollout cancels it (`collectors.proxy.upstream`);
 4. decode and parse the reply, build the protocol response;
 5. append the turn event (exact prompt delta, sampled ids, logprobs, policy version) and wait
    until it is durable; only then advance the session and answer the agent (a stream's last
@@ -74,7 +75,6 @@ class ProxyStats:
     rollouts_opened: int = 0
     rollouts_closed: int = 0
     upstream: Upstream | None = None  # its outage and cancellation counters
-
 
     def as_json(self, open_rollouts: int) -> dict[str, Any]:
         return {"requests": self.requests, "turns": self.turns, "streamed": self.streamed,
