@@ -16,13 +16,13 @@ versions behind L (the learner's shard would skip it).
 Several collectors of one run share the room the rule leaves: each sees the others' groups only
 at its next store poll, so had each filled the whole room between polls, C collectors would
 admit C times what the learner can take in time, most of it trained too stale or never. So
-between two polls a collector admits at most its `share` of the room it saw: room / C, rounded
-up (every collector may always start one: a gone collector cannot stall the others), where C
-counts the collectors that started a rollout of the run in the last `ACTIVE_S` seconds (each
-names itself in its rollouts' started status, meta `collector`). A collector that does not yet
-see its own rollouts in the store (starting up: the others cannot see it either) admits one
-group per poll. The run then holds at most C - 1 groups beyond the bound, whatever the poll's
-lag.
+between two polls a collector admits at most its `share` of the room it saw: room // C, and one
+more for the first room % C collectors in id order counted from a turn that moves every
+`TURN_S` seconds (so a collector that is gone cannot hold room for long), where C counts the
+collectors that started a rollout of the run in the last `ACTIVE_S` seconds (each names itself
+in its rollouts' started status, meta `collector`). A collector that does not yet see its own
+rollouts in the store (starting up: the others cannot see it either) admits one group per poll.
+Together they take the room once, whatever the poll's lag, up to clock skew at a turn's edge.
 
 `admissible`, `room`, `share` and `count_pending` are pure; `read_group_rows` and
 `read_collectors` are the store queries they need.
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -84,15 +85,23 @@ def room(latest: int, served: int, pending: int, groups_per_version: int, max_st
     return (max_staleness + served - latest + 1) * groups_per_version - pending
 
 
-def share(free: int, collectors: Iterable[str], me: str) -> int:
-    """This collector's part of `free` groups of room when the `collectors` it saw fill it at once. While
-    it does not see itself among them, the others may not see it either: one group at a time then."""
-    collectors = set(collectors)
+def share(free: int, collectors: Iterable[str], me: str, turn: int = 0) -> int:
+    """This collector's part of `free` groups of room when the `collectors` it saw fill it at once: an
+    equal split, the remainder going to the next ones in id order from position `turn` (so together
+    they take `free`, and a collector that is gone holds no group of room for long). While it does
+    not see itself among them, the others may not see it either: one group at a time then."""
+    order = sorted(set(collectors))
     if free <= 0:
         return 0
-    if me not in collectors:
+    if me not in order:
         return 1
-    return -(-free // len(collectors))
+    base, extra = divmod(free, len(order))
+    return base + ((order.index(me) - turn) % len(order) < extra)
+
+
+def turn_now() -> int:
+    """Whose turn the remainder of a split room is: the same for every collector, moving every TURN_S seconds."""
+    return int(time.time() // TURN_S)
 
 
 def staleness_if_admitted(latest: int, served: int, pending: int, groups_per_version: int) -> int:
@@ -145,6 +154,7 @@ _GROUPS_SQL = f"""
 
 
 ACTIVE_S = 120.0  # a collector that started no rollout for this long no longer counts for `share`
+TURN_S = 2.0  # how long one collector holds the remainder of a split room
 _COLLECTORS_SQL = """
     SELECT DISTINCT json_extract_string(meta, '$.collector') AS collector FROM events
     WHERE kind = 'status' AND status = 'started' AND run = $run AND time >= $since

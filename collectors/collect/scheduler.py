@@ -34,6 +34,7 @@ from collectors.collect.admission import (
     room,
     share,
     staleness_if_admitted,
+    turn_now,
 )
 from collectors.collect.progress import Progress
 from collectors.collect.reload import Head, Reloader, read_head
@@ -160,7 +161,8 @@ class Collection:
             p = count_pending(self.store_groups, self.local, latest=self.head.version, max_staleness=k,
                               exclude=plan.group_id)
             # the room the last poll saw is shared with the run's other collectors (`admission`'s docstring)
-            mine = share(room(latest, served, p - self.admitted_since_poll, g, k), self.collectors, self.env.collector)
+            mine = share(room(latest, served, p - self.admitted_since_poll, g, k), self.collectors, self.env.collector,
+                         turn_now())
             if room(latest, served, p, g, k) > 0 and self.admitted_since_poll >= mine:
                 others = len(set(self.collectors) - {self.env.collector})
                 self.progress.waiting = (f"admitted this collector's share of the room ({mine} group(s); {others} "
