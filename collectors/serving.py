@@ -227,12 +227,16 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
     return await handler(request)
 
 
-async def start_app(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
+async def start_app(app: web.Application, host: str = "127.0.0.1", port: int = 0, *,
+                    cancel_on_disconnect: bool = False) -> tuple[web.AppRunner, str]:
     """Serve `app` from the running event loop; port 0 takes a free one. Returns (runner, base URL).
-    The app answers only requests for this server's names, and from no other site's page (`_guard`)."""
+    The app answers only requests for this server's names, and from no other site's page (`_guard`).
+
+    `cancel_on_disconnect`: a handler whose caller went away is cancelled (for a stateless app, such
+    as the policy server: it stops sampling a request nobody waits for)."""
     app[HOST_RULE] = HostRule.for_bound(host)
     app.middlewares.append(_guard)  # last: innermost, so the app's own middleware renders a refusal
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=cancel_on_disconnect)
     await runner.setup()
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -13,13 +13,27 @@ loads a newer version (v grows). A group is *dead* when it can no longer be trai
 rollout finished but too few are usable, or its oldest tokens are already more than K
 versions behind L (the learner's shard would skip it).
 
-`admissible` and `count_pending` are pure; `read_group_rows` is the one store query they need.
+Several collectors of one run share the room the rule leaves: each sees the others' groups only
+at its next store poll, so had each filled the whole room between polls, C collectors would
+admit C times what the learner can take in time, most of it trained too stale or never. So
+between two polls a collector admits at most its `share` of the room it saw: room // C, and one
+more for the first room % C collectors in id order counted from a turn that moves every
+`TURN_S` seconds (so a collector that is gone cannot hold room for long), where C counts the
+collectors that started a rollout of the run in the last `ACTIVE_S` seconds (each names itself
+in its rollouts' started status, meta `collector`). A collector that does not yet see its own
+rollouts in the store (starting up: the others cannot see it either) admits one group per poll.
+Together they take the room once, whatever the poll's lag, up to clock skew at a turn's edge.
+
+`admissible`, `room`, `share` and `count_pending` are pure; `read_group_rows` and
+`read_collectors` are the store queries they need.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -64,6 +78,30 @@ def admissible(latest: int, served: int, pending: int, groups_per_version: int, 
     """The admission rule: the new group, trained at version `latest + pending // G`, is at most
     `max_staleness` versions newer than the `served` version that samples it."""
     return latest + pending // groups_per_version - served <= max_staleness
+
+
+def room(latest: int, served: int, pending: int, groups_per_version: int, max_staleness: int) -> int:
+    """How many more groups the rule admits now (`admissible` holds for the next one exactly when this is > 0)."""
+    return (max_staleness + served - latest + 1) * groups_per_version - pending
+
+
+def share(free: int, collectors: Iterable[str], me: str, turn: int = 0) -> int:
+    """This collector's part of `free` groups of room when the `collectors` it saw fill it at once: an
+    equal split, the remainder going to the next ones in id order from position `turn` (so together
+    they take `free`, and a collector that is gone holds no group of room for long). While it does
+    not see itself among them, the others may not see it either: one group at a time then."""
+    order = sorted(set(collectors))
+    if free <= 0:
+        return 0
+    if me not in order:
+        return 1
+    base, extra = divmod(free, len(order))
+    return base + ((order.index(me) - turn) % len(order) < extra)
+
+
+def turn_now() -> int:
+    """Whose turn the remainder of a split room is: the same for every collector, moving every TURN_S seconds."""
+    return int(time.time() // TURN_S)
 
 
 def staleness_if_admitted(latest: int, served: int, pending: int, groups_per_version: int) -> int:
@@ -113,6 +151,21 @@ _GROUPS_SQL = f"""
     FROM r LEFT JOIN c USING (rollout_id)
     GROUP BY r.group_id
 """
+
+
+ACTIVE_S = 120.0  # a collector that started no rollout for this long no longer counts for `share`
+TURN_S = 2.0  # how long one collector holds the remainder of a split room
+_COLLECTORS_SQL = """
+    SELECT DISTINCT json_extract_string(meta, '$.collector') AS collector FROM events
+    WHERE kind = 'status' AND status = 'started' AND run = $run AND time >= $since
+      AND json_extract_string(meta, '$.collector') IS NOT NULL
+"""
+
+
+def read_collectors(snapshot: Queryable, run: str) -> list[str]:
+    """The collectors that started a rollout of `run` in the last ACTIVE_S seconds."""
+    since = datetime.now(UTC) - timedelta(seconds=ACTIVE_S)
+    return snapshot.query(_COLLECTORS_SQL, {"run": run, "since": since}).column("collector").to_pylist()
 
 
 def read_group_rows(snapshot: Queryable, run: str) -> list[StoreGroup]:

@@ -70,6 +70,7 @@ class Progress:
     forks: int = 0
     orphans_closed: int = 0
     waiting: str | None = None  # why admission waits, when it does
+    server_waits: int = 0  # model calls waiting for an unreachable policy server now (the proxy's count)
     reload_error: str | None = None
     scored: bool = True  # rollouts get a reward (else: groups are collected, unscored)
 
@@ -110,9 +111,15 @@ class Progress:
             parts.append(f"reward {rewards}")
         if self.waiting:
             parts.append(f"waiting: {self.waiting}")
+        if self.server_waits:
+            parts.append(self.outage)
         if self.reload_error:
             parts.append(f"reload error: {self.reload_error}")
         return " | ".join(parts)
+
+    @property
+    def outage(self) -> str:
+        return f"policy server unreachable: {self.server_waits} model call(s) waiting for it"
 
     def table(self) -> Table:
         t = Table(title=f"trajstore collect: run {self.run}", show_header=False, title_justify="left")
@@ -132,6 +139,8 @@ class Progress:
                  if r]
         if self.waiting:
             rows.append(("waiting", self.waiting))
+        if self.server_waits:
+            rows.append(("outage", self.outage))
         if self.reload_error:
             rows.append(("reload error", self.reload_error))
         for name, value in rows:

@@ -5,7 +5,9 @@ a `checkpoint` event, read back as a `trajstore.announcement.Announcement`: the 
 directory (`path`) and the learner's batch size (`groups_per_version`). `Reloader.sync(head)`
 loads the newest version when it is newer than the one served: intermediate versions are skipped, since only the newest matters for
 sampling. A failed load is reported and retried on a later poll with a growing pause; it
-never stops collection (the server keeps serving the weights it has).
+never stops collection (the server keeps serving the weights it has). A server that reports
+serving an older version than the one loaded (it restarted on its start-up weights) gets the
+newest loaded again at once, without waiting for the learner's next publish.
 
 Across hosts: the `path` is the learner's own directory. When the learner also published the
 version where every host can read it, the event carries `uri` and `digest`
@@ -91,6 +93,7 @@ class Reloader:
 
     async def sync(self, head: Announcement | None) -> bool:
         """Load `head` if it is newer than what is served; True when the served version changed."""
+        await self._notice_restart()
         if head is None or head.version <= self.served or (head.path is None and head.uri is None):
             return False
         if time.monotonic() < self._retry_at:
@@ -118,3 +121,13 @@ class Reloader:
         self.reloads += 1
         log.info("policy server now serves version %d (%s)", head.version, path)
         return True
+
+    async def _notice_restart(self) -> None:
+        """Believe the server when it reports an older version than the one loaded (it restarted): then
+        `sync` loads the newest again. Only `trajstore serve` reports it (`EmbeddedClient.reported_version`)."""
+        ask = getattr(self.client, "reported_version", None)
+        reported = await ask() if ask is not None else None
+        if isinstance(reported, int) and reported < self.served:
+            log.warning("the policy server at %s reports serving version %d, not the version %d it was loaded with "
+                        "(restarted?); loading the newest again", self.client.base_url, reported, self.served)
+            self.served, self._retry_at = reported, 0.0

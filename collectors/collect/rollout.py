@@ -211,6 +211,7 @@ class RolloutEnv:
     keep_workdirs: bool = False
     workdirs: Workdirs = field(default_factory=Workdirs)  # removes usable rollouts' directories
     http_client: httpx2.AsyncClient | None = None  # one pool for every rollout's SDK clients (`shared_http_client`)
+    collector: str = ""  # this collector's id, in each started status (other collectors of the run count it)
 
 
 @dataclass(frozen=True)
@@ -280,7 +281,8 @@ async def play(job: Job, env: RolloutEnv, stop: asyncio.Event) -> Outcome:
     rollout_id = new_id()
     workdir = env.workdir / rollout_id
     meta: dict[str, Any] = {"task_id": job.task_id, "epoch": job.epoch, "slot": job.slot, "attempt": job.attempt,
-                            "policy_version": job.version, "workdir": str(workdir)}
+                            "policy_version": job.version, "workdir": str(workdir),
+                            **({"collector": env.collector} if env.collector else {})}
     task_json = json.dumps(job.task, default=str)
     opened = await env.link.open(run=env.run, group_id=job.group_id, rollout_id=rollout_id, group_size=job.group_size,
                                  meta={**meta, **({"task": job.task} if len(task_json) <= MAX_STORED_TASK else {})})

@@ -13,10 +13,15 @@ attempt is retried in the same slot up to `retries` times. Around that:
 - staleness (`collectors.collect.admission`): with `max_staleness`, a group starts only when the
   learner will train it at most K versions after the version that samples it;
 - hot reload (`collectors.collect.reload`): the store is polled for the learner's checkpoints and
-  each newer one is loaded into the policy server;
+  each newer one is loaded into the policy server (again when a restarted server reports an older one);
+- outages: a model call that cannot reach the policy server waits for it (the proxy's
+  `collectors.proxy.upstream`, up to 300 s) instead of failing its rollout; the progress line
+  counts the calls waiting;
 - shutdown: when `stop` is set (SIGINT/SIGTERM in `run_collect`) no new work starts,
-  in-flight rollouts are closed as aborted ("interrupted") and `collect` returns; running
-  the same settings again resumes.
+  in-flight rollouts are closed as aborted ("interrupted"): their agents (commands with their
+  whole process group) are cancelled, and closing a rollout cancels its model calls in flight
+  (the server drops them), so nothing waits for replies nobody reads; then `collect` returns;
+  running the same settings again resumes.
 
 The policy server is `server` (embedded, or vLLM with `vllm=True`) or, without one, an
 embedded server started in-process on `model`, or with `vllm=True` a vLLM started on `model`
@@ -50,7 +55,7 @@ from collectors.collect.scheduler import Collection
 from collectors.collect.settings import CollectSettings
 from collectors.collect.tasks import TaskFileError, load_tasks
 from collectors.policy import PolicyClient
-from trajstore import Store, artifacts, open_store
+from trajstore import Store, artifacts, new_id, open_store
 
 __all__ = ["CollectSettings", "CollectSummary", "collect", "run_collect"]
 
@@ -136,7 +141,8 @@ async def _start_vllm_client(settings: CollectSettings, stack: AsyncExitStack, w
     return client
 
 
-async def _start_proxy(settings: CollectSettings, store: Store, client: PolicyClient, stack: AsyncExitStack) -> str:
+async def _start_proxy(settings: CollectSettings, store: Store, client: PolicyClient, stack: AsyncExitStack,
+                       collector: str) -> str:
     from collectors.proxy.app import ProxyConfig, start_proxy
 
     model_dir = settings.model
@@ -148,7 +154,9 @@ async def _start_proxy(settings: CollectSettings, store: Store, client: PolicyCl
         if model_dir is None or not isinstance(client, EmbeddedClient):
             raise ValueError(f"the policy server at {client.base_url} serves {names}, not a checkpoint directory on "
                              "this machine; pass --model DIR (its tokenizer and chat template render the prompts)")
-    config = ProxyConfig(model_dir=model_dir, run=settings.run, writer=store.unique_writer_name("collect-"),
+    # the collector's id in the name: two collect() calls of one process must not share a writer
+    config = ProxyConfig(model_dir=model_dir, run=settings.run,
+                         writer=store.unique_writer_name(f"collect-{collector}-"),
                          model_names=("*",), seal_interval=settings.seal_interval)
     runner, url = await start_proxy(lambda: client, store, config)
     stack.push_async_callback(runner.cleanup)
@@ -186,7 +194,8 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
         orphans = await asyncio.to_thread(store.seal_orphans)
         if any(orphans.values()):
             log.warning("sealed what stopped writers of this machine had left unsealed: %s", orphans)
-        proxy_url = settings.proxy or await _start_proxy(settings, store, client, stack)
+        collector = new_id()[-12:]  # random part: names it in started statuses (admission) and its writer
+        proxy_url = settings.proxy or await _start_proxy(settings, store, client, stack, collector)
         link = ProxyLink(proxy_url)
         stack.push_async_callback(link.aclose)
         http = None
@@ -197,24 +206,27 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
                          timeout_s=settings.rollout_timeout, model=await link.model_name(),
                          max_turns=settings.max_turns, max_tokens=settings.max_tokens, sampling=_sampling(settings),
                          agent=agent, agent_cmd=settings.agent_cmd, reward=reward, reward_cmd=settings.reward_cmd,
-                         command_env=settings.command_env, keep_workdirs=settings.keep_workdirs, http_client=http)
+                         command_env=settings.command_env, keep_workdirs=settings.keep_workdirs, http_client=http,
+                         collector=collector)
         reloader = Reloader(client, await served_version(client, settings.policy_version), _checkpoint_cache(settings))
         run = Collection(settings, store, env, reloader, progress, stop, needs_reward=progress.scored)
         await run.poll_once()  # the learner's newest checkpoint is loaded before the first rollout
         progress.started = time.monotonic()  # rates count collection, not start-up
         done = asyncio.Event()
 
-        async def forks() -> None:
+        async def proxy_stats() -> None:  # forks, and model calls waiting out a policy-server outage
             with contextlib.suppress(Exception):
-                progress.forks = int((await link.stats())["forks"]["total"])
+                stats = await link.stats()
+                progress.forks = int(stats["forks"]["total"])
+                progress.server_waits = int(stats.get("upstream", {}).get("waiting", 0))
 
         helpers = [asyncio.create_task(run.poll_forever(done)),
-                   asyncio.create_task(show(progress, _display_mode(settings), done, forks))]
+                   asyncio.create_task(show(progress, _display_mode(settings), done, proxy_stats))]
         try:
             await run.schedule(tasks)
         finally:
             await env.workdirs.drain()
-            await forks()
+            await proxy_stats()
             done.set()
             await asyncio.gather(*helpers, return_exceptions=True)
     return progress.summary(interrupted=stop.is_set())

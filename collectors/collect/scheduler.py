@@ -29,8 +29,12 @@ from collectors.collect.admission import (
     StoreGroup,
     admissible,
     count_pending,
+    read_collectors,
     read_group_rows,
+    room,
+    share,
     staleness_if_admitted,
+    turn_now,
 )
 from collectors.collect.progress import Progress
 from collectors.collect.reload import Reloader, read_head
@@ -77,26 +81,31 @@ class Collection:
     head: Announcement | None = None  # the learner's newest announcement
     store_groups: list[StoreGroup] = field(default_factory=list)
     local: dict[str, LocalGroup] = field(default_factory=dict)
+    collectors: list[str] = field(default_factory=list)  # the run's active collectors, at the last poll
+    admitted_since_poll: int = 0  # groups this collector admitted since the last poll read the store
     tick: int = 0
     polled: asyncio.Event = field(default_factory=asyncio.Event)
 
     # ------------------------------------------------------------ the store poller
-    def _read(self) -> tuple[Announcement | None, list[StoreGroup] | None]:
+    def _read(self) -> tuple[Announcement | None, list[StoreGroup] | None, list[str]]:
+        run = self.settings.run
         with self.store.snapshot() as snap:
-            head = read_head(snap, self.settings.run)
-            groups = read_group_rows(snap, self.settings.run) if self.settings.max_staleness is not None else None
-        return head, groups
+            head = read_head(snap, run)
+            if self.settings.max_staleness is None:
+                return head, None, []
+            return head, read_group_rows(snap, run), read_collectors(snap, run)
 
     async def poll_once(self) -> None:
         self.tick += 1
-        tick = self.tick
+        tick, admitted = self.tick, self.admitted_since_poll
         try:
-            self.head, groups = await asyncio.to_thread(self._read)
+            self.head, groups, self.collectors = await asyncio.to_thread(self._read)
         except Exception as exc:  # noqa: BLE001 - a failed poll is retried at the next one
             log.warning("reading the store failed (%s); retrying", exc)
             return
         if groups is not None:
             self.store_groups = groups
+            self.admitted_since_poll -= admitted  # the store shows those now; later ones count on
         # a group that finished before this poll began is in its rows: the store knows it from now on
         for gid in [g for g, loc in self.local.items() if loc.done and loc.done_tick < tick]:
             del self.local[gid]
@@ -157,6 +166,15 @@ class Collection:
             latest = served if self.head is None else self.head.version
             p = count_pending(self.store_groups, self.local, latest=self.latest_version, max_staleness=k,
                               exclude=plan.group_id)
+            # the room the last poll saw is shared with the run's other collectors (`admission`'s docstring)
+            mine = share(room(latest, served, p - self.admitted_since_poll, g, k), self.collectors, self.env.collector,
+                         turn_now())
+            if room(latest, served, p, g, k) > 0 and self.admitted_since_poll >= mine:
+                others = len(set(self.collectors) - {self.env.collector})
+                self.progress.waiting = (f"admitted this collector's share of the room ({mine} group(s); {others} "
+                                         "other collector(s) of the run) since the last store poll")
+                await self._next_poll()
+                continue
             oldest = min(served, plan.oldest_version) if plan.oldest_version is not None else served
             if admissible(latest, oldest, p, g, k):
                 break
@@ -171,6 +189,7 @@ class Collection:
         else:
             return None
         self.progress.waiting = None
+        self.admitted_since_poll += s.max_staleness is not None
         group_id = plan.group_id or new_id()
         served = self.reloader.served
         self.local[group_id] = LocalGroup(served if plan.oldest_version is None else min(served, plan.oldest_version))
@@ -271,7 +290,7 @@ class Collection:
     async def close_orphans(self, history: list[PastRollout], task_ids: set[str]) -> list[PastRollout]:
         found = orphans(history, task_ids)
         if found:
-            with self.store.writer(self.store.unique_writer_name("collect-resume-")) as writer:
+            with self.store.writer(self.store.unique_writer_name(f"collect-resume-{self.env.collector}-")) as writer:
                 await asyncio.to_thread(writer.append, [Status(
                     run=self.settings.run, group_id=r.group_id, rollout_id=r.rollout_id, status="aborted",
                     error="its collector stopped without closing it (closed when the run resumed)",

@@ -340,7 +340,9 @@ async def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 0, m
                        control_token: str | None = None,
                        checkpoint_cache: str | Path | None = None) -> tuple[web.AppRunner, str]:
     """Serve `engine` from the running event loop; port 0 takes a free one. Returns (runner, base URL)."""
-    return await start_app(create_app(engine, model_name, control_token, checkpoint_cache), host, port)
+    # a caller that went away (an agent stopped or timed out) frees its row in the batch at once
+    return await start_app(create_app(engine, model_name, control_token, checkpoint_cache), host, port,
+                           cancel_on_disconnect=True)
 
 
 @dataclass

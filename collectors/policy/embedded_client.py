@@ -5,6 +5,11 @@ The server answers each completion with the policy version that sampled all of i
 `POST /v1/load_weights`, and the server finishes in-flight requests on the old weights itself:
 by a directory on the server's disk (`load_weights`), or by the location the learner announced
 (`load_published`: the server fetches and verifies it itself, so it may run on any host).
+
+A restarted server serves its start-up weights again, whatever it was loaded with before.
+`reported_version()` says what the server serves by its own account: the version of the last
+response to a call sent after the last reload, or, once the server could not be reached, its
+/health when it answers again. The collector's reloader compares that with what it loaded.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from trajstore.announcement import LoadRequest
 from collectors.policy.http import (
     Http,
     PolicyServerBadResponse,
+    PolicyServerError,
     PolicyServerFailed,
     PolicyServerRejected,
+    PolicyServerUnreachable,
     completion_body,
     list_models,
     parse_chunk,
@@ -45,6 +52,9 @@ class EmbeddedClient:
         self.base_url = base_url.rstrip("/")
         self._control = {"Authorization": f"Bearer {control_token}"} if control_token else None
         self.policy_version: int | None = None  # the newest version the server has reported
+        self._reported: int | None = None  # the version of the last answer to a call sent after the last reload
+        self._loads = 0  # reloads so far: an answer to a call sent before the last one may show the old version
+        self._lost = False  # the server could not be reached since the last answer (it may have restarted)
         self._model, self._reload_timeout_s = model, reload_timeout_s
         self._http = Http(self.base_url, hint=f"start it with `trajstore serve --model DIR --port "
                                                 f"{port_of(self.base_url)}`", timeout_s=timeout_s,
@@ -53,25 +63,47 @@ class EmbeddedClient:
 
     async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
-        ids = prompt_list(prompt_ids)
-        reply = await self._http.call("POST", "/v1/completions", body=completion_body(ids, sampling, self._model),
-                                      headers=session_headers(session_id))
+        ids, loads = prompt_list(prompt_ids), self._loads
+        try:
+            reply = await self._http.call("POST", "/v1/completions", body=completion_body(ids, sampling, self._model),
+                                          headers=session_headers(session_id))
+        except PolicyServerUnreachable:
+            self._lost = True
+            raise
         body = self._http.json(reply, "/v1/completions")
-        version = self._version(body, reply.headers)
+        version = self._version(body, reply.headers, loads)
         return parse_completion(body, ids, policy_version=version, url=self.base_url,
                                 top_logprobs=bool(sampling.logprobs))
 
     async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                      session_id: str | None = None) -> AsyncIterator[Chunk]:
-        ids = prompt_list(prompt_ids)
+        ids, loads = prompt_list(prompt_ids), self._loads
         body = {**completion_body(ids, sampling, self._model), "stream": True}
-        async for head, event in self._http.events("/v1/completions", body=body, headers=session_headers(session_id)):
-            chunk = parse_chunk(event, ids, policy_version=self._version(event, head), url=self.base_url,
-                                top_logprobs=bool(sampling.logprobs))
-            if chunk is not None:
-                yield chunk
+        try:
+            async for head, event in self._http.events("/v1/completions", body=body,
+                                                       headers=session_headers(session_id)):
+                chunk = parse_chunk(event, ids, policy_version=self._version(event, head, loads), url=self.base_url,
+                                    top_logprobs=bool(sampling.logprobs))
+                if chunk is not None:
+                    yield chunk
+        except PolicyServerUnreachable:
+            self._lost = True
+            raise
 
-    def _version(self, body: Any, headers: CIMultiDict[str]) -> int:
+    async def reported_version(self) -> int | None:
+        """The version the server serves by its own account (module docstring); None while unknown."""
+        if self._lost:
+            try:
+                reply = await self._http.call("GET", "/health", timeout_s=10)
+                body = self._http.json(reply, "/health")
+            except PolicyServerError:
+                return None  # still unreachable: ask again later
+            version = body.get("policy_version") if isinstance(body, dict) else None
+            if isinstance(version, int) and not isinstance(version, bool):
+                self._reported, self._lost = version, False
+        return self._reported
+
+    def _version(self, body: Any, headers: CIMultiDict[str], loads: int | None = None) -> int:
         """The version that sampled a response: its `policy_version` field, else its X-Policy-Version header."""
         version = body.get("policy_version") if isinstance(body, dict) else None
         if version is None and headers.get("X-Policy-Version", "").isdigit():
@@ -85,6 +117,8 @@ class EmbeddedClient:
                 f"the policy server at {self.base_url} reported policy version {version}, outside 0..."
                 f"{MAX_POLICY_VERSION} (the versions a turn can be stored with)", url=self.base_url)
         self.policy_version = max(version, self.policy_version or 0)
+        if loads == self._loads:  # sent after the last reload: what the server serves now
+            self._reported, self._lost = version, False
         return version
 
     async def models(self) -> list[str]:
@@ -108,7 +142,8 @@ class EmbeddedClient:
             reply = await self._http.call("POST", "/v1/load_weights", body=request.to_body(), headers=self._control,
                                           timeout_s=self._reload_timeout_s)
         except PolicyServerRejected as exc:
-            if exc.status == 409:
+            if exc.status == 409:  # it serves that version or a newer one (another collector loaded it)
+                self._loads, self._reported = self._loads + 1, None  # calls sent before may still show the old one
                 raise VersionConflict(exc.server_message or str(exc)) from exc
             raise WeightLoadError(f"the policy server at {self.base_url} did not load {what}: "
                                   f"{exc.server_message}") from exc
@@ -118,6 +153,8 @@ class EmbeddedClient:
         answer = self._http.json(reply, "/v1/load_weights")
         answer = answer if isinstance(answer, dict) else {}
         self.policy_version = answer.get("policy_version", version)
+        self._loads += 1
+        self._reported = self.policy_version if isinstance(self.policy_version, int) else None
         return answer.get("path")
 
     async def aclose(self) -> None:

@@ -17,7 +17,8 @@ token-exact `turn` event (`collectors.proxy.capture`). Routes:
                                         Anthropic list shapes in one)
     GET|HEAD /, /r/{key}                 200 (agents such as Claude Code probe their base URL)
     GET  /stats                         counters: turns, forks by reason, histories by how they were
-                                        reconciled, streams the agent left, errors, rollouts
+                                        reconciled, streams the agent left, errors, rollouts, calls
+                                        waiting for an unreachable policy server (`upstream`)
     GET  /health
 
 Point an SDK at one rollout with what `POST /rollouts` returned (see `collectors.proxy.sessions` for
@@ -62,6 +63,7 @@ from collectors.proxy.chat import ChatError, is_int
 from collectors.proxy.protocol import SESSION_HEADER, split_key
 from collectors.proxy.render import ChatRenderer
 from collectors.proxy.sessions import Rollout
+from collectors.proxy.upstream import OUTAGE_WAIT_S
 from collectors.proxy.wire import WIRES, AnthropicMessages, OpenAIChat, WireProtocol
 from collectors.serving import (
     BadRequest,
@@ -93,6 +95,7 @@ class ProxyConfig:
     max_model_len: int | None = None  # default: the checkpoint's max_position_embeddings
     default_max_tokens: int = 4096
     seal_interval: float = 60.0  # seconds before appended turns are sealed (visible to other machines)
+    upstream_wait_s: float = OUTAGE_WAIT_S  # how long a call waits for an unreachable policy server
 
     def check(self) -> None:
         """Raise ValueError naming every problem at once."""
@@ -109,6 +112,8 @@ class ProxyConfig:
             out.append(f"max_model_len must be at least 2, got {self.max_model_len}")
         if self.default_max_tokens < 1:
             out.append(f"default_max_tokens must be at least 1, got {self.default_max_tokens}")
+        if not 0 <= self.upstream_wait_s < float("inf"):
+            out.append(f"upstream_wait_s must be zero or a positive number of seconds, got {self.upstream_wait_s}")
         if not 0 < self.seal_interval < float("inf"):
             out.append(f"seal_interval must be a positive number of seconds, got {self.seal_interval}")
         return out
@@ -365,7 +370,8 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
         client = client_factory()
         writer = store.writer(config.writer or store.unique_writer_name("proxy-"), seal_interval=config.seal_interval)
         capture = Capture(client, renderer, writer, run=config.run, max_model_len=max_len,
-                          default_max_tokens=config.default_max_tokens, stored=store.holds_rollout)
+                          default_max_tokens=config.default_max_tokens, stored=store.holds_rollout,
+                          upstream_wait_s=config.upstream_wait_s)
         names = [*config.model_names, *await _served_names(client)]
         app[STATE] = ProxyState(capture, config, names)
 

@@ -8,7 +8,8 @@ call through, holding its session's lock:
 2. decide the segment (`collectors.proxy.segmenter`): continue it with the prompt delta, or fork;
 3. sample from the upstream policy server with the full token ids (`PolicyClient.complete`, or
    `PolicyClient.stream` for a streamed call, whose pieces reach the agent as they are sampled,
-   see `collectors.proxy.streaming`);
+   see `collectors.proxy.streaming`); a call waits out an outage of the server, and closing its
+   rollout cancels it (`collectors.proxy.upstream`);
 4. decode and parse the reply, build the protocol response;
 5. append the turn event (exact prompt delta, sampled ids, logprobs, policy version) and wait
    until it is durable; only then advance the session and answer the agent (a stream's last
@@ -58,6 +59,7 @@ from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.segmenter import SessionState, TurnPlan, plan_turn, record_turn
 from collectors.proxy.sessions import Registry, Rollout, SessionSlot
 from collectors.proxy.streaming import ReplyStream, TextStream
+from collectors.proxy.upstream import OUTAGE_WAIT_S, Upstream
 from collectors.proxy.wire import WireProtocol, stream_body
 from trajstore import InvalidEventError, Reward, Status, Turn, Writer, new_id
 from trajstore.schema import TERMINAL_STATUSES
@@ -81,6 +83,7 @@ class ProxyStats:
     errors: Counter[int] = field(default_factory=Counter)
     rollouts_opened: int = 0
     rollouts_closed: int = 0
+    upstream: Upstream | None = None  # its outage and cancellation counters
 
     def as_json(self, open_rollouts: int) -> dict[str, Any]:
         return {"requests": self.requests, "turns": self.turns, "streamed": self.streamed,
@@ -88,6 +91,7 @@ class ProxyStats:
                 "forks": {"total": sum(self.forks.values()), **self.forks}, "history": dict(self.history),
                 "retokenize_mismatches": self.retokenize_mismatches, "upstream_failures": self.upstream_failures,
                 "errors": {str(k): v for k, v in sorted(self.errors.items())},
+                "upstream": self.upstream.as_json() if self.upstream is not None else {},
                 "rollouts": {"open": open_rollouts, "opened": self.rollouts_opened, "closed": self.rollouts_closed}}
 
 
@@ -137,11 +141,13 @@ class Capture:
 
     def __init__(self, client: PolicyClient, renderer: ChatRenderer, writer: Writer, *, run: str,
                  max_model_len: int, default_max_tokens: int,
-                 stored: Callable[[str], bool] = lambda rollout_id: False) -> None:
+                 stored: Callable[[str], bool] = lambda rollout_id: False,
+                 upstream_wait_s: float = OUTAGE_WAIT_S) -> None:
         self.client, self.renderer, self.writer, self.stored = client, renderer, writer, stored
         self.run, self.max_model_len, self.default_max_tokens = run, max_model_len, default_max_tokens
         self.registry = Registry()
-        self.stats = ProxyStats()
+        self.upstream = Upstream(client.base_url, upstream_wait_s)  # outages waited out, calls cancelled on close
+        self.stats = ProxyStats(upstream=self.upstream)
         self._appender = BatchAppender(writer.append)  # concurrent turns share one append and its fsync
         self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="proxy-render")
 
@@ -261,8 +267,10 @@ class Capture:
                 empty = self._empty(prep)
                 return empty, wire.response(empty, req.options)
             try:
-                sample = await self.client.complete(prep.plan.full_ids, req.sampling_for(prep.max_tokens),
-                                                    session_id=f"{rollout.rollout_id}/{session}")
+                async with self.upstream.cancellable(rollout.rollout_id):
+                    sample = await self.upstream.call(lambda: self.client.complete(
+                        prep.plan.full_ids, req.sampling_for(prep.max_tokens),
+                        session_id=f"{rollout.rollout_id}/{session}"))
             except Exception as exc:  # noqa: BLE001 - any upstream failure becomes a 502 that names it
                 raise self._failed(exc) from exc
             if sample.finish_reason == "abort":  # ids, logprobs and the echoed prompt are checked by the client
@@ -315,10 +323,11 @@ class Capture:
         texts = TextStream(renderer.decode, renderer.special_ids, req.sampling.stop)
         pieces = ReplyStream(parse_tools=req.parse_tools and bool(req.tools))
         logprobs = bool(req.options.get("logprobs"))
-        upstream = self.client.stream(prep.plan.full_ids, req.sampling_for(prep.max_tokens),
-                                      session_id=f"{prep.rollout.rollout_id}/{prep.session}")
+        upstream = self.upstream.stream(lambda: self.client.stream(
+            prep.plan.full_ids, req.sampling_for(prep.max_tokens),
+            session_id=f"{prep.rollout.rollout_id}/{prep.session}"))
         try:
-            async with aclosing(upstream) as chunks:
+            async with self.upstream.cancellable(prep.rollout.rollout_id), aclosing(upstream) as chunks:
                 async for chunk in chunks:
                     first = joined.policy_version is None
                     joined.add(chunk)
@@ -368,7 +377,8 @@ class Capture:
         if status not in TERMINAL_STATUSES:
             raise ChatError(f"`status` must be one of {', '.join(sorted(TERMINAL_STATUSES))}, got {status!r}",
                             param="status")
-        rollout.closed = True  # new calls are refused from here on; wait for the ones in flight
+        rollout.closed = True  # new calls are refused from here on; those waiting for the server are cancelled
+        self.upstream.cancel(rollout.rollout_id)  # nobody reads their replies: the agent is done or gone
         for slot in list(rollout.sessions.values()):
             async with slot.lock:
                 pass

@@ -219,8 +219,11 @@ def test_a_client_that_disconnects_leaves_one_line_in_the_log_not_a_traceback(
             sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                          f"Content-Length: 100000\r\n\r\n{{\"prompt\": \"".encode())
             time.sleep(0.2)
+    # the proxy reads the body and says so in one line; the policy server cancels a handler whose caller went
+    # away (`start_app(cancel_on_disconnect=True)`: nobody waits for its sample), so it has nothing to say
     deadline = time.monotonic() + 30
-    while sum("disconnected while sending" in r.getMessage() for r in caplog.records) < 3:
+    while not any("disconnected while sending" in r.getMessage() for r in caplog.records):
         assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
         time.sleep(0.1)
+    time.sleep(1.0)  # time for any late traceback of the server's cancelled handlers to be logged
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.collect.admission import LocalGroup, StoreGroup, admissible, count_pending
+from collectors.collect.admission import LocalGroup, StoreGroup, admissible, count_pending, room, share
 from collectors.collect.reload import Reloader, read_head
 from collectors.collect.runner import collect
 from collectors.collect.settings import CollectSettings
@@ -34,6 +34,20 @@ A = "tests.collectors.agents_for_tests"
 ])
 def test_admission_rule(latest: int, served: int, pending: int, g: int, k: int, ok: bool) -> None:
     assert admissible(latest, served, pending, g, k) is ok
+    assert (room(latest, served, pending, g, k) > 0) is ok  # the room left is the rule, counted
+
+
+def test_collectors_share_the_room() -> None:
+    assert share(4, ["me"], "me") == 4  # alone: the whole room
+    assert share(4, ["a", "me"], "me") == 2
+    assert share(4, ["a", "b"], "me") == 1  # not yet visible to the others: one at a time
+    assert share(0, ["me"], "me") == share(-3, ["me"], "me") == 0
+    everyone = ["a", "b", "c"]
+    for free in range(7):
+        for turn in range(4):  # together they take the room once, the remainder moving with the turn
+            assert sum(share(free, everyone, c, turn) for c in everyone) == free
+    assert [share(2, everyone, c, 0) for c in everyone] == [1, 1, 0]
+    assert [share(2, everyone, c, 1) for c in everyone] == [0, 1, 1]
 
 
 def group(gid: str, *, consumed: bool = False, running: int = 0, trainable: int = 0, planned: int = 2,
@@ -155,3 +169,41 @@ def test_no_group_is_admitted_beyond_the_staleness_bound(server: RunningServer, 
     assert {t["policy_version"] for t in turns} > {base}  # some turns were sampled by reloaded weights
     head = read_head(store, "stale")
     assert head is not None and head.version == base + len(published)
+
+
+def test_collectors_of_one_run_admit_together_what_the_bound_allows(server: RunningServer, tiny_model: Path,
+                                                                   tmp_path: Path) -> None:
+    """Two collectors, a learner that announced itself and consumes nothing yet: together they start the
+    groups one collector may, (K + 1) * G, plus what one starts before the other sees it, not twice that."""
+    store = open_store(tmp_path / "store")
+    base = server.engine.policy_version  # the version the shared server serves now
+    with store.writer("learner-start") as w:
+        w.append([Checkpoint(run="two", policy_version=base, step=0, event_id=f"checkpoint:two:{base}",
+                             meta={"path": str(tiny_model), "groups_per_version": G, "max_staleness": K})])
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": f"t{i}", "prompt": f"task {i}"} for i in range(12)])
+
+    def settings(i: int) -> CollectSettings:
+        return CollectSettings(store=str(store.location.uri), run="two", server=server.url, model=str(tiny_model),
+                               tasks=tasks, n=2, max_tokens=4, seed=i, agent=f"{A}:chat", reward=f"{A}:score",
+                               max_staleness=K, display="off", poll_interval_s=0.2, rollout_timeout=60,
+                               forever=True, workdir=str(tmp_path / f"work{i}"))
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        runs = [asyncio.create_task(collect(settings(i), stop=stop)) for i in range(2)]
+
+        def complete() -> int:
+            return len(store.query(COMPLETE_UNCONSUMED, ["two"]))
+
+        deadline = asyncio.get_running_loop().time() + 90
+        while await asyncio.to_thread(complete) < (K + 1) * G:  # the bound's worth, collected
+            assert asyncio.get_running_loop().time() < deadline, "the collectors did not fill the bound"
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(2)  # ten polls more: time for a collector beyond its share to start more
+        stop.set()
+        await asyncio.gather(*runs)
+
+    asyncio.run(main())
+    groups = {row["group_id"] for row in rollout_rows(store, "two")}
+    # beyond the bound only what one admits while starting up, before the other can see it (one per poll)
+    assert (K + 1) * G <= len(groups) <= (K + 1) * G + 2 < 2 * (K + 1) * G, len(groups)

@@ -131,20 +131,25 @@ def free_port() -> int:
 
 
 def test_an_unreachable_upstream_is_a_502_with_the_reason(tiny_model: Path, tmp_path: Path) -> None:
+    """After waiting `upstream_wait_s` for it to come back (an outage is waited out, not failed at once)."""
     dead = f"http://127.0.0.1:{free_port()}"
-    with running_proxy(EmbeddedClient(dead, connect_retries=0), tmp_path / "store", tiny_model) as h:
+    with running_proxy(EmbeddedClient(dead, connect_retries=0), tmp_path / "store", tiny_model,
+                       upstream_wait_s=0.5) as h:
         rollout = h.open()
         o = openai_client(rollout)
         with pytest.raises(openai.APIStatusError) as err:
             o.chat.completions.create(model=MODEL, messages=USER, max_tokens=3)
         assert err.value.status_code == 502 and dead in err.value.body["message"]
+        assert "waited 0.5 s for it to come back" in err.value.body["message"]
         assert err.value.body["type"] == "server_error"
         a = anthropic_client(rollout)
         with pytest.raises(anthropic.APIStatusError) as aerr:
             with a.messages.stream(model=MODEL, max_tokens=3, messages=USER) as stream:
                 stream.get_final_message()
         assert aerr.value.status_code == 502 and aerr.value.body["error"]["type"] == "api_error"
-        assert h.count() == 0 and call(h.url + "/stats").body["upstream_failures"] == 2
+        stats = call(h.url + "/stats").body
+        assert h.count() == 0 and stats["upstream_failures"] == 2
+        assert stats["upstream"] == {"waiting": 0, "waited": 2, "gave_up": 2, "cancelled": 0}
         assert h.proxy.capture.registry.by_id[rollout["rollout_id"]].sessions["main"].state.turns == 0
 
 
