@@ -127,7 +127,7 @@ def child(what: str, uri: str) -> None:
     elif what == "newest":
         result = timed(lambda: store.query(NEWEST_SQL))
     elif what == "plan":
-        result = timed(lambda: store.shard(policy_version=10_000, max_staleness=10_000, max_rollouts=64, run="bench"))
+        result = timed(lambda: store.shard(policy_version=store.version() // 1, max_staleness=1_000_000, max_rollouts=64, run="bench"))
     else:
         raise SystemExit(f"unknown read {what}")
     print(json.dumps(result))

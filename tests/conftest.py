@@ -108,6 +108,7 @@ def store_location(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: 
         return str(tmp_path / "store")
     server: S3Server = request.getfixturevalue("s3_server")
     monkeypatch.setenv("TRAJSTORE_SPOOL", str(tmp_path / "spool"))
+    monkeypatch.setenv("TRAJSTORE_FILE_CACHE", str(tmp_path / "file-cache"))
     return server.new_uri()
 
 

@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
                      "StoreNotFoundError", "TrajstoreError", "VersionNotFoundError", "WriterBusyError",
                      "WriterClosedError"), "trajstore.errors"),
     **dict.fromkeys(("Checkpoint", "Event", "Metric", "Reward", "Status", "Turn"), "trajstore.events"),
+    "Follower": "trajstore.follow",
     "new_id": "trajstore.ids",
     "Snapshot": "trajstore.read",
     "EVENT_SCHEMA": "trajstore.schema", "SCHEMA_VERSION": "trajstore.schema",
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
         WriterClosedError,
     )
     from trajstore.events import Checkpoint, Event, Metric, Reward, Status, Turn
+    from trajstore.follow import Follower
     from trajstore.ids import new_id
     from trajstore.read import Snapshot
     from trajstore.schema import EVENT_SCHEMA, SCHEMA_VERSION

@@ -235,6 +235,7 @@ class Stats:
     live_bytes: int
     summary: dict[str, Any]
     runs: list[dict[str, Any]]
+    ledger: list[dict[str, Any]]  # the `token_ledger` view: every generated token per run and version
 
 
 def stats(reader: Reader) -> Stats:
@@ -255,6 +256,7 @@ def stats(reader: Reader) -> Stats:
             "SELECT count(*) AS events, count(*) FILTER (WHERE kind = 'checkpoint') AS checkpoints, "
             "max(policy_version) FILTER (WHERE kind = 'checkpoint') AS latest_checkpoint FROM events"
         ).to_pylist()[0]
+        ledger = snap.query("SELECT * FROM token_ledger ORDER BY run, version").to_pylist()
         files = snap.files
         version = snap.table_version
     live_paths = [p for w in (location.wal_root.iterdir() if location.wal_root.is_dir() else [])
@@ -268,5 +270,6 @@ def stats(reader: Reader) -> Stats:
         live_bytes=sum(p.stat().st_size for p in live_paths if p.exists()),
         summary=summary,
         runs=runs,
+        ledger=ledger,
     )
 

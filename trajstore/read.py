@@ -52,10 +52,10 @@ def rows_where(table: Table, files: Sequence[FileInfo], live: pa.Table, column: 
     keep = pa.array(list(values), pa.string())
     sealed = table.open_dataset(list(files)).to_table(filter=pc.field(column).isin(keep),
                                                       columns=list(columns) if columns is not None else None)
-    return _with_all_columns(sealed, live.filter(pc.is_in(live.column(column), value_set=keep)), columns)
+    return with_all_columns(sealed, live.filter(pc.is_in(live.column(column), value_set=keep)), columns)
 
 
-def _with_all_columns(sealed: pa.Table, live: pa.Table, columns: Sequence[str] | None) -> pa.Table:
+def with_all_columns(sealed: pa.Table, live: pa.Table, columns: Sequence[str] | None) -> pa.Table:
     if columns is not None:
         live = live.select(list(columns))
     data = pa.concat_tables([sealed, live.cast(sealed.schema)])
@@ -207,7 +207,7 @@ class Snapshot:
         """Point the views at every event of the pinned version, reading only `columns` (the rest are
         null): for aggregations over a whole run that need no token lists or JSON. Returns the rows."""
         files = self.pinned.table.files
-        rows = _with_all_columns(self._table.open_dataset(list(files)).to_table(columns=list(columns)),
+        rows = with_all_columns(self._table.open_dataset(list(files)).to_table(columns=list(columns)),
                                  self.pinned.live, columns)
         self.use_rows(rows)
         self.files = tuple(files)

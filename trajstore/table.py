@@ -35,6 +35,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajstore import deltalog, ids
+from trajstore.filecache import SealedFileCache
 from trajstore.durable import fsync_path
 from trajstore.errors import CommitConflictError, CorruptionError, StoreNotFoundError, VersionNotFoundError
 from trajstore.location import Location
@@ -132,6 +133,11 @@ class Table:
         self._verified: set[str] = set()  # sealed files whose footer matched the CRC in their name
         self._fragments: dict[str, ds.ParquetFileFragment] = {}  # sealed files' fragments (footers once read)
         self._log = deltalog.LogChecker(location)
+        # A remote store's sealed files are read through a local on-disk cache (trajstore.filecache):
+        # fetched whole once per host, their whole-file CRC checked, never asked for again.
+        self._cache = SealedFileCache(location.filesystem, location.uri) if location.remote else None
+        self._cache_sizes: dict[str, tuple[int, int | None]] = {}
+        self._read_fs = self._cache.filesystem(self._cache_sizes) if self._cache else location.filesystem
 
     # ------------------------------------------------------------------ open / create
 
@@ -296,7 +302,7 @@ class Table:
 
     def check_footer(self, f: FileInfo) -> None:
         """Check a sealed file's footer against the CRC-32 in its name (once per file and process)."""
-        if f.path in self._verified:
+        if f.path in self._verified or self._cache is not None:  # the cache checks the whole file's CRC
             return
         crcs = file_crcs(f.path)
         if crcs is not None:
@@ -317,7 +323,8 @@ class Table:
 
         Sealed files never change, so each file's fragment is made once per process, with the size
         the Delta log records: a later scan neither asks the object store for the size (a HEAD per
-        file) nor reads the footer again (pyarrow keeps it in the fragment once read)."""
+        file) nor reads the footer again (pyarrow keeps it in the fragment once read). A remote
+        store's files are opened only when a scan reads them, through the local cache."""
         for f in files:
             self.check_footer(f)
         with self._lock:
@@ -325,13 +332,21 @@ class Table:
             for f in files:
                 fragment = self._fragments.get(f.path)
                 if fragment is None:
-                    fragment = _FORMAT.make_fragment(self.location.data_path(f.path), self.location.filesystem,
-                                                     file_size=f.size)
-                    fragment.ensure_complete_metadata()  # its footer, read once: later scans reuse it
+                    path = self.location.data_path(f.path)
+                    fragment = _FORMAT.make_fragment(path, self._read_fs, file_size=f.size)
+                    if self._cache is None:
+                        fragment.ensure_complete_metadata()  # its footer, read once: later scans reuse it
+                    else:
+                        crcs = file_crcs(f.path)
+                        self._cache_sizes[path] = (f.size, crcs[1] if crcs else None)
                     self._fragments[f.path] = fragment
                 fragments.append(fragment)
-        return ds.FileSystemDataset(fragments, schema=EVENT_SCHEMA, format=_FORMAT,
-                                    filesystem=self.location.filesystem)
+        return ds.FileSystemDataset(fragments, schema=EVENT_SCHEMA, format=_FORMAT, filesystem=self._read_fs)
+
+    @property
+    def cache(self) -> SealedFileCache | None:
+        """The local cache of a remote store's sealed files (None for a local store)."""
+        return self._cache
 
 
 _FORMAT = ds.ParquetFileFormat(

@@ -38,7 +38,7 @@ from collectors.collect.resume import GroupPlan, PastRollout, orphans, plans, re
 from collectors.collect.rollout import Job, Outcome, RolloutEnv, play
 from collectors.collect.settings import CollectSettings
 from collectors.collect.tasks import task_id
-from trajstore import Status, Store, new_id
+from trajstore import Follower, Status, Store, new_id
 from trajstore.schema import TRAINABLE_STATUSES
 
 log = logging.getLogger(__name__)
@@ -78,10 +78,14 @@ class Collection:
     local: dict[str, LocalGroup] = field(default_factory=dict)
     tick: int = 0
     polled: asyncio.Event = field(default_factory=asyncio.Event)
+    follower: Follower = field(init=False)  # polls read only what is new since the last one
+
+    def __post_init__(self) -> None:
+        self.follower = self.store.follower()
 
     # ------------------------------------------------------------ the store poller
     def _read(self) -> tuple[Head, list[StoreGroup] | None]:
-        with self.store.snapshot() as snap:
+        with self.follower.snapshot() as snap:
             head = read_head(snap, self.settings.run)
             groups = read_group_rows(snap, self.settings.run) if self.settings.max_staleness is not None else None
         return head, groups
