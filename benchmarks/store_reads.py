@@ -4,14 +4,21 @@ A store of N small sealed files (one rollout each: turns, rewards, status; a che
 50 files) is built on the project's moto S3 server (`tests/moto_s3.py`, which counts requests
 per store prefix), then each read is measured in its own fresh process:
 
-- poll: a follower (`Store.follower()`, what `collect --follow`, the learner's wait and the viewer
-  use) that has read the store once polls again with nothing new; the old path is a fresh
-  `store.snapshot()` with the collector's two poll queries, in the same process after a warm-up
-- newest: `SELECT ... FROM events ORDER BY time DESC LIMIT 100` in a fresh process (`trajstore query`)
-- plan: a learner step's shard planning (`store.shard(...)`), S3 against the same store on local disk
+- poll: a follower (`Store.follower()`, what `collect`'s poller uses) that has read the store
+  once polls again with nothing new: the collector's two poll queries (head, groups)
+- poll-old (--old): the same two queries over a fresh `store.snapshot()`, the poller before,
+  in the same process after a warm-up
+- newest: the newest 100 events in a fresh process on a fresh host (empty file cache):
+  `trajstore query --newest 100 "SELECT ... FROM events ORDER BY time DESC"`
+- newest-old (--old): the same SQL with `LIMIT 100` over the whole store, fresh host
+- plan: a learner step's shard planning (`store.shard(...)` at the newest policy version,
+  max_staleness 2) in a fresh process: on a fresh host (cold), again on the same host (warm:
+  the file cache holds the files), and on a local-disk copy of the store
+
+Wall times are on moto on loopback on a shared, loaded 2-core machine: compare within a column.
 
     python benchmarks/store_reads.py                     # 200, 1,000 and 3,000 files
-    python benchmarks/store_reads.py --sizes 200 --old   # also time the old full-scan poll
+    python benchmarks/store_reads.py --sizes 200,1000 --old   # also the old full-scan paths
 """
 
 from __future__ import annotations
@@ -37,8 +44,7 @@ from trajstore.schema import EVENT_SCHEMA  # noqa: E402
 from trajstore.synth import generate_run  # noqa: E402
 
 COMMIT_FILES = 50  # files added per commit while building (a real run commits one per seal)
-WHATS = os.environ.get("STORE_READS_WHATS", "poll,newest,plan").split(",")
-NEWEST_SQL = "SELECT event_id, kind, time, rollout_id FROM events ORDER BY time DESC LIMIT 100"
+NEWEST_SQL = "SELECT event_id, kind, time, rollout_id FROM events ORDER BY time DESC"
 
 
 def start_moto() -> tuple[subprocess.Popen[str], str]:
@@ -86,10 +92,11 @@ def build(uri: str, n: int) -> None:
             actions = []
 
 
-def measure(uri: str, endpoint: str, what: str) -> dict[str, float]:
-    """Run one read in a fresh process; its S3 requests and wall time."""
+def measure(uri: str, what: str, cache: str) -> dict[str, float]:
+    """Run one read in a fresh process with the sealed-file cache at `cache`; its S3 requests and wall time."""
     out = subprocess.run([sys.executable, __file__, "--child", what, "--uri", uri], cwd=ROOT, check=True,
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "TRAJSTORE_FILE_CACHE": cache})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -125,9 +132,13 @@ def child(what: str, uri: str) -> None:
         fpoll()
         result = timed(fpoll)
     elif what == "newest":
-        result = timed(lambda: store.query(NEWEST_SQL))
+        result = timed(lambda: store.query(NEWEST_SQL, scope=trajstore.Scope(newest=100)))
+    elif what == "newest-old":
+        result = timed(lambda: store.query(NEWEST_SQL + " LIMIT 100"))
     elif what == "plan":
-        result = timed(lambda: store.shard(policy_version=store.version() // 1, max_staleness=1_000_000, max_rollouts=64, run="bench"))
+        head = store.query("SELECT max(version) AS v FROM checkpoints", scope=trajstore.Scope(newest=1000))
+        version = head.column("v")[0].as_py()
+        result = timed(lambda: store.shard(policy_version=version, max_staleness=2, max_rollouts=64, run="bench"))
     else:
         raise SystemExit(f"unknown read {what}")
     print(json.dumps(result))
@@ -143,7 +154,7 @@ def main() -> None:
     if args.child:
         child(args.child, args.uri)
         return
-    proc, endpoint = start_moto()
+    proc, _ = start_moto()
     try:
         rows = []
         for n in (int(s) for s in args.sizes.split(",")):
@@ -154,10 +165,15 @@ def main() -> None:
             build(local, n)
             print(f"built {n} files in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             row: dict[str, Any] = {"files": n}
-            for what in (["poll-old"] if args.old else []) + [w for w in WHATS]:
-                row[what] = measure(uri, endpoint, what)
-                print(what, row[what], file=sys.stderr, flush=True)
-            row["plan-local"] = measure(local, endpoint, "plan")
+            warm = tempfile.mkdtemp(prefix="store-reads-cache-")
+            reads = [("poll", uri, "poll", None), ("newest", uri, "newest", None)]
+            if args.old:
+                reads = [("poll-old", uri, "poll-old", None), ("newest-old", uri, "newest-old", None)] + reads
+            reads += [("plan (S3, cold)", uri, "plan", warm), ("plan (S3, warm)", uri, "plan", warm),
+                      ("plan (local disk)", local, "plan", None)]
+            for label, where, what, cache in reads:
+                row[label] = measure(where, what, cache or tempfile.mkdtemp(prefix="store-reads-cache-"))
+                print(label, row[label], file=sys.stderr, flush=True)
             rows.append(row)
         print_table(rows)
     finally:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,9 @@ def seal_orphans(location: Location, table: Table) -> dict[str, int]:
         finally:
             lock.release()
     return sealed
+
+
+DEFAULT_RETENTION_HOURS = 168  # Delta's default deleted-file retention: one week
 
 
 @dataclass
@@ -121,8 +125,43 @@ def compact(location: Location, table: Table, *, target_bytes: int = 128 << 20, 
     return CompactResult(len(snap.files), after, rewritten, version, orphans)
 
 
+@dataclass(frozen=True)
+class CompactPolicy:
+    """When a long-running compactor (`trajstore compact --follow`) merges: every `every_s` seconds it
+    counts the files smaller than `target_bytes`; at `min_files` or more it merges runs of them (in
+    log order) into files of about `target_bytes` (`compact`). Every `vacuum_every_s` it vacuums what
+    compaction replaced more than `retention_hours` ago. delta-rs checkpoints the Delta log every 100
+    commits, so a fresh reader reads a checkpoint and at most 99 JSON commits."""
+
+    target_bytes: int = 128 << 20
+    every_s: float = 30.0
+    min_files: int = 32
+    retention_hours: float = DEFAULT_RETENTION_HOURS
+    vacuum_every_s: float = 3600.0
+
+    def due(self, files: Iterable[FileInfo]) -> bool:
+        return sum(f.size < self.target_bytes for f in files) >= self.min_files
+
+
+def compact_follow(location: Location, table: Table, policy: CompactPolicy, *, passes: int | None = None,
+                   report: Callable[[CompactResult], None] = lambda r: None) -> None:
+    """Keep the file count bounded: compact whenever `policy` says so, vacuum on its schedule; `passes`
+    checks (None: forever). Compaction is the one-shot `compact`'s: exactly once (a bin another
+    compactor took is skipped), and what it replaces stays readable by pinned reads until a vacuum."""
+    vacuumed = time.monotonic()
+    done = 0
+    while passes is None or done < passes:
+        if policy.due(table.snapshot().files):
+            report(compact(location, table, target_bytes=policy.target_bytes))
+        if time.monotonic() - vacuumed >= policy.vacuum_every_s:
+            vacuum(location, table, retention_hours=policy.retention_hours)
+            vacuumed = time.monotonic()
+        done += 1
+        if passes is None or done < passes:
+            time.sleep(policy.every_s)
+
+
 MIN_RETENTION_HOURS = 1
-DEFAULT_RETENTION_HOURS = 168  # Delta's default deleted-file retention: one week
 
 
 @dataclass

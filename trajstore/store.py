@@ -26,7 +26,7 @@ from trajstore.follow import POLL_COLUMNS, Follower
 from trajstore.ingest import IngestResult, ingest
 from trajstore.location import Location, resolve
 from trajstore.maintenance import CompactResult, Stats, VacuumResult, VerifyReport
-from trajstore.read import LiveRows, Pinned, Reader, Snapshot
+from trajstore.read import LiveRows, Pinned, Reader, Scope, Snapshot
 from trajstore.shard import Shard, make_shard
 from trajstore.table import Table
 from trajstore.views import Estimator
@@ -77,9 +77,11 @@ class Store:
         since the last one (see trajstore.follow)."""
         return Follower(self.reader, columns)
 
-    def query(self, sql: str, params: Any = None, *, version: int | None = None) -> pa.Table:
-        """Run SQL over the views (events, turns, samples, rollouts, groups, advantages, ...)."""
-        return self.reader.query(sql, params, version=version)
+    def query(self, sql: str, params: Any = None, *, version: int | None = None, scope: Scope | None = None) -> pa.Table:
+        """Run SQL over the views (events, turns, samples, rollouts, groups, advantages, ...); with `scope`
+        (runs, a time window, the newest N events) over those events only, reading only the files that can
+        hold them."""
+        return self.reader.query(sql, params, version=version, scope=scope)
 
     def holds_rollout(self, rollout_id: str) -> bool:
         """Whether the store holds any event of `rollout_id` (sealed, or live on this machine)."""

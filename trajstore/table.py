@@ -105,12 +105,13 @@ def file_stats(table: pa.Table) -> dict[str, Any]:
     return {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
 
-def _retry(what: str, attempt: Callable[[], Any]) -> Any:
+def _retry(what: str, attempt: Callable[[], Any], on_conflict: Callable[[], None] = lambda: None) -> Any:
     delay = 0.01
     for _ in range(COMMIT_ATTEMPTS):
         try:
             return attempt()
         except CommitFailedError:
+            on_conflict()
             time.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 1.0)
     raise CommitConflictError(
@@ -133,6 +134,7 @@ class Table:
         self._verified: set[str] = set()  # sealed files whose footer matched the CRC in their name
         self._fragments: dict[str, ds.ParquetFileFragment] = {}  # sealed files' fragments (footers once read)
         self._log = deltalog.LogChecker(location)
+        self.conflicts = 0  # commits retried because another writer committed first (benchmarks read it)
         # A remote store's sealed files are read through a local on-disk cache (trajstore.filecache):
         # fetched whole once per host, their whole-file CRC checked, never asked for again.
         self._cache = SealedFileCache(location.filesystem, location.uri) if location.remote else None
@@ -296,7 +298,10 @@ class Table:
                 dt.create_write_transaction(actions, mode="append", schema=EVENT_SCHEMA, commit_properties=props)
                 return self._current().version()
 
-        return _retry(f"{operation} commit to {self.location.table_uri}", attempt)
+        def conflict() -> None:
+            self.conflicts += 1
+
+        return _retry(f"{operation} commit to {self.location.table_uri}", attempt, conflict)
 
     # ------------------------------------------------------------------ read
 

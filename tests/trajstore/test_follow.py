@@ -114,3 +114,45 @@ def test_a_changed_file_is_refused_when_fetched(s3_server: S3Server, s3_uri: str
     s3_server.put(name, bytes(body))
     with pytest.raises(CorruptionError, match="CRC-32"):
         trajstore.open_store(s3_uri, create=False).query(POLL_SQL)
+
+
+def test_scopes_read_only_the_files_that_can_hold_them(s3_uri: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The newest N events and a time window read the newest files only (by the log's time statistics)."""
+    seal_files(trajstore.open_store(s3_uri), 0, 12)
+    sql = "SELECT event_id, time FROM events ORDER BY time DESC, event_id"
+    every = trajstore.open_store(s3_uri, create=False).query(sql).to_pylist()
+
+    def fresh_host(name: str) -> trajstore.Store:
+        monkeypatch.setenv("TRAJSTORE_FILE_CACHE", str(tmp_path / name))  # nothing cached: each file read is fetched
+        return trajstore.open_store(s3_uri, create=False)
+
+    store = fresh_host("newest")
+    assert store.query(sql, scope=trajstore.Scope(newest=5)).to_pylist() == every[:5]
+    assert store.table.cache is not None and store.table.cache.fetches == 4  # the first round: 4 files, 12 events
+    store = fresh_host("window")
+    since = min(r["time"] for r in every if r["event_id"].startswith("r10-"))
+    assert store.query(sql, scope=trajstore.Scope(since=since)).to_pylist() == every[:6]  # r10 and r11
+    assert store.table.cache is not None and store.table.cache.fetches == 2
+
+
+def test_compaction_service_bounds_the_file_count(s3_uri: str) -> None:
+    """`compact --follow`'s loop merges once `min_files` small files gathered; a read pinned before still
+    reads its version, and every event is there once."""
+    from trajstore.maintenance import CompactPolicy, compact_follow
+
+    store = trajstore.open_store(s3_uri)
+    seal_files(store, 0, 3)
+    policy = CompactPolicy(every_s=0.1, min_files=4)
+    compact_follow(store.location, store.table, policy, passes=1)
+    assert len(store.table.snapshot().files) == 3  # below the trigger: left alone
+    seal_files(store, 3, 3)
+    before = trajstore.open_store(s3_uri, create=False).pin()
+    compact_follow(store.location, store.table, policy, passes=2)
+    assert len(store.table.snapshot().files) == 1
+    fresh = trajstore.open_store(s3_uri, create=False)
+    assert fresh.query(POLL_SQL).to_pylist()[0]["rollouts"] == 6
+    assert fresh.query("SELECT count(*) AS n, count(DISTINCT event_id) AS ids FROM _raw").to_pylist() == [
+        {"n": 18, "ids": 18}]
+    with trajstore.Snapshot(fresh.table, before) as pinned:  # the replaced files are still there for it
+        assert pinned.query(POLL_SQL).to_pylist()[0]["rollouts"] == 6
