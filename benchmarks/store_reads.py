@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -74,22 +75,23 @@ def file_events(i: int, start: datetime) -> list[dict[str, Any]]:
 
 
 def build(uri: str, n: int) -> None:
-    """A store of `n` sealed files, committed `COMMIT_FILES` at a time."""
+    """A store of `n` sealed files, written 8 at a time and committed `COMMIT_FILES` at a time."""
     import pyarrow as pa
 
     store = trajstore.open_store(uri)
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    actions = []
-    for i in range(n):
+
+    def write(i: int) -> Any:
         cols = to_columns(file_events(i, start))
         k = len(cols["event_id"])
         cols.update(writer=pa.array(["bench"] * k), writer_epoch=pa.array([0] * k, pa.int64()),
                     writer_seq=pa.array(range(10 * i, 10 * i + k), pa.int64()))
         data = pa.table({f.name: cols[f.name] for f in EVENT_SCHEMA}, schema=EVENT_SCHEMA)
-        actions.append(store.table.write_file(data, prefix="bench"))
-        if len(actions) == COMMIT_FILES or i == n - 1:
-            store.table.commit(actions, operation="seal")
-            actions = []
+        return store.table.write_file(data, prefix="bench")
+
+    with ThreadPoolExecutor(8) as pool:
+        for first in range(0, n, COMMIT_FILES):
+            store.table.commit(list(pool.map(write, range(first, min(n, first + COMMIT_FILES)))), operation="seal")
 
 
 def measure(uri: str, what: str, cache: str) -> dict[str, float]:

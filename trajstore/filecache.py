@@ -1,16 +1,20 @@
 """A local, size-bounded on-disk cache of sealed files, for stores on object storage.
 
 Sealed files never change and their names carry the CRC-32 of their bytes, so a file fetched
-once serves every later read on this host, by every process: `SealedFileCache.filesystem()` is
-a pyarrow filesystem over the store's object store that, on the first open of a sealed file,
-downloads it whole in one request (its size comes from the Delta log, so no HEAD), checks the
-whole-file CRC-32 in its name, and moves it into the cache directory; later opens read the
-local copy. Scans still verify the Parquet page checksums of what they read.
+once serves every later read on this host, by every process: `SealedFileCache.local_paths()`
+downloads the files a scan is about to read that are not cached yet (in parallel, each whole in
+one GET after a HEAD), checks each one's whole-file CRC-32 against its name, and moves it into
+the cache directory; the scan then reads local copies. Scans still verify the Parquet page
+checksums of what they read.
+
+Files are fetched before a scan, in Python, not from inside it: a pyarrow filesystem written in
+Python would be called from pyarrow's scan threads, which then need the GIL that a DuckDB query
+holds while it waits for those threads (a deadlock, seen here).
 
 - Key: the file's name (unique per sealed file, CRC included), under a directory per store URI.
 - Bound: `max_bytes` (default 4 GiB, `TRAJSTORE_FILE_CACHE_BYTES`); past it the least recently
-  used files (by modification time, refreshed on each hit) are removed. A removed file is
-  fetched again on its next open; a reader holding it open keeps reading it (POSIX).
+  used files (by modification time, refreshed on each use) are removed. A removed file is
+  fetched again the next time a scan is prepared; a reader holding it open keeps reading it.
 - Where: `TRAJSTORE_FILE_CACHE`, default `~/.cache/trajstore/files`.
 
 A local store needs no cache: its files already are on this host's disk.
@@ -22,14 +26,15 @@ import hashlib
 import os
 import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 
 from trajstore.errors import CorruptionError
 
 DEFAULT_MAX_BYTES = 4 << 30
+FETCH_THREADS = 16  # object stores answer many small GETs at once far faster than one after another
 
 
 def default_root() -> Path:
@@ -67,16 +72,16 @@ class SealedFileCache:
         with fetching:  # scan threads opening one file at once fetch it once
             if path.exists():
                 return str(path)
-            return self._fetch(remote_path, path, crc)
+            return self._fetch(remote_path, path, size, crc)
 
-    def _fetch(self, remote_path: str, path: Path, crc: int | None) -> str:
+    def _fetch(self, remote_path: str, path: Path, size: int, crc: int | None) -> str:
         with self.source.open_input_stream(remote_path) as fh:
             body = fh.read()
         self.fetches += 1
-        if crc is not None and zlib.crc32(body) != crc:
+        if len(body) != size or (crc is not None and zlib.crc32(body) != crc):
             raise CorruptionError(
                 f"sealed file {remote_path.rsplit('/', 1)[-1]} fails the CRC-32 recorded in its name ({len(body)} bytes "
-                "read): its bytes changed after writing; run `trajstore verify` for the full report")
+                "read, the log says {size}): its bytes changed after writing; run `trajstore verify` for the full report")
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(body)
@@ -105,44 +110,10 @@ class SealedFileCache:
             p.unlink(missing_ok=True)
             total -= size
 
-    def filesystem(self, sizes: dict[str, tuple[int, int | None]]) -> pafs.PyFileSystem:
-        """A read-only pyarrow filesystem over the source whose file opens go through this cache;
-        `sizes` maps each remote path it may open to (size, whole-file CRC-32)."""
-        return pafs.PyFileSystem(_CachedFiles(self, sizes))
-
-
-class _CachedFiles(pafs.FileSystemHandler):
-    """pyarrow's side of `SealedFileCache.filesystem`: opens read local copies; nothing writes."""
-
-    def __init__(self, cache: SealedFileCache, sizes: dict[str, tuple[int, int | None]]) -> None:
-        self.cache = cache
-        self.sizes = sizes  # shared with the table, which adds each file it lists
-
-    def _open(self, path: str) -> pa.NativeFile:
-        size, crc = self.sizes[path]
-        return pa.OSFile(self.cache.local(path, size, crc))
-
-    def open_input_file(self, path: str) -> pa.NativeFile:
-        return self._open(path)
-
-    def open_input_stream(self, path: str) -> pa.NativeFile:
-        return self._open(path)
-
-    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
-        return [pafs.FileInfo(p, pafs.FileType.File, size=self.sizes[p][0]) if p in self.sizes
-                else pafs.FileInfo(p, pafs.FileType.NotFound) for p in paths]
-
-    def get_type_name(self) -> str:
-        return "trajstore-sealed-file-cache"
-
-    def normalize_path(self, path: str) -> str:
-        return path
-
-    def equals(self, other: object) -> bool:
-        return isinstance(other, _CachedFiles) and other.cache is self.cache
-
-    def _read_only(self, *args: object, **kwargs: object) -> None:
-        raise OSError("the sealed-file cache is read-only")
-
-    get_file_info_selector = create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = _read_only
-    delete_file = move = copy_file = open_output_stream = open_append_stream = _read_only
+    def local_paths(self, files: list[tuple[str, int, int | None]]) -> list[str]:
+        """Local copies of sealed files given as (remote path, size, whole-file CRC-32), fetching the
+        missing ones in parallel."""
+        if not files:
+            return []
+        with ThreadPoolExecutor(min(FETCH_THREADS, len(files))) as pool:
+            return list(pool.map(lambda f: self.local(*f), files))

@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
@@ -138,8 +139,6 @@ class Table:
         # A remote store's sealed files are read through a local on-disk cache (trajstore.filecache):
         # fetched whole once per host, their whole-file CRC checked, never asked for again.
         self._cache = SealedFileCache(location.filesystem, location.uri) if location.remote else None
-        self._cache_sizes: dict[str, tuple[int, int | None]] = {}
-        self._read_fs = self._cache.filesystem(self._cache_sizes) if self._cache else location.filesystem
 
     # ------------------------------------------------------------------ open / create
 
@@ -329,24 +328,24 @@ class Table:
         Sealed files never change, so each file's fragment is made once per process, with the size
         the Delta log records: a later scan neither asks the object store for the size (a HEAD per
         file) nor reads the footer again (pyarrow keeps it in the fragment once read). A remote
-        store's files are opened only when a scan reads them, through the local cache."""
+        store's files are read from the local cache, which fetches the missing ones first."""
         for f in files:
             self.check_footer(f)
+        fs, paths = self.location.filesystem, [self.location.data_path(f.path) for f in files]
+        if self._cache is not None:  # fetched now, before the scan (see trajstore.filecache)
+            fs = _LOCAL
+            paths = self._cache.local_paths([(p, f.size, (file_crcs(f.path) or (None, None))[1])
+                                             for p, f in zip(paths, files)])
         with self._lock:
             fragments = []
-            for f in files:
+            for f, path in zip(files, paths):
                 fragment = self._fragments.get(f.path)
                 if fragment is None:
-                    path = self.location.data_path(f.path)
-                    fragment = _FORMAT.make_fragment(path, self._read_fs, file_size=f.size)
-                    if self._cache is None:
-                        fragment.ensure_complete_metadata()  # its footer, read once: later scans reuse it
-                    else:
-                        crcs = file_crcs(f.path)
-                        self._cache_sizes[path] = (f.size, crcs[1] if crcs else None)
+                    fragment = _FORMAT.make_fragment(path, fs, file_size=f.size)
+                    fragment.ensure_complete_metadata()  # its footer, read once: later scans reuse it
                     self._fragments[f.path] = fragment
                 fragments.append(fragment)
-        return ds.FileSystemDataset(fragments, schema=EVENT_SCHEMA, format=_FORMAT, filesystem=self._read_fs)
+        return ds.FileSystemDataset(fragments, schema=EVENT_SCHEMA, format=_FORMAT, filesystem=fs)
 
     @property
     def cache(self) -> SealedFileCache | None:
@@ -354,6 +353,7 @@ class Table:
         return self._cache
 
 
+_LOCAL = pafs.LocalFileSystem()
 _FORMAT = ds.ParquetFileFormat(
     default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
 )
