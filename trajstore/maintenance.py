@@ -129,9 +129,10 @@ def compact(location: Location, table: Table, *, target_bytes: int = 128 << 20, 
 class CompactPolicy:
     """When a long-running compactor (`trajstore compact --follow`) merges: every `every_s` seconds it
     counts the files smaller than `target_bytes`; at `min_files` or more it merges runs of them (in
-    log order) into files of about `target_bytes` (`compact`). Every `vacuum_every_s` it vacuums what
-    compaction replaced more than `retention_hours` ago. delta-rs checkpoints the Delta log every 100
-    commits, so a fresh reader reads a checkpoint and at most 99 JSON commits."""
+    log order) into files of about `target_bytes` (`compact`) and checkpoints the Delta log at the new
+    version (delta-rs also checkpoints every 100 commits), so a fresh reader reads one checkpoint and
+    the few JSON commits since. Every `vacuum_every_s` it vacuums what compaction replaced more than
+    `retention_hours` ago."""
 
     target_bytes: int = 128 << 20
     every_s: float = 30.0
@@ -153,6 +154,8 @@ def compact_follow(location: Location, table: Table, policy: CompactPolicy, *, p
     while passes is None or done < passes:
         if policy.due(table.snapshot().files):
             report(compact(location, table, target_bytes=policy.target_bytes))
+            # a checkpoint at the new version: a fresh reader reads it and no JSON commit before it
+            table.current().create_checkpoint()
         if time.monotonic() - vacuumed >= policy.vacuum_every_s:
             vacuum(location, table, retention_hours=policy.retention_hours)
             vacuumed = time.monotonic()
