@@ -128,7 +128,6 @@ class Scope:
 
 _START = datetime.min.replace(tzinfo=timezone.utc)
 _END = datetime.max.replace(tzinfo=timezone.utc)
-NEWEST_FIRST_FILES = 4  # files read in the first round of a newest-first scope; each round reads 4x more
 
 
 def _stat_time(value: Any, default: datetime) -> datetime:
@@ -249,8 +248,8 @@ class Snapshot:
     def scope(self, scope: Scope) -> pa.Table:
         """Point the views at the pinned version's events in `scope`, reading only the sealed files
         whose statistics can hold them. Newest first, files are read in order of their newest
-        event, 4, 16, 64, ... at a time, until no unread file can hold an event newer than the
-        `newest`-th found. Returns the rows."""
+        event: first as many as hold `newest` rows by the log's row counts, then 4x more per round,
+        until no unread file can hold an event newer than the `newest`-th found. Returns the rows."""
         files = scope.files(self.pinned.table.files)
         live = scope.rows(self.pinned.live)
         if scope.newest is None:
@@ -258,7 +257,12 @@ class Snapshot:
             read = files
         else:
             files.sort(key=lambda f: _stat_time(f.max.get("time"), _END) if f.min else _END, reverse=True)
-            found, take = [live], NEWEST_FIRST_FILES
+            # the first round: enough files to hold `newest` rows by the log's row counts (live rows too)
+            need, take = scope.newest - live.num_rows, 0
+            while need > 0 and take < len(files):
+                need -= files[take].rows
+                take += 1
+            found, take = [live], max(take, 1)
             read = []
             while True:
                 batch, files = files[:take], files[take:]
