@@ -29,6 +29,8 @@ import pyarrow as pa
 from trajstore.read import Pinned, Reader, Snapshot, with_all_columns
 from trajstore.schema import EVENT_SCHEMA
 
+MAX_CHUNKS = 8
+
 # What polls read: everything but the token lists and the raw request/response JSON.
 POLL_COLUMNS: tuple[str, ...] = tuple(
     name for name in EVENT_SCHEMA.names
@@ -45,6 +47,7 @@ class Follower:
         self._rows: dict[str, pa.Table] = {}  # per sealed file of the version last read: its rows
         self._lock = threading.Lock()
         self._snap: Snapshot | None = None
+        self._combined: tuple[set[str], list[pa.Table]] | None = None  # those files' rows, in few chunks
         self.files_read = 0  # sealed files read so far (tests and benchmarks read it)
 
     def _sealed(self, pinned: Pinned) -> pa.Table:
@@ -58,7 +61,16 @@ class Follower:
         if len(self._rows) > len(files):  # files compacted away (or a version without them)
             keep = {f.path for f in files}
             self._rows = {p: rows for p, rows in self._rows.items() if p in keep}
-        chunks = [self._rows[f.path] for f in files]
+        # Few large chunks: DuckDB scans an Arrow table of thousands of small chunks ~10x slower. New
+        # files become one more chunk; past MAX_CHUNKS, or when files went away, it is rebuilt whole.
+        paths = {f.path for f in files}
+        if self._combined is None or not self._combined[0] <= paths or len(self._combined[1]) >= MAX_CHUNKS:
+            self._combined = (set(), [])
+        held, chunks = self._combined
+        added = [self._rows[f.path] for f in files if f.path not in held]
+        if added:
+            chunks.append(pa.concat_tables(added).combine_chunks())
+            held |= {f.path for f in files}
         empty = pa.table({c: pa.array([], EVENT_SCHEMA.field(c).type) for c in self.columns})
         return pa.concat_tables(chunks) if chunks else empty
 
@@ -90,3 +102,4 @@ class Follower:
                 self._snap.close()
                 self._snap = None
             self._rows = {}
+            self._combined = None
