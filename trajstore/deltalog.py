@@ -66,11 +66,9 @@ def digest(actions: Iterable[tuple[str, dict[str, Any]]]) -> str:
 def read_entry(location: Location, version: int) -> list[dict[str, Any]] | None:
     """The actions of JSON commit `version` (None when it is not there: cleaned up, or not written yet);
     raises ValueError naming the line that is not valid JSON."""
-    path = entry_path(location, version)
-    if location.filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+    text = _read_object(location.filesystem, entry_path(location, version))
+    if text is None:
         return None
-    with location.filesystem.open_input_file(path) as f:
-        text = f.read()
     actions = []
     for number, line in enumerate(text.decode("utf-8", errors="replace").splitlines(), start=1):
         if not line.strip():
@@ -83,6 +81,16 @@ def read_entry(location: Location, version: int) -> list[dict[str, Any]] | None:
             raise ValueError(f"line {number} is not one Delta action")
         actions.append(obj)
     return actions
+
+
+def _read_object(fs: pafs.FileSystem, path: str) -> bytes | None:
+    """A whole file, or None when it is not there (one open: no separate existence check, which on an
+    object store is one more request per log entry)."""
+    try:
+        with fs.open_input_stream(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
 
 def check_entry(version: int, actions: list[dict[str, Any]], *, required: bool) -> str | None:
@@ -127,10 +135,8 @@ class LogChecker:
         """Where delta-rs starts reading: after the last checkpoint, if there is one."""
         path = f"{self.location.table_path}/_delta_log/_last_checkpoint"
         try:
-            if self.location.filesystem.get_file_info(path).type == pafs.FileType.NotFound:
-                return 0
-            with self.location.filesystem.open_input_file(path) as f:
-                return int(json.loads(f.read())["version"]) + 1
+            text = _read_object(self.location.filesystem, path)
+            return 0 if text is None else int(json.loads(text)["version"]) + 1
         except (ValueError, KeyError, TypeError):
             return 0  # a damaged pointer: check every commit there is
 
