@@ -145,15 +145,16 @@ class LogChecker:
         if version <= self.checked_through:
             return
         start = self.checked_through + 1 if self.checked_through >= 0 else self._first_version()
-        if self.required is None:
-            zero = self._read(0)
-            self.required = bool(zero) and any(
-                DIGESTS_KEY in a.get("commitInfo", {}) for a in zero if isinstance(a.get("commitInfo"), dict))
         for v in range(start, version + 1):
             actions = self._read(v)
             if actions is None:
                 continue  # cleaned up behind a checkpoint
-            problem = check_entry(v, actions, required=bool(self.required))
+            problem = check_entry(v, actions, required=self.required is not False)
+            if problem is not None and self.required is None:  # only a commit without a digest asks version 0
+                zero = self._read(0)
+                self.required = bool(zero) and any(
+                    DIGESTS_KEY in a.get("commitInfo", {}) for a in zero if isinstance(a.get("commitInfo"), dict))
+                problem = check_entry(v, actions, required=self.required)
             if problem is not None:
                 raise CorruptionError(damaged(self.location, v, problem))
             if any(DIGEST_KEY in (a.get("commitInfo") or {}) for a in actions):
