@@ -7,6 +7,7 @@ Command modules import what they need (the store, torch, servers) inside their f
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 
 import click
@@ -47,20 +48,37 @@ def main() -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write to FILE instead of stdout.")
 @click.option("--version", "version", type=click.IntRange(min=0),
               help="Query this table version (time travel; `trajstore stats` shows the latest).")
-def query(store_loc: str, sql: str, fmt: str, output: str | None, version: int | None) -> None:
+@click.option("--run", "runs", multiple=True, help="Only the events of this run (repeatable); reads only its files.")
+@click.option("--since", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"]),
+              help="Only events at or after this UTC time; reads only the files that can hold them.")
+@click.option("--until", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"]),
+              help="Only events at or before this UTC time.")
+@click.option("--newest", type=click.IntRange(min=1), metavar="N",
+              help="Only the newest N events (of the other scopes); reads the newest files first, only as many as needed.")
+def query(store_loc: str, sql: str, fmt: str, output: str | None, version: int | None, runs: tuple[str, ...],
+          since: datetime | None, until: datetime | None, newest: int | None) -> None:
     """Run SQL over the store's views.
 
     Views: events, turns, samples, rollouts, groups, advantages, checkpoints, consumed,
-    metrics, step_rollouts.
+    metrics, step_rollouts, token_ledger. --run, --since, --until and --newest narrow the
+    events the views see, and the files read, by the statistics the Delta log keeps.
 
     \b
     Example:
       trajstore query --store runs/s "SELECT group_id, reward_mean FROM groups WHERE complete"
+      trajstore query --store s3://b/s --newest 100 "SELECT kind, time FROM events ORDER BY time DESC"
     """
     import trajstore
 
     store = trajstore.open_store(store_loc, create=False)
-    write_table(store.query(sql, version=version), fmt, output, console)
+    scope = None
+    if runs or since or until or newest:
+        scope = trajstore.Scope(runs=runs, since=_utc(since), until=_utc(until), newest=newest)
+    write_table(store.query(sql, version=version, scope=scope), fmt, output, console)
+
+
+def _utc(t: datetime | None) -> datetime | None:
+    return t.replace(tzinfo=timezone.utc) if t else None
 
 
 @main.command()
@@ -106,26 +124,48 @@ def stats(store_loc: str) -> None:
                   f"latest checkpoint version: {s.summary['latest_checkpoint']}")
     print_table(pa.Table.from_pylist(s.runs) if s.runs else pa.table({"run": pa.array([], pa.string())}), console,
                 title="runs")
+    if s.ledger:  # generated = trained + waiting + stale + discarded (masked + incomplete + failed)
+        print_table(pa.Table.from_pylist(s.ledger), console, title="token ledger (generated tokens by policy version)")
 
 
 @main.command()
 @store_option
 @click.option("--target-mb", type=click.IntRange(min=1), default=128, show_default=True,
               help="Size of the files compaction writes.")
-def compact(store_loc: str, target_mb: int) -> None:
+@click.option("--follow", is_flag=True, help="Keep running: compact whenever --min-files small files gathered, "
+              "vacuum hourly with --retention-hours (a service beside a long run, e.g. on object storage).")
+@click.option("--every", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="With --follow: seconds between checks.")
+@click.option("--min-files", type=click.IntRange(min=2), default=32, show_default=True,
+              help="With --follow: merge once this many files are smaller than --target-mb.")
+@click.option("--retention-hours", type=click.FloatRange(min=1), default=168, show_default=True,
+              help="With --follow: vacuum files replaced longer ago than this (at least 1 hour).")
+def compact(store_loc: str, target_mb: int, follow: bool, every: float, min_files: int,
+            retention_hours: float) -> None:
     """Seal segments left by dead writers and merge small sealed files.
 
     \b
     Example:
       trajstore compact --store runs/s --target-mb 256
+      trajstore compact --store s3://bucket/run --follow --min-files 32 --every 30
     """
     import trajstore
+    from trajstore.maintenance import CompactPolicy, CompactResult, compact_follow
 
-    r = trajstore.open_store(store_loc, create=False).compact(target_bytes=target_mb << 20)
-    for writer, n in r.orphans_sealed.items():
-        console.print(f"sealed {n} events left by writer {writer}")
-    console.print(f"files: {r.files_before} -> {r.files_after} ({r.rewritten} rewritten); "
-                  f"table version {r.version if r.version is not None else 'unchanged'}")
+    store = trajstore.open_store(store_loc, create=False)
+
+    def report(r: CompactResult) -> None:
+        for writer, n in r.orphans_sealed.items():
+            console.print(f"sealed {n} events left by writer {writer}")
+        console.print(f"files: {r.files_before} -> {r.files_after} ({r.rewritten} rewritten); "
+                      f"table version {r.version if r.version is not None else 'unchanged'}")
+
+    if follow:
+        policy = CompactPolicy(target_bytes=target_mb << 20, every_s=every, min_files=min_files,
+                               retention_hours=retention_hours)
+        compact_follow(store.location, store.table, policy, report=report)
+    else:
+        report(store.compact(target_bytes=target_mb << 20))
 
 
 @main.command()

@@ -194,7 +194,9 @@ class LearnSettings:
             return None
         if self.checkpoint_uri is not None:
             return self.checkpoint_uri.rstrip("/")
-        if self.store.startswith("s3://"):
+        from trajstore.location import is_remote
+
+        if is_remote(self.store):
             return f"{self.store.rstrip('/')}/checkpoints/{_WRITER_UNSAFE.sub('_', self.run)}"
         return None
 

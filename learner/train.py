@@ -65,7 +65,7 @@ from learner.objectives import KL_ESTIMATORS, LOSSES, LossInputs, kept_tokens, o
 from learner.errors import LearnerError
 from learner.resume import announce_missing, catch_up, check_still_newest, upload
 from learner.settings import LearnSettings, SettingsError
-from trajstore import Metric, Store, Writer, artifacts, open_store
+from trajstore import Metric, Scope, Store, Writer, artifacts, open_store
 from trajstore.shard import Shard
 
 # the shard planner's rollout budget: a step is bounded by its group count, not its rollouts
@@ -149,7 +149,7 @@ def waiting_for(store: Store, s: LearnSettings, version: int, found: int) -> str
         """SELECT count(*) AS groups, count(*) FILTER (WHERE complete) AS complete,
                   count(*) FILTER (WHERE NOT complete) AS open,
                   count(*) FILTER (WHERE complete AND min_version < $lo) AS stale
-           FROM groups WHERE run = $run""", {"run": s.run, "lo": lo}).to_pylist()[0]
+           FROM groups WHERE run = $run""", {"run": s.run, "lo": lo}, scope=Scope(runs=(s.run,))).to_pylist()[0]
     want = (f"waiting for {s.groups_per_step} complete, unconsumed groups of run {s.run!r} sampled at version "
             f">= {max(lo, 0)} (have {found})")
     if not row["groups"]:

@@ -9,9 +9,11 @@ start reach it too; the previous environment comes back at the end of the sessio
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +36,10 @@ class S3Server:
         """A fresh, empty store URI in the bucket."""
         return f"s3://{self.bucket}/{uuid.uuid4().hex}"
 
+    def requests(self, uri: str) -> int:
+        """How many S3 requests touched the store at `uri` so far (the server counts them per prefix)."""
+        return store_requests(self.endpoint, uri)
+
     def put(self, uri: str, data: bytes | None) -> None:
         """Write the object at `uri` (s3://bucket/key), or delete it with None: damage from outside the store."""
         from trajstore.location import directory
@@ -44,6 +50,13 @@ class S3Server:
         else:
             with fs.open_output_stream(path) as out:
                 out.write(data)
+
+
+def store_requests(endpoint: str, uri: str) -> int:
+    """The S3 request count of the store at `uri` (s3://bucket/prefix) on the test server at `endpoint`."""
+    prefix = uri.split("://", 1)[1].split("/")[1]
+    with urllib.request.urlopen(f"{endpoint}/_trajstore/requests?prefix={prefix}", timeout=10) as reply:
+        return int(json.loads(reply.read())["requests"])
 
 
 def _first_line(proc: subprocess.Popen[str], timeout: float) -> str:
@@ -95,6 +108,7 @@ def store_location(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: 
         return str(tmp_path / "store")
     server: S3Server = request.getfixturevalue("s3_server")
     monkeypatch.setenv("TRAJSTORE_SPOOL", str(tmp_path / "spool"))
+    monkeypatch.setenv("TRAJSTORE_FILE_CACHE", str(tmp_path / "file-cache"))
     return server.new_uri()
 
 

@@ -20,17 +20,23 @@ With `--drop-commit-replies N` (the multi-host rehearsal's fault), every Nth con
 of a Delta commit file (`_delta_log/*.json`) is performed and its reply never sent: the
 connection is cut, as when a network drops the answer, so the writer cannot know whether its
 commit landed.
+
+Every request is counted per store prefix (the first path component after the bucket, or the
+`prefix` of a listing): `GET /_trajstore/requests?prefix=P` answers how many requests touched
+prefix P so far (not counted itself), so tests and benchmarks can assert what a read costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import parse_qs
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import make_server
@@ -79,6 +85,38 @@ def drop_commit_replies(app: WSGIApp, every: int) -> WSGIApp:
     return wrapped
 
 
+COUNT_PATH = "/_trajstore/requests"
+
+
+def _store_prefix(environ: dict[str, Any]) -> str:
+    """The first key component after the bucket (path-style URLs), or a listing's `prefix`'s."""
+    parts = environ.get("PATH_INFO", "").lstrip("/").split("/")
+    if len(parts) > 1 and parts[1]:
+        return parts[1]
+    listed = parse_qs(environ.get("QUERY_STRING", "")).get("prefix", [""])[0]
+    return listed.split("/")[0]
+
+
+def count_requests(app: WSGIApp) -> WSGIApp:
+    """Count requests per store prefix; `GET /_trajstore/requests?prefix=P` answers the count for P."""
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == COUNT_PATH:
+            prefix = parse_qs(environ.get("QUERY_STRING", "")).get("prefix", [""])[0]
+            with lock:
+                body = json.dumps({"prefix": prefix, "requests": counts.get(prefix, 0)}).encode()
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        prefix = _store_prefix(environ)
+        with lock:
+            counts[prefix] = counts.get(prefix, 0) + 1
+        return app(environ, start_response)
+
+    return wrapped
+
+
 class _QuietHandler(MotoRequestHandler):
     def log_request(self, *args: Any, **kwargs: Any) -> None:  # one line per request drowns test output
         pass
@@ -100,7 +138,7 @@ def main() -> None:
     backend: WSGIApp = DomainDispatcherApplication(create_backend_app)
     if args.drop_commit_replies > 0:
         backend = drop_commit_replies(backend, args.drop_commit_replies)
-    app = atomic_conditional_writes(backend)
+    app = count_requests(atomic_conditional_writes(backend))
     server = make_server(args.host, args.port, app, threaded=True, request_handler=_QuietHandler)
     if args.exit_on_eof:
         threading.Thread(target=_exit_on_eof, daemon=True).start()

@@ -22,8 +22,9 @@ _EXPORTS: dict[str, str] = {
                      "StoreNotFoundError", "TrajstoreError", "VersionNotFoundError", "WriterBusyError",
                      "WriterClosedError"), "trajstore.errors"),
     **dict.fromkeys(("Checkpoint", "Event", "Metric", "Reward", "Status", "Teacher", "Turn"), "trajstore.events"),
+    "Follower": "trajstore.follow",
     "new_id": "trajstore.ids",
-    "Snapshot": "trajstore.read",
+    "Scope": "trajstore.read", "Snapshot": "trajstore.read",
     "EVENT_SCHEMA": "trajstore.schema", "SCHEMA_VERSION": "trajstore.schema",
     "Shard": "trajstore.shard",
     "Store": "trajstore.store", "open_store": "trajstore.store",
@@ -48,8 +49,9 @@ if TYPE_CHECKING:
         WriterClosedError,
     )
     from trajstore.events import Checkpoint, Event, Metric, Reward, Status, Teacher, Turn
+    from trajstore.follow import Follower
     from trajstore.ids import new_id
-    from trajstore.read import Snapshot
+    from trajstore.read import Scope, Snapshot
     from trajstore.schema import EVENT_SCHEMA, SCHEMA_VERSION
     from trajstore.shard import Shard
     from trajstore.store import Store, open_store

@@ -66,11 +66,9 @@ def digest(actions: Iterable[tuple[str, dict[str, Any]]]) -> str:
 def read_entry(location: Location, version: int) -> list[dict[str, Any]] | None:
     """The actions of JSON commit `version` (None when it is not there: cleaned up, or not written yet);
     raises ValueError naming the line that is not valid JSON."""
-    path = entry_path(location, version)
-    if location.filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+    text = _read_object(location.filesystem, entry_path(location, version))
+    if text is None:
         return None
-    with location.filesystem.open_input_file(path) as f:
-        text = f.read()
     actions = []
     # Lines end at "\n" only: str.splitlines() also splits at U+0085 and U+2028, which a JSON
     # string may hold unescaped (a statistic of a name that contains one).
@@ -85,6 +83,16 @@ def read_entry(location: Location, version: int) -> list[dict[str, Any]] | None:
             raise ValueError(f"line {number} is not one Delta action")
         actions.append(obj)
     return actions
+
+
+def _read_object(fs: pafs.FileSystem, path: str) -> bytes | None:
+    """A whole file, or None when it is not there (one open: no separate existence check, which on an
+    object store is one more request per log entry)."""
+    try:
+        with fs.open_input_stream(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
 
 def check_entry(version: int, actions: list[dict[str, Any]], *, required: bool) -> str | None:
@@ -129,10 +137,8 @@ class LogChecker:
         """Where delta-rs starts reading: after the last checkpoint, if there is one."""
         path = f"{self.location.table_path}/_delta_log/_last_checkpoint"
         try:
-            if self.location.filesystem.get_file_info(path).type == pafs.FileType.NotFound:
-                return 0
-            with self.location.filesystem.open_input_file(path) as f:
-                return int(json.loads(f.read())["version"]) + 1
+            text = _read_object(self.location.filesystem, path)
+            return 0 if text is None else int(json.loads(text)["version"]) + 1
         except (ValueError, KeyError, TypeError):
             return 0  # a damaged pointer: check every commit there is
 
@@ -141,15 +147,16 @@ class LogChecker:
         if version <= self.checked_through:
             return
         start = self.checked_through + 1 if self.checked_through >= 0 else self._first_version()
-        if self.required is None:
-            zero = self._read(0)
-            self.required = bool(zero) and any(
-                DIGESTS_KEY in a.get("commitInfo", {}) for a in zero if isinstance(a.get("commitInfo"), dict))
         for v in range(start, version + 1):
             actions = self._read(v)
             if actions is None:
                 continue  # cleaned up behind a checkpoint
-            problem = check_entry(v, actions, required=bool(self.required))
+            problem = check_entry(v, actions, required=self.required is not False)
+            if problem is not None and self.required is None:  # only a commit without a digest asks version 0
+                zero = self._read(0)
+                self.required = bool(zero) and any(
+                    DIGESTS_KEY in a.get("commitInfo", {}) for a in zero if isinstance(a.get("commitInfo"), dict))
+                problem = check_entry(v, actions, required=self.required)
             if problem is not None:
                 raise CorruptionError(damaged(self.location, v, problem))
             if any(DIGEST_KEY in (a.get("commitInfo") or {}) for a in actions):

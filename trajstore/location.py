@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -43,12 +44,55 @@ class Location:
         return f"{self.table_path}/{name}"
 
 
+@dataclass(frozen=True)
+class Scheme:
+    """How one kind of storage is reached: the one place a new object store is added.
+
+    `options(given)` resolves its settings (environment plus `storage_options`), `filesystem(options)`
+    makes the pyarrow filesystem for the Parquet files and checkpoints, and `table_uri(bucket, key)`
+    the URI delta-rs opens. Remote schemes keep write-ahead segments in a local spool."""
+
+    name: str
+    example: str
+    options: Callable[[dict[str, str]], dict[str, str]]
+    filesystem: Callable[[dict[str, str]], pafs.FileSystem]
+    table_uri: Callable[[str, str], str]
+
+
+def _s3_table_uri(bucket: str, key: str) -> str:
+    return f"s3://{bucket}/{key}"
+
+
+def _remote_scheme(text: str, what: str) -> tuple[Scheme, str, str] | None:
+    """(scheme, bucket, prefix) of a remote URI; None for a local path; ValueError for anything else."""
+    parsed = urlparse(text)
+    if parsed.scheme in ("", "file"):
+        return None
+    scheme = REMOTE_SCHEMES.get(parsed.scheme)
+    if scheme is None:
+        shown = " or ".join(f"an {s.example} URI" for s in REMOTE_SCHEMES.values())
+        raise ValueError(f"{what} {text!r}: use a directory path or {shown}")
+    if not parsed.netloc:
+        raise ValueError(f"{what} {text!r} names no bucket; write {scheme.example}")
+    return scheme, parsed.netloc, parsed.path.strip("/")
+
+
+def is_remote(location: str | os.PathLike[str]) -> bool:
+    """Whether `location` names an object store (an `s3://...` URI) rather than a local path."""
+    return urlparse(os.fspath(location)).scheme in REMOTE_SCHEMES
+
+
+def _local_path(text: str) -> Path:
+    parsed = urlparse(text)
+    return Path(parsed.path if parsed.scheme == "file" else text).expanduser().resolve()
+
+
 def resolve(location: str | os.PathLike[str], *, spool: str | os.PathLike[str] | None = None,
             storage_options: dict[str, str] | None = None) -> Location:
     text = os.fspath(location)
-    parsed = urlparse(text)
-    if parsed.scheme in ("", "file"):
-        root = Path(parsed.path if parsed.scheme == "file" else text).expanduser().resolve()
+    remote = _remote_scheme(text, "store location")
+    if remote is None:
+        root = _local_path(text)
         return Location(
             uri=str(root),
             table_uri=str(root / "events"),
@@ -57,21 +101,17 @@ def resolve(location: str | os.PathLike[str], *, spool: str | os.PathLike[str] |
             table_path=str(root / "events"),
             wal_root=root / "wal",
         )
-    if parsed.scheme != "s3":
-        raise ValueError(f"store location {text!r}: use a directory path or an s3://bucket/prefix URI")
-    if not parsed.netloc:
-        raise ValueError(f"store location {text!r} names no bucket; write s3://bucket/prefix")
-    options = _s3_options(storage_options or {})
-    prefix = parsed.path.strip("/")
-    table_key = f"{parsed.netloc}/{prefix}/events" if prefix else f"{parsed.netloc}/events"
+    scheme, bucket, prefix = remote
+    options = scheme.options(storage_options or {})
+    key = f"{prefix}/events" if prefix else "events"
     spool_root = Path(spool or os.environ.get("TRAJSTORE_SPOOL") or Path.home() / ".cache/trajstore/spool")
     digest = hashlib.sha256(text.rstrip("/").encode()).hexdigest()[:16]
     return Location(
         uri=text.rstrip("/"),
-        table_uri=f"s3://{table_key}",
+        table_uri=scheme.table_uri(bucket, key),
         remote=True,
-        filesystem=_s3_filesystem(options),
-        table_path=table_key,
+        filesystem=scheme.filesystem(options),
+        table_path=f"{bucket}/{key}",
         wal_root=spool_root / digest / "wal",
         storage_options=options,
     )
@@ -79,18 +119,14 @@ def resolve(location: str | os.PathLike[str], *, spool: str | os.PathLike[str] |
 
 def directory(location: str | os.PathLike[str], *,
               storage_options: dict[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
-    """A filesystem and the path inside it of a directory that is not a store: a local path, or an
-    `s3://bucket/prefix` URI reached with the same settings as an `s3://` store (published checkpoints)."""
+    """A filesystem and the path inside it of a directory that is not a store: a local path, or a
+    remote URI reached with the same settings as a store there (published checkpoints)."""
     text = os.fspath(location)
-    parsed = urlparse(text)
-    if parsed.scheme in ("", "file"):
-        return pafs.LocalFileSystem(), str(Path(parsed.path if parsed.scheme == "file" else text).expanduser().resolve())
-    if parsed.scheme != "s3":
-        raise ValueError(f"location {text!r}: use a directory path or an s3://bucket/prefix URI")
-    if not parsed.netloc:
-        raise ValueError(f"location {text!r} names no bucket; write s3://bucket/prefix")
-    prefix = parsed.path.strip("/")
-    return _s3_filesystem(_s3_options(storage_options or {})), f"{parsed.netloc}/{prefix}" if prefix else parsed.netloc
+    remote = _remote_scheme(text, "location")
+    if remote is None:
+        return pafs.LocalFileSystem(), str(_local_path(text))
+    scheme, bucket, prefix = remote
+    return scheme.filesystem(scheme.options(storage_options or {})), f"{bucket}/{prefix}" if prefix else bucket
 
 
 def _s3_options(given: dict[str, str]) -> dict[str, str]:
@@ -134,3 +170,9 @@ def _s3_filesystem(options: dict[str, str]) -> pafs.S3FileSystem:
         kwargs["scheme"] = parsed.scheme or "https"
     kwargs["force_virtual_addressing"] = _truthy(options.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"))
     return pafs.S3FileSystem(**kwargs)
+
+
+# The object stores a location may name, by URI scheme (local paths need none).
+REMOTE_SCHEMES: dict[str, Scheme] = {
+    "s3": Scheme("s3", "s3://bucket/prefix", _s3_options, _s3_filesystem, _s3_table_uri),
+}

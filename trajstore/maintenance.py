@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +39,9 @@ from deltalake.transaction import RemoveAction
 
 from trajstore import deltalog, wal
 from trajstore.errors import CorruptionError
-from trajstore.retention import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS, MIN_RETENTION_HOURS
 from trajstore.location import Location
 from trajstore.read import Reader
+from trajstore.retention import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS, MIN_RETENTION_HOURS
 from trajstore.table import FileInfo, Table, file_crcs
 from trajstore.writer import acquire, seal_segments
 
@@ -66,6 +67,7 @@ def seal_orphans(location: Location, table: Table) -> dict[str, int]:
         finally:
             lock.release()
     return sealed
+
 
 
 @dataclass
@@ -121,6 +123,44 @@ def compact(location: Location, table: Table, *, target_bytes: int = 128 << 20, 
     after = len(table.snapshot().files)
     return CompactResult(len(snap.files), after, rewritten, version, orphans)
 
+
+@dataclass(frozen=True)
+class CompactPolicy:
+    """When a long-running compactor (`trajstore compact --follow`) merges: every `every_s` seconds it
+    counts the files smaller than `target_bytes`; at `min_files` or more it merges runs of them (in
+    log order) into files of about `target_bytes` (`compact`) and checkpoints the Delta log at the new
+    version (delta-rs also checkpoints every 100 commits), so a fresh reader reads one checkpoint and
+    the few JSON commits since. Every `vacuum_every_s` it vacuums what compaction replaced more than
+    `retention_hours` ago."""
+
+    target_bytes: int = 128 << 20
+    every_s: float = 30.0
+    min_files: int = 32
+    retention_hours: float = DEFAULT_RETENTION_HOURS
+    vacuum_every_s: float = 3600.0
+
+    def due(self, files: Iterable[FileInfo]) -> bool:
+        return sum(f.size < self.target_bytes for f in files) >= self.min_files
+
+
+def compact_follow(location: Location, table: Table, policy: CompactPolicy, *, passes: int | None = None,
+                   report: Callable[[CompactResult], None] = lambda r: None) -> None:
+    """Keep the file count bounded: compact whenever `policy` says so, vacuum on its schedule; `passes`
+    checks (None: forever). Compaction is the one-shot `compact`'s: exactly once (a bin another
+    compactor took is skipped), and what it replaces stays readable by pinned reads until a vacuum."""
+    vacuumed = time.monotonic()
+    done = 0
+    while passes is None or done < passes:
+        if policy.due(table.snapshot().files):
+            report(compact(location, table, target_bytes=policy.target_bytes))
+            # a checkpoint at the new version: a fresh reader reads it and no JSON commit before it
+            table.current().create_checkpoint()
+        if time.monotonic() - vacuumed >= policy.vacuum_every_s:
+            vacuum(location, table, retention_hours=policy.retention_hours)
+            vacuumed = time.monotonic()
+        done += 1
+        if passes is None or done < passes:
+            time.sleep(policy.every_s)
 
 
 @dataclass
@@ -236,6 +276,7 @@ class Stats:
     live_bytes: int
     summary: dict[str, Any]
     runs: list[dict[str, Any]]
+    ledger: list[dict[str, Any]]  # the `token_ledger` view: every generated token per run and version
 
 
 def stats(reader: Reader) -> Stats:
@@ -256,6 +297,7 @@ def stats(reader: Reader) -> Stats:
             "SELECT count(*) AS events, count(*) FILTER (WHERE kind = 'checkpoint') AS checkpoints, "
             "max(policy_version) FILTER (WHERE kind = 'checkpoint') AS latest_checkpoint FROM events"
         ).to_pylist()[0]
+        ledger = snap.query("SELECT * FROM token_ledger ORDER BY run, version").to_pylist()
         files = snap.files
         version = snap.table_version
     live_paths = [p for w in (location.wal_root.iterdir() if location.wal_root.is_dir() else [])
@@ -269,5 +311,6 @@ def stats(reader: Reader) -> Stats:
         live_bytes=sum(p.stat().st_size for p in live_paths if p.exists()),
         summary=summary,
         runs=runs,
+        ledger=ledger,
     )
 

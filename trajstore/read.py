@@ -29,6 +29,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,10 @@ def rows_where(table: Table, files: Sequence[FileInfo], live: pa.Table, column: 
     `files_covering` first: this reads what it is given."""
     keep = pa.array(list(values), pa.string())
     sealed = table.read(files, filter=pc.field(column).isin(keep), columns=columns)
-    return _with_all_columns(sealed, live.filter(pc.is_in(live.column(column), value_set=keep)), columns)
+    return with_all_columns(sealed, live.filter(pc.is_in(live.column(column), value_set=keep)), columns)
 
 
-def _with_all_columns(sealed: pa.Table, live: pa.Table, columns: Sequence[str] | None) -> pa.Table:
+def with_all_columns(sealed: pa.Table, live: pa.Table, columns: Sequence[str] | None) -> pa.Table:
     if columns is not None:
         live = live.select(list(columns))
     data = pa.concat_tables([sealed, live.cast(sealed.schema)])
@@ -101,6 +102,47 @@ class LiveRows:
                     batch = batch.filter(pa.array(seqs > cut))
                 batches.append(batch)
         return pa.Table.from_batches(batches, schema=EVENT_SCHEMA)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The events a query sees, narrowed so that only the sealed files whose Delta statistics can
+    hold them are read: runs, a time window [since, until], and at most the `newest` events (by
+    time) of what remains. The views then say exactly what they say over those events (a rollout
+    cut by the window is seen in part)."""
+
+    runs: tuple[str, ...] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+    newest: int | None = None
+
+    def files(self, files: Iterable[FileInfo]) -> list[FileInfo]:
+        out = files_covering(files, "run", sorted(self.runs)) if self.runs else list(files)
+        return [f for f in out if not f.min or (
+            (self.since is None or _stat_time(f.max.get("time"), _END) >= self.since)
+            and (self.until is None or _stat_time(f.min.get("time"), _START) <= self.until))]
+
+    def rows(self, data: pa.Table) -> pa.Table:
+        keep = None
+        for cond in ((pc.is_in(data.column("run"), value_set=pa.array(self.runs, pa.string())) if self.runs else None),
+                     (pc.greater_equal(data.column("time"), self.since) if self.since else None),
+                     (pc.less_equal(data.column("time"), self.until) if self.until else None)):
+            if cond is not None:
+                keep = cond if keep is None else pc.and_(keep, cond)
+        return data if keep is None else data.filter(keep)
+
+
+_START = datetime.min.replace(tzinfo=timezone.utc)
+_END = datetime.max.replace(tzinfo=timezone.utc)
+
+
+def _stat_time(value: Any, default: datetime) -> datetime:
+    """A Delta time statistic (a datetime, or ISO text with 'Z') as a UTC datetime; `default` when absent."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if not isinstance(value, datetime):
+        return default
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -206,11 +248,50 @@ class Snapshot:
         self.files = tuple(files)  # what was read
         return rows
 
+    def scope(self, scope: Scope) -> pa.Table:
+        """Point the views at the pinned version's events in `scope`, reading only the sealed files
+        whose statistics can hold them. Newest first, files are read in order of their newest
+        event: first as many as hold `newest` rows by the log's row counts, then 4x more per round,
+        until no unread file can hold an event newer than the `newest`-th found. Returns the rows."""
+        files = scope.files(self.pinned.table.files)
+        live = scope.rows(self.pinned.live)
+        if scope.newest is None:
+            rows = with_all_columns(scope.rows(self._table.read(files)), live, None)
+            read = files
+        else:
+            files.sort(key=lambda f: _stat_time(f.max.get("time"), _END) if f.min else _END, reverse=True)
+            # the first round: enough files to hold `newest` rows by the log's row counts (live rows too)
+            need, take = scope.newest - live.num_rows, 0
+            while need > 0 and take < len(files):
+                need -= files[take].rows
+                take += 1
+            found, take = [live], max(take, 1)
+            read = []
+            while True:
+                batch, files = files[:take], files[take:]
+                read += batch
+                if batch:
+                    found.append(scope.rows(self._table.read(batch)).cast(EVENT_SCHEMA))
+                rows = pa.concat_tables(found)
+                if not files:
+                    break
+                if rows.num_rows >= scope.newest:
+                    cut = pc.select_k_unstable(rows, scope.newest, [("time", "descending")])
+                    nth = rows.column("time")[cut[-1].as_py()].as_py()
+                    if all(_stat_time(f.max.get("time"), _END) < nth for f in files if f.min):
+                        break
+                take *= 4
+            order = pc.sort_indices(rows, [("time", "descending"), ("event_id", "ascending")])
+            rows = rows.take(order[:scope.newest])
+        self.use_rows(rows)
+        self.files = tuple(read)
+        return rows
+
     def project(self, columns: Sequence[str]) -> pa.Table:
         """Point the views at every event of the pinned version, reading only `columns` (the rest are
         null): for aggregations over a whole run that need no token lists or JSON. Returns the rows."""
         files = self.pinned.table.files
-        rows = _with_all_columns(self._table.read(files, columns=columns), self.pinned.live, columns)
+        rows = with_all_columns(self._table.read(files, columns=columns), self.pinned.live, columns)
         self.use_rows(rows)
         self.files = tuple(files)
         return rows
@@ -294,8 +375,11 @@ class Reader:
         """Pin a table version (latest by default) plus, when `live`, the live segments."""
         return Snapshot(self.table, self.pin(version, live=live))
 
-    def query(self, sql: str, params: Any = None, *, version: int | None = None) -> pa.Table:
-        with self.snapshot(version) as snap:
+    def query(self, sql: str, params: Any = None, *, version: int | None = None, scope: Scope | None = None) -> pa.Table:
+        """SQL over the views of a pinned version; with `scope`, over its events in that scope only."""
+        with Snapshot(self.table, self.pin(version), files=() if scope else None) as snap:
+            if scope is not None:
+                snap.scope(scope)
             return snap.query(sql, params)
 
     def holds_rollout(self, rollout_id: str) -> bool:

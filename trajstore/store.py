@@ -3,6 +3,7 @@
     store = open_store("runs/store")        # a directory, or s3://bucket/prefix
     store.writer(name)                       # trajstore.writer: durable, idempotent appends
     store.query(sql) / store.snapshot()      # trajstore.read: a pinned version plus live rows
+    store.follower()                         # trajstore.follow: polls that read only what is new
     store.shard(...)                         # trajstore.shard: the learner's next batch
     store.ingest(path)                       # trajstore.ingest: a JSON-lines file, validated whole
     store.compact() / vacuum() / verify() / stats()  # trajstore.maintenance
@@ -14,17 +15,18 @@ uses (the location, the table, the reader).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from trajstore import maintenance, owner
 from trajstore.errors import StoreNotFoundError
+from trajstore.follow import POLL_COLUMNS, Follower
 from trajstore.ingest import IngestResult, ingest
 from trajstore.location import Location, resolve
 from trajstore.maintenance import CompactResult, Stats, VacuumResult, VerifyReport
-from trajstore.read import LiveRows, Pinned, Reader, Snapshot
+from trajstore.read import LiveRows, Pinned, Reader, Scope, Snapshot
 from trajstore.shard import Shard, make_shard
 from trajstore.table import Table
 from trajstore.views import Estimator
@@ -75,9 +77,16 @@ class Store:
         """Pin a table version (latest by default) plus, when `live`, the live segments; query it many times."""
         return self.reader.snapshot(version, live=live)
 
-    def query(self, sql: str, params: Any = None, *, version: int | None = None) -> pa.Table:
-        """Run SQL over the views (events, turns, samples, rollouts, groups, advantages, ...)."""
-        return self.reader.query(sql, params, version=version)
+    def follower(self, columns: Sequence[str] = POLL_COLUMNS) -> Follower:
+        """Incremental snapshots for a process that polls: each poll reads only the files added
+        since the last one (see trajstore.follow)."""
+        return Follower(self.reader, columns)
+
+    def query(self, sql: str, params: Any = None, *, version: int | None = None, scope: Scope | None = None) -> pa.Table:
+        """Run SQL over the views (events, turns, samples, rollouts, groups, advantages, ...); with `scope`
+        (runs, a time window, the newest N events) over those events only, reading only the files that can
+        hold them."""
+        return self.reader.query(sql, params, version=version, scope=scope)
 
     def holds_rollout(self, rollout_id: str) -> bool:
         """Whether the store holds any event of `rollout_id` (sealed, or live on this machine)."""

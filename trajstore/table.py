@@ -29,12 +29,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajstore import deltalog, ids
+from trajstore.filecache import SealedFileCache
 from trajstore.durable import fsync_path
 from trajstore.errors import CommitConflictError, CorruptionError, StoreNotFoundError, VersionNotFoundError
 from trajstore.location import Location
@@ -102,12 +104,13 @@ def file_stats(table: pa.Table) -> dict[str, Any]:
     return {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
 
-def _retry(what: str, attempt: Callable[[], Any]) -> Any:
+def _retry(what: str, attempt: Callable[[], Any], on_conflict: Callable[[], None] = lambda: None) -> Any:
     delay = 0.01
     for _ in range(COMMIT_ATTEMPTS):
         try:
             return attempt()
         except CommitFailedError:
+            on_conflict()
             time.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 1.0)
     raise CommitConflictError(
@@ -130,6 +133,10 @@ class Table:
         self._verified: set[str] = set()  # sealed files whose footer matched the CRC in their name
         self._fragments: dict[str, ds.ParquetFileFragment] = {}  # sealed files' fragments (footers once read)
         self._log = deltalog.LogChecker(location)
+        self.conflicts = 0  # commits retried because another writer committed first (benchmarks read it)
+        # A remote store's sealed files are read through a local on-disk cache (trajstore.filecache):
+        # fetched whole once per host, their whole-file CRC checked, never asked for again.
+        self._cache = SealedFileCache(location.filesystem, location.uri) if location.remote else None
 
     # ------------------------------------------------------------------ open / create
 
@@ -309,13 +316,16 @@ class Table:
                 dt.create_write_transaction(actions, mode="append", schema=EVENT_SCHEMA, commit_properties=props)
                 return self._current().version()
 
-        return _retry(f"{operation} commit to {self.location.table_uri}", attempt)
+        def conflict() -> None:
+            self.conflicts += 1
+
+        return _retry(f"{operation} commit to {self.location.table_uri}", attempt, conflict)
 
     # ------------------------------------------------------------------ read
 
     def check_footer(self, f: FileInfo) -> None:
         """Check a sealed file's footer against the CRC-32 in its name (once per file and process)."""
-        if f.path in self._verified:
+        if f.path in self._verified or self._cache is not None:  # the cache checks the whole file's CRC
             return
         crcs = file_crcs(f.path)
         if crcs is not None:
@@ -336,22 +346,30 @@ class Table:
 
         Sealed files never change, so each file's fragment is made once per process, with the size
         the Delta log records: a later scan neither asks the object store for the size (a HEAD per
-        file) nor reads the footer again (pyarrow keeps it in the fragment once read)."""
+        file) nor reads the footer again (pyarrow keeps it in the fragment once read). A remote
+        store's files are read from the local cache, which fetches the missing ones first."""
         for f in files:
             self.check_footer(f)
+        fs, paths = self.location.filesystem, [self.location.data_path(f.path) for f in files]
+        if self._cache is not None:  # fetched now, before the scan (see trajstore.filecache)
+            fs = _LOCAL
+            paths = self._cache.local_paths([(p, f.size, (file_crcs(f.path) or (None, None))[1])
+                                             for p, f in zip(paths, files)])
         with self._lock:
             fragments = []
-            for f in files:
+            for f, path in zip(files, paths):
                 fragment = self._fragments.get(f.path)
                 if fragment is None:
-                    fragment = _FORMAT.make_fragment(self.location.data_path(f.path), self.location.filesystem,
-                                                     file_size=f.size)
+                    fragment = _FORMAT.make_fragment(path, fs, file_size=f.size)
                     fragment.ensure_complete_metadata()  # its footer, read once: later scans reuse it
                     self._fragments[f.path] = fragment
                 fragments.append(fragment)
-        return ds.FileSystemDataset(fragments, schema=EVENT_SCHEMA, format=_FORMAT,
-                                    filesystem=self.location.filesystem)
+        return ds.FileSystemDataset(fragments, schema=EVENT_SCHEMA, format=_FORMAT, filesystem=fs)
 
+    @property
+    def cache(self) -> SealedFileCache | None:
+        """The local cache of a remote store's sealed files (None for a local store)."""
+        return self._cache
 
     def read(self, files: Iterable[FileInfo], *, columns: Sequence[str] | None = None,
              filter: ds.Expression | None = None) -> pa.Table:  # noqa: A002 - pyarrow's name
@@ -384,6 +402,7 @@ class Table:
         return None
 
 
+_LOCAL = pafs.LocalFileSystem()
 _FORMAT = ds.ParquetFileFormat(
     default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
 )

@@ -31,6 +31,15 @@ Definitions an RL researcher can rely on:
   (Dr. GRPO), `rloo` = r - mean of the other rollouts = n/(n-1) (r - mean) (RLOO),
   `batch` = r - mean over the run's trainable rollouts in view (a shard takes the mean
   over its own rollouts: the training batch). Groups of one get 0 for grpo and rloo.
+- `token_ledger`: every generated (sampled) token, per run and the policy version that sampled
+  it, in exactly one column, so `generated = trained + waiting + stale + discarded` holds as an
+  equality. A rollout's trainable tokens are *trained* once a checkpoint consumed it; else
+  *stale* when the run's newest checkpoint announces a `max_staleness` its oldest tokens are
+  past; else *waiting* (trainable, not consumed yet). `discarded` = `masked` (sampled tokens
+  the output mask keeps out of the loss, of trained, waiting and stale rollouts) + `incomplete`
+  (every token of a rollout with no terminal status: still running, or cut off by a crash)
+  + `failed` (every token of a rollout that ended failed or aborted, or without a reward).
+  The learner rejects no consumed sample today, so no column counts rejections.
 """
 
 from __future__ import annotations
@@ -225,6 +234,41 @@ VIEWS: dict[str, str] = {
     "consumed": """
         SELECT run, policy_version AS version, step, unnest(consumed) AS rollout_id
         FROM events WHERE kind = 'checkpoint' AND consumed IS NOT NULL
+    """,
+    "token_ledger": """
+        WITH head AS (
+            SELECT run, max(version) AS head,
+                   arg_max(TRY_CAST(json_extract_string(meta, '$.max_staleness') AS BIGINT), version)
+                       AS max_staleness
+            FROM checkpoints GROUP BY run),
+        fate AS (
+            SELECT r.run, r.rollout_id,
+                   CASE WHEN c.rollout_id IS NOT NULL THEN 'trained'
+                        WHEN r.status IS NULL OR r.status NOT IN ('completed', 'truncated', 'aborted', 'failed')
+                            THEN 'incomplete'
+                        WHEN NOT r.trainable THEN 'failed'
+                        WHEN r.min_version < h.head - h.max_staleness THEN 'stale'
+                        ELSE 'waiting' END AS fate
+            FROM rollouts r
+            LEFT JOIN (SELECT DISTINCT run, rollout_id FROM consumed) c USING (run, rollout_id)
+            LEFT JOIN head h USING (run)),
+        t AS (
+            SELECT rollout_id, policy_version AS version, sum(output_tokens)::BIGINT AS generated,
+                   sum(trainable_tokens)::BIGINT AS trainable
+            FROM turns GROUP BY rollout_id, policy_version),
+        by_fate AS (
+            SELECT f.run, t.version, f.fate, sum(t.generated) AS generated, sum(t.trainable) AS trainable
+            FROM t JOIN fate f USING (rollout_id) GROUP BY ALL)
+        SELECT run, version, sum(generated)::BIGINT AS generated,
+               coalesce(sum(trainable) FILTER (WHERE fate = 'trained'), 0)::BIGINT AS trained,
+               coalesce(sum(trainable) FILTER (WHERE fate = 'waiting'), 0)::BIGINT AS waiting,
+               coalesce(sum(trainable) FILTER (WHERE fate = 'stale'), 0)::BIGINT AS stale,
+               coalesce(sum(generated - trainable) FILTER (WHERE fate IN ('trained', 'waiting', 'stale')), 0)::BIGINT
+                   AS masked,
+               coalesce(sum(generated) FILTER (WHERE fate = 'incomplete'), 0)::BIGINT AS incomplete,
+               coalesce(sum(generated) FILTER (WHERE fate = 'failed'), 0)::BIGINT AS failed,
+               (masked + incomplete + failed)::BIGINT AS discarded
+        FROM by_fate GROUP BY run, version
     """,
     "metrics": """
         SELECT run, step, time, policy_version, unnest(map_keys(metrics)) AS name,

@@ -42,7 +42,7 @@ from collectors.collect.resume import GroupPlan, PastRollout, orphans, plans, re
 from collectors.collect.rollout import Job, Outcome, RolloutEnv, play
 from collectors.collect.settings import CollectSettings
 from collectors.collect.tasks import task_id
-from trajstore import Status, Store, new_id
+from trajstore import Follower, Status, Store, new_id
 from trajstore.announcement import Announcement
 from trajstore.schema import TRAINABLE_STATUSES
 
@@ -85,11 +85,15 @@ class Collection:
     admitted_since_poll: int = 0  # groups this collector admitted since the last poll read the store
     tick: int = 0
     polled: asyncio.Event = field(default_factory=asyncio.Event)
+    follower: Follower = field(init=False)  # polls read only what is new since the last one
+
+    def __post_init__(self) -> None:
+        self.follower = self.store.follower()
 
     # ------------------------------------------------------------ the store poller
     def _read(self) -> tuple[Announcement | None, list[StoreGroup] | None, list[str]]:
         run = self.settings.run
-        with self.store.snapshot() as snap:
+        with self.follower.snapshot() as snap:
             head = read_head(snap, run)
             if self.settings.max_staleness is None:
                 return head, None, []

@@ -188,7 +188,7 @@ async def runs_page(request: web.Request) -> web.Response:
     source = request.app[SOURCE]
     page = Page(request, _version(request))
 
-    runs = await _read(request, page, lambda snap, _: source.runs(snap),
+    runs = await _read(request, page, lambda snap, _: source.runs(snap, latest=page.version is None),
                        files=lambda snap, _: len(snap.pinned.table.files))
     if request.path.startswith("/api/"):
         return _json({"table_version": page.table_version, "runs": [vars(r) for r in runs]})

@@ -25,6 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from collectors.errors import CollectorError
 from collectors.replay import Decode, Episode, build_episode, episode_rows, token_rows, tokenizer_decode
 from collectors.viewer.listing import ROW_SQL
@@ -82,6 +84,7 @@ class Source:
         self._pinned: OrderedDict[int, Pinned] = OrderedDict()
         self._idle: list[Snapshot] = []
         self._runs: tuple[tuple[int, int], list[RunSummary]] | None = None
+        self._follower = store.follower(RUN_COLUMNS)
 
     # -------------------------------------------------------------- versions
 
@@ -157,13 +160,14 @@ class Source:
 
     # -------------------------------------------------------------- runs
 
-    def runs(self, snap: Snapshot) -> list[RunSummary]:
-        """Every run's totals and curves (cached per table version and live rows)."""
+    def runs(self, snap: Snapshot, *, latest: bool = False) -> list[RunSummary]:
+        """Every run's totals and curves (cached per table version and live rows). For the latest version
+        the rollout part comes from a follower, which reads only the files added since its last read."""
         key = (snap.table_version, snap.pinned.live.num_rows)
         with self._lock:
             if self._runs is not None and self._runs[0] == key:
                 return self._runs[1]
-        runs = runs_summary(snap)
+        runs = runs_summary(snap, self._follower.rows() if latest else None)
         with self._lock:
             self._runs = (key, runs)
         return runs
@@ -173,9 +177,13 @@ def _clean(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def runs_summary(snap: Snapshot) -> list[RunSummary]:
-    """Totals, reward (and each component) by policy version, learner metrics by step, checkpoints."""
-    snap.project(RUN_COLUMNS)
+def runs_summary(snap: Snapshot, rows: pa.Table | None = None) -> list[RunSummary]:
+    """Totals, reward (and each component) by policy version, learner metrics by step, checkpoints;
+    `rows`: the RUN_COLUMNS of every event, already read (a follower's), else read here."""
+    if rows is None:
+        snap.project(RUN_COLUMNS)
+    else:
+        snap.use_rows(rows)
     snap.register("_r", snap.query("SELECT * EXCLUDE (error) FROM rollouts"))  # aggregated once, read four times
     totals = snap.query("""
         SELECT run, count(*) AS rollouts, count(*) FILTER (WHERE trainable) AS trainable,

@@ -27,6 +27,7 @@ import trajstore  # noqa: E402
 from learner.settings import LearnSettings  # noqa: E402
 from learner.train import learn  # noqa: E402
 from tests.learner import crash_learner  # noqa: E402
+from tests.ledger import assert_ledger_balances  # noqa: E402
 from tests.learner.synth import make_model, write_groups  # noqa: E402
 
 GROUPS, GROUP_SIZE, PER_STEP, STEPS, PUBLISH_EVERY = 24, 3, 2, 12, 2
@@ -93,6 +94,9 @@ def test_sigkill_and_restart_trains_each_rollout_exactly_once(tmp_path: Path) ->
     consumed = [rid for r in rows for rid in r["consumed"]]
     assert len(consumed) == len(set(consumed)), "a rollout was trained into two versions"
     assert sorted(consumed) == sorted(rollouts)  # and every rollout into one
+    ledger = assert_ledger_balances(store)  # after the kills: every generated token trained or masked, none lost
+    assert all(r["waiting"] == r["stale"] == r["incomplete"] == r["failed"] == 0 for r in ledger), ledger
+    assert sum(r["trained"] for r in ledger) > 0, ledger
     for v in versions[1:]:
         assert (ckpts / f"v{v:06d}" / "model.safetensors").is_file()
     assert not list(ckpts.glob(".partial-*"))

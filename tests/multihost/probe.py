@@ -21,6 +21,7 @@ import sys
 import time
 
 import trajstore
+from tests.ledger import ledger_problems
 
 
 def append(a: argparse.Namespace) -> None:
@@ -94,8 +95,9 @@ def check(a: argparse.Namespace) -> None:
                 "WHERE run = ? GROUP BY writer ORDER BY writer", a.run)
     groups = q("SELECT count(*) AS groups, count(*) FILTER (WHERE complete) AS complete FROM groups WHERE run = ?",
                a.run)[0]
+    ledger, ledger_problems_found = ledger_problems(store, a.run)
     snap = store.table.snapshot()
-    json.dump({"table_version": snap.version, "sealed_files": len(snap.files), "groups": groups, "sampled_versions": sampled, "raw_rows": raw["n"], "distinct_ids": raw["ids"], "writers": writers, "versions": versions,
+    json.dump({"ledger": ledger, "ledger_problems": ledger_problems_found, "table_version": snap.version, "sealed_files": len(snap.files), "groups": groups, "sampled_versions": sampled, "raw_rows": raw["n"], "distinct_ids": raw["ids"], "writers": writers, "versions": versions,
                "consumed_twice": {r: v for r, v in per_rollout.items() if len(v) > 1},
                "consumed": len(per_rollout), "stale": stale, "unknown_consumed": unknown,
                "live_rows": sum(len(b) for b in store.live().by_writer.values())}, sys.stdout, default=str)

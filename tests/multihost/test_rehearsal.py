@@ -68,6 +68,8 @@ def test_rehearsal_across_hosts_with_faults(tmp_path: Path) -> None:
     assert loop["versions"] == list(range(VERSIONS + 1)), loop["versions"]
     assert loop["consumed_twice"] == {} and loop["unknown_consumed"] == 0 and loop["consumed"] > 0, loop
     assert loop["stale"] == [], loop["stale"]
+    # every generated token is in exactly one place of the token ledger after the faults, and some were trained
+    assert loop["ledger_problems"] == [] and sum(r["trained"] for r in loop["ledger"]) > 0, loop["ledger"]
     assert loop["raw_rows"] == loop["distinct_ids"], "an event is stored twice"
     for w in loop["writers"]:
         assert w["lo"] == 0 and w["n"] == w["seqs"] == w["hi"] + 1, f"writer {w['writer']} has a gap: {w}"

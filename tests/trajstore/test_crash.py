@@ -49,6 +49,7 @@ import pytest
 from deltalake import DeltaTable
 
 import trajstore
+from tests.ledger import assert_ledger_balances
 from tests.trajstore.crash_writer import FINGERPRINT_SQL, batch_size, fingerprint, make_batch
 from trajstore import wal
 
@@ -193,6 +194,7 @@ def check_store(location: str, ledgers: list[Ledger]) -> None:
                               "HAVING count(*) > 1 LIMIT 10").to_pylist()
         rows = snap.query(FINGERPRINT_SQL).to_pylist()
     assert not raw_dups, f"event_ids stored more than once: {raw_dups}"
+    assert_ledger_balances(store)  # every generated token accounted once, whatever the kill left
     assert not seq_dups, f"(writer, writer_seq) stored more than once: {seq_dups}"
     by_writer: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
