@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -142,6 +143,15 @@ def test_ng_trajectory_lines_follow_nemo_gyms_schema(store: trajstore.Store, tmp
 def test_export_reads_the_run_in_bounded_batches(store: trajstore.Store, tmp_path: Path) -> None:
     with store.snapshot(memory_limit="128MB") as snap:
         sizes = [b.num_rows for b in source.sample_batches(snap, "synth", rows=4)]
+        # a chunk of 2 groups at a time gives the rows of the whole run at once, `batch` advantage (run mean) included
+        chunked = [b for b in source.sample_batches(snap, "synth", groups_per_chunk=2)]
+        assert len(chunked) == 3  # 6 groups
+        whole = pa.Table.from_batches(list(source.sample_batches(snap, "synth", groups_per_chunk=100)))
+        chunked_table = pa.Table.from_batches(chunked)
+        assert chunked_table.drop_columns(["batch"]).to_pylist() == whole.drop_columns(["batch"]).to_pylist()
+        # the run's mean is summed chunk by chunk: equal up to float rounding
+        assert chunked_table.column("batch").to_pylist() == pytest.approx(whole.column("batch").to_pylist(), abs=1e-12)
+        assert whole.column("batch").null_count < whole.num_rows
         total = snap.query("SELECT count(*) AS n FROM samples WHERE run = 'synth'").column("n")[0].as_py()
         assert sum(sizes) == total and max(sizes) <= 4 and len(sizes) >= total // 4
         rows = write_hf(source.sample_batches(snap, "synth", rows=4), tmp_path / "ds", {"run": "synth", "store": "s",
