@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
-
 from cli.options import store_option
 
-console = Console()
 FORMAT_CHOICES = ("hf", "sft", "tokens", "ng-trajectory")  # trajstore.export.FORMATS, without importing pyarrow
 
 
@@ -39,5 +36,5 @@ def export(store_loc: str, fmt: str, run: str, version: int | None, where: str |
     result = run_export(store, fmt, run=run, out=out, version=version, where=where)  # type: ignore[arg-type]
     what = "token rows" if fmt == "tokens" else "samples"
     skipped = f" ({result.skipped} samples without chat JSON skipped)" if result.skipped else ""
-    console.print(f"{result.rows} {what} of run {run!r} written to {result.out} as {fmt}{skipped}; "
+    click.echo(f"{result.rows} {what} of run {run!r} written to {result.out} as {fmt}{skipped}; "
                   f"table version {result.table_version}")
