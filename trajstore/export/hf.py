@@ -19,7 +19,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trajstore.views import ESTIMATOR_TITLES, ESTIMATORS
+
 ROWS_PER_SHARD = 50_000
+_ESTIMATOR_LIST = ", ".join(f"`{name}` ({ESTIMATOR_TITLES[name]})" for name in ESTIMATORS)
 DATA_DIR = "data"
 
 
@@ -79,7 +82,7 @@ with `trajstore export --format hf {made}`: {rows} rows, one per trainable sampl
   `prompt_ids`/`completion_ids` split `tokens` after the first turn's prompt (`prompt_tokens`).
 - `reward` (sum of the latest value of each component), `reward_components`, `status`, `trainable`;
   `segment_reward`/`segment_reward_components` for rewards given to this segment alone.
-- `grpo`, `dr_grpo`, `rloo`, `batch`: the rollout's advantage under each estimator (null when untrainable).
+- {_ESTIMATOR_LIST}: the rollout's advantage under each estimator (null when untrainable).
 - `min_version`/`max_version`: the policy versions that sampled it; `turn_*`: per turn, in order, its prompt and
   output token counts, policy version, finish reason, time, and the request/response/sampling/meta JSON stored.
 
