@@ -93,7 +93,8 @@ def export(store: Store, fmt: Format, *, run: str, out: str | os.PathLike[str], 
             try:  # before anything is written: a bad filter leaves no half-made output
                 source.check_where(snap, run, where)
             except QueryError as exc:
-                raise ExportError(f"--where {where!r} is not a SQL condition over the export's rows: {exc}\nIts "
+                reason = exc.__cause__ or exc  # DuckDB's own words, without the list of views
+                raise ExportError(f"--where {where!r} is not a SQL condition over the export's rows: {reason}\nIts "
                                   f"columns are: {', '.join(source.columns(snap, run))}") from exc
         info = {"store": store.location.uri, "run": run, "table_version": snap.table_version, "where": where}
         rows, skipped = _WRITERS[fmt](source.sample_batches(snap, run, where=where, rows=batch_rows), out, info)
