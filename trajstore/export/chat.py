@@ -13,7 +13,8 @@ speak one form, OpenAI chat messages (what TRL's SFT trainer and chat templates 
   "parameters"}}]`.
 
 Content made of several text parts is joined into one string; parts that are not text (images)
-are dropped: exports carry text. A turn with no request or response JSON (events written
+and reasoning (`thinking` blocks, `reasoning_content`) are dropped: exports carry what the agent
+said and called. A turn with no request or response JSON (events written
 without them) has no conversation: `None`.
 """
 
