@@ -22,6 +22,7 @@ WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 A_TOOLS = [{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}]
+R_TOOLS = [{"type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}]
 SCHEMA = Path(__file__).parents[2] / "trajstore" / "ng_trajectory.schema.json"
 
 
@@ -31,6 +32,7 @@ def proxy(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     with running_proxy(upstream, tmp_path_factory.mktemp("store"), tiny_model) as h:
         openai_rollout(h)
         anthropic_rollout(h)
+        responses_rollout(h)
         yield h
 
 
@@ -60,13 +62,25 @@ def anthropic_rollout(h: Harness) -> None:
     assert h.close(rollout, status="completed", reward=0.0).status == 200
 
 
+def responses_rollout(h: Harness) -> None:
+    rollout = h.open()
+    c = openai_client(rollout)
+    h.upstream.replies[:] = ["<think>\nNeed data.\n</think>\n\n" + WEATHER, "Warm."]
+    first = c.responses.create(model=MODEL, input="Weather in Paris?", tools=R_TOOLS)
+    fc = first.output[-1]
+    history = [{"role": "user", "content": "Weather in Paris?"}, *[o.model_dump(exclude_none=True) for o in first.output],
+               {"type": "function_call_output", "call_id": fc.call_id, "output": "warm"}]
+    c.responses.create(model=MODEL, input=history, tools=R_TOOLS)
+    assert h.close(rollout, status="completed", reward=0.5).status == 200
+
+
 def test_sft_lines_are_the_conversations_the_agents_held(proxy: Harness, tmp_path: Path) -> None:
     result = export(proxy.store, "sft", run="test", out=tmp_path / "sft.jsonl")
-    assert result.rows == 2 and result.skipped == 0
+    assert result.rows == 3 and result.skipped == 0
     by_reply = {json.loads(line)["messages"][-1]["content"]: json.loads(line)
                 for line in (tmp_path / "sft.jsonl").read_text().splitlines()}
-    openai_line, anthropic_line = by_reply["It is 21 degrees."], by_reply["Sunny."]
-    for line, result_text in ((openai_line, '{"temperature": 21}'), (anthropic_line, "sunny")):
+    for line, result_text in ((by_reply["It is 21 degrees."], '{"temperature": 21}'), (by_reply["Sunny."], "sunny"),
+                              (by_reply["Warm."], "warm")):
         roles = [m["role"] for m in line["messages"]]
         assert roles == ["user", "assistant", "tool", "assistant"]
         call = line["messages"][1]["tool_calls"][0]
@@ -87,7 +101,7 @@ def test_ng_trajectory_of_proxy_turns_follows_the_schema(proxy: Harness, tmp_pat
         line = json.loads(text)
         jsonschema.validate(line, schema)
         kinds = [i["type"] for i in line["response"]["output"]]
-        assert kinds == ["message", "function_call", "function_call_output", "message"]
+        assert kinds[-3:] == ["function_call", "function_call_output", "message"]  # a leading message when it spoke
         with_tokens = [i for i in line["response"]["output"] if "generation_token_ids" in i]
         assert len(with_tokens) == 2  # one per model call
         for item in with_tokens:
