@@ -16,6 +16,7 @@ from cli.annotate_cmd import annotate
 from cli.collect_cmd import collect, reward
 from cli.collectors_cmds import init_model, serve
 from cli.demo_cmd import demo
+from cli.export_cmd import export
 from cli.learn_cmd import learn
 from cli.options import Commands, prepare_process, store_option
 from cli.output import CommandConsole, print_table, write_table
@@ -83,21 +84,34 @@ def _utc(t: datetime | None) -> datetime | None:
 
 @main.command()
 @store_option
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=click.Path(exists=True))
 @click.option("--writer", help="Writer name (default: <host>-<pid>-<spool id>, unique across machines).")
-def ingest(store_loc: str, file: str, writer: str | None) -> None:
-    """Append a JSON-lines file of events (see schemas/event.v1.schema.json).
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "hf"]), default="jsonl", show_default=True,
+              help="jsonl: a JSON-lines file of events; hf: a directory written by `trajstore export --format hf` "
+                   "(its samples, rewards and statuses become events again).")
+def ingest(store_loc: str, file: str, writer: str | None, fmt: str) -> None:
+    """Append a JSON-lines file of events (see schemas/event.v1.schema.json), or an hf export.
 
     The whole file is validated first; a bad line is reported with its number and
-    nothing is written. Ingesting the same file twice stores each event once.
+    nothing is written. Ingesting the same file (or export) twice stores each event once.
 
     \b
-    Example:
+    Examples:
       trajstore ingest --store runs/s events.jsonl
+      trajstore ingest --store runs/s2 --format hf ds/
     """
     import trajstore
 
     store = trajstore.open_store(store_loc)
+    if fmt == "hf":
+        from trajstore.export import ingest_hf
+
+        console.print(f"{ingest_hf(store, file, writer=writer)} events appended from the hf export {file}; "
+                      f"table version {store.version()}")
+        return
+    if Path(file).is_dir():
+        raise click.BadParameter(f"{file} is a directory; give a JSON-lines file, or --format hf for an hf export",
+                                 param_hint="FILE")
     result = store.ingest(file, writer=writer)
     console.print(f"{result.lines} events read, {result.appended} appended, "
                   f"{result.duplicates} already stored; table version {result.table_version}")
@@ -287,6 +301,7 @@ main.add_command(learn)
 main.add_command(sft)
 main.add_command(annotate)
 main.add_command(demo)
+main.add_command(export)
 main.add_command(view)
 
 if __name__ == "__main__":

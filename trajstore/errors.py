@@ -52,3 +52,7 @@ class VersionNotFoundError(TrajstoreError):
 
 class ArtifactError(TrajstoreError):
     """A published directory (a checkpoint in object storage) is incomplete, damaged or not the one announced."""
+
+
+class ExportError(TrajstoreError):
+    """An export or an import of an exported dataset cannot be done as asked (unknown run, bad filter, bad input)."""

@@ -23,11 +23,12 @@ is raised only when a checksum or a format check of the pinned files says so.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -169,14 +170,20 @@ class Snapshot:
     """One consistent view of the store over DuckDB: a pinned version plus live rows. Query it many times.
 
     `files` are the sealed files to read (all of the version's by default); `use_rows` swaps
-    in pre-filtered raw rows (the shard planner).
+    in pre-filtered raw rows (the shard planner). `memory_limit` (DuckDB's syntax, "512MB") caps
+    what DuckDB holds at once: aggregations and sorts beyond it spill to the private temp
+    directory, so a streaming reader (`batches`) stays within it however large the store is.
     """
 
-    def __init__(self, table: Table, pinned: Pinned, *, files: Iterable[FileInfo] | None = None) -> None:
+    def __init__(self, table: Table, pinned: Pinned, *, files: Iterable[FileInfo] | None = None,
+                 memory_limit: str | None = None) -> None:
         self._table = table
         self._con = duckdb.connect()
         self._con.execute("SET TimeZone = 'UTC'")
         self._con.execute("SET temp_directory = ?", [_spill_directory()])  # not the shared ./.tmp
+        if memory_limit is not None:
+            self._con.execute("SET memory_limit = ?", [memory_limit])
+            self._con.execute("SET preserve_insertion_order = false")  # lets big results stream and spill
         self.repin(pinned, files=files)
         create_views(self._con)
         self._con.execute("SET enable_external_access = false")  # no file or network I/O from SQL ...
@@ -196,14 +203,36 @@ class Snapshot:
 
     def query(self, sql: str, params: Any = None) -> pa.Table:
         """Run SQL over the views; a `pyarrow.Table`."""
+        with self._mapped_errors():
+            return self._relation(sql, params).to_arrow_table()
+
+    def batches(self, sql: str, params: Any = None, *, rows: int = 1024) -> Iterator[pa.RecordBatch]:
+        """Run SQL over the views and yield its result in record batches of at most `rows` rows, as
+        DuckDB produces them: the whole result is never held (with `memory_limit`, neither are the
+        aggregations behind it). An empty result is one empty batch, so a caller always learns the schema."""
+        with self._mapped_errors():
+            reader = self._relation(sql, params).to_arrow_reader(rows)
+            empty = True
+            for batch in reader:
+                empty = False
+                yield batch
+            if empty:
+                yield pa.RecordBatch.from_pylist([], schema=reader.schema)
+
+    def _relation(self, sql: str, params: Any) -> duckdb.DuckDBPyRelation:
         if not isinstance(sql, str) or not sql.strip():
             raise QueryError("the query is empty; give a SQL statement such as \"SELECT * FROM rollouts LIMIT 5\"")
+        rel = self._con.sql(sql, params=params) if params is not None else self._con.sql(sql)
+        if rel is None:
+            raise QueryError(f"the statement returned no rows to show: {sql.strip()[:200]!r}. The store is "
+                             "read through SELECT (or WITH ... SELECT) statements over its views")
+        return rel
+
+    @contextlib.contextmanager
+    def _mapped_errors(self) -> Iterator[None]:
+        """DuckDB's errors as the store's: a statement's own fault, read-only refusals, or damage."""
         try:
-            rel = self._con.sql(sql, params=params) if params is not None else self._con.sql(sql)
-            if rel is None:
-                raise QueryError(f"the statement returned no rows to show: {sql.strip()[:200]!r}. The store is "
-                                 "read through SELECT (or WITH ... SELECT) statements over its views")
-            return rel.to_arrow_table()
+            yield
         except duckdb.PermissionException as exc:
             raise QueryError(self._query_failed(exc) + "\nQueries over the store are read-only: they cannot write or "
                              "read files, attach databases or change settings. Export a result with `trajstore query "
@@ -371,9 +400,9 @@ class Reader:
                     "verify` names the entries)")
         return Pinned(table, rows.table(table))
 
-    def snapshot(self, version: int | None = None, *, live: bool = True) -> Snapshot:
+    def snapshot(self, version: int | None = None, *, live: bool = True, memory_limit: str | None = None) -> Snapshot:
         """Pin a table version (latest by default) plus, when `live`, the live segments."""
-        return Snapshot(self.table, self.pin(version, live=live))
+        return Snapshot(self.table, self.pin(version, live=live), memory_limit=memory_limit)
 
     def query(self, sql: str, params: Any = None, *, version: int | None = None, scope: Scope | None = None) -> pa.Table:
         """SQL over the views of a pinned version; with `scope`, over its events in that scope only."""

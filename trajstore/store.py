@@ -73,9 +73,10 @@ class Store:
         """A table version (latest by default) and, when `live`, the live rows it has not sealed."""
         return self.reader.pin(version, live=live)
 
-    def snapshot(self, version: int | None = None, *, live: bool = True) -> Snapshot:
-        """Pin a table version (latest by default) plus, when `live`, the live segments; query it many times."""
-        return self.reader.snapshot(version, live=live)
+    def snapshot(self, version: int | None = None, *, live: bool = True, memory_limit: str | None = None) -> Snapshot:
+        """Pin a table version (latest by default) plus, when `live`, the live segments; query it many times.
+        `memory_limit` caps DuckDB's memory for it (beyond it, sorts and aggregations spill to disk)."""
+        return self.reader.snapshot(version, live=live, memory_limit=memory_limit)
 
     def follower(self, columns: Sequence[str] = POLL_COLUMNS) -> Follower:
         """Incremental snapshots for a process that polls: each poll reads only the files added
