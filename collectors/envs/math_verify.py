@@ -20,6 +20,7 @@ its own timeouts are off here and collect's --rollout-timeout bounds the reward 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from collectors.agents.context import result_text
@@ -32,10 +33,27 @@ class GoldAnswerError(CollectorError, ValueError):
     """The task's gold answer is missing or not parseable math."""
 
 
+class _NoTimeoutNotice(logging.Filter):
+    """Drops math-verify's warning that its timeout is off (on purpose here, see the module docstring),
+    which it would log at every call."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutNotice())
+
+
 def _parse(text: str) -> list[Any]:
     import math_verify
 
     return math_verify.parse(text, parsing_timeout=None)  # type: ignore[arg-type]
+
+
+def _is_math(parsed: list[Any]) -> bool:
+    """Whether math-verify found math: it falls back to the raw string when it found none."""
+    return any(not isinstance(p, str) for p in parsed)
 
 
 def gold(answer: Any) -> list[Any]:
@@ -43,8 +61,10 @@ def gold(answer: Any) -> list[Any]:
     if answer is None or isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
         raise GoldAnswerError(f"a math_verify task needs `answer`: the gold answer as text or a number, got {answer!r}")
     text = str(answer)
-    parsed = _parse(text) or _parse(f"${text}$")
-    if not parsed:
+    parsed = _parse(text)
+    if not _is_math(parsed):
+        parsed = _parse(f"${text}$")
+    if not _is_math(parsed):
         raise GoldAnswerError(f"math-verify cannot parse the task's answer {text!r}; write it as LaTeX "
                               "($\\frac{1}{2}$) or a plain expression (1/2)")
     return parsed

@@ -93,7 +93,7 @@ def test_the_rescoring_path_reads_the_stored_result() -> None:
     ({"env": "NoSuchEnv-v0"}, "gymnasium cannot make 'NoSuchEnv-v0'"),
 ])
 def test_bad_environments_are_named_clearly(bad: dict[str, Any], says: str) -> None:
-    with pytest.raises(ValueError, match="") as info:
+    with pytest.raises(ValueError) as info:
         text_gym.make_env({**task(1), **bad})
     assert says in str(info.value)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import string
 from typing import Any
 
 import gymnasium
@@ -19,8 +20,8 @@ class GuessNumber(gymnasium.Env):  # type: ignore[misc]
 
     def __init__(self, high: int = 10, tries: int = 3) -> None:
         self.high, self.tries = high, tries
-        self.observation_space = spaces.Text(MAX_TEXT)
-        self.action_space = spaces.Text(MAX_TEXT)
+        self.observation_space = spaces.Text(MAX_TEXT, charset=string.printable)
+        self.action_space = spaces.Text(MAX_TEXT, charset=string.printable)
         self.secret, self.left = 0, 0
         self.closed = False
 
