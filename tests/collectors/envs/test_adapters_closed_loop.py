@@ -48,8 +48,14 @@ def collect_and_learn(root: Path, model: Path, tasks: Path, *agent: str) -> str:
                   "--lr", "1e-3", "--device", "cpu", "--wait-timeout", "30")
     finally:
         torch.set_num_threads(threads)
-    assert "versions published: 2;" in out, out
+    assert "2 steps trained" in out, out
     return store
+
+
+def advantage_spread(store: str) -> list[float]:
+    """The learner's advantage_std of each step (0 when every rollout of every group scored the same)."""
+    return open_store(store).query("SELECT value FROM metrics WHERE name = 'advantage_std' ORDER BY step"
+                                   ).column("value").to_pylist()
 
 
 def reward_components(store: str) -> dict[str, int]:
@@ -71,14 +77,17 @@ def test_reasoning_gym_collect_then_learn(model: Path, tmp_path: Path) -> None:
     store = collect_and_learn(tmp_path, model, tasks, "--reward", "reasoning_gym")
     assert usable(store) == GROUPS * N
     assert reward_components(store) == {"score": GROUPS * N, "format": GROUPS * N}
+    assert len(advantage_spread(store)) == 2  # a random tiny model scores 0 here: the loop, not learning
 
 
 def test_text_environment_collect_then_learn(model: Path, tmp_path: Path) -> None:
+    """Echo rewards how alike reply and word are, so even a random model's rollouts differ: the learner
+    trains on a real signal."""
     pytest.importorskip("gymnasium")
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({
-        "id": f"guess-{i}", "env": "tests.collectors.envs.text_envs_for_tests:GuessNumber",
-        "env_kwargs": {"high": 4, "tries": 3}, "seed": i}) + "\n" for i in range(GROUPS)))
+        "id": f"echo-{i}", "env": "tests.collectors.envs.text_envs_for_tests:Echo", "env_kwargs": {"rounds": 3},
+        "seed": i}) + "\n" for i in range(GROUPS)))
     store = collect_and_learn(tmp_path, model, tasks, "--agent", "collectors.envs.text_gym:agent",
                               "--reward", "collectors.envs.text_gym:reward")
     assert usable(store) == GROUPS * N
@@ -87,3 +96,4 @@ def test_text_environment_collect_then_learn(model: Path, tmp_path: Path) -> Non
     turns = open_store(store).query("SELECT rollout_id, count(*) AS n FROM turns WHERE run = 'loop' "
                                     "GROUP BY rollout_id").to_pylist()
     assert len(turns) == GROUPS * N and all(1 <= t["n"] <= 3 for t in turns)
+    assert all(spread > 0 for spread in advantage_spread(store))

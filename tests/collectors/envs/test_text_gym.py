@@ -106,3 +106,16 @@ def test_an_environment_that_does_not_speak_text_is_refused(scripted: Harness, t
 def test_a_result_that_is_not_an_episode_is_refused() -> None:
     with pytest.raises(text_gym.TextEnvError, match="scores the result of text_gym.agent"):
         text_gym.reward({}, "just text")
+
+
+def test_a_task_file_of_environments_loads_and_the_plain_chat_agent_refuses_it(tmp_path: Path) -> None:
+    """An environment task has no prompt: its first observation is the prompt."""
+    from collectors.collect.tasks import TaskFileError, chat_messages, load_tasks
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"id": "g1", "env": "TestGuessNumber-v0", "seed": 1}\n{"id": "g2"}\n')
+    with pytest.raises(TaskFileError, match="line 2: needs `prompt`.* or `env`") as info:
+        load_tasks(path)
+    assert "line 1" not in str(info.value)
+    with pytest.raises(TaskFileError, match="--agent collectors.envs.text_gym:agent"):
+        chat_messages(task(1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import string
 from typing import Any
@@ -51,6 +52,30 @@ class NotText(GuessNumber):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
         return [1, 2, 3], {}
+
+
+class Echo(GuessNumber):
+    """Repeat a word, `rounds` times: each step's reward is how alike the reply and the word are (difflib's
+    ratio, 0 to 1), so even a random model's episodes differ in reward and a learner gets a signal."""
+
+    WORDS = ("apple", "river", "stone", "cloud", "tiger", "lemon")
+
+    def __init__(self, rounds: int = 2) -> None:
+        super().__init__(tries=rounds)
+        self.word = ""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        return self._next(), {}
+
+    def _next(self) -> str:
+        self.word = str(self.np_random.choice(self.WORDS))
+        return f"Say {self.word}."
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        self.left -= 1
+        score = difflib.SequenceMatcher(None, action.strip().lower(), self.word).ratio()
+        return self._next(), score, self.left == 0, False, {}
 
 
 gymnasium.register("TestGuessNumber-v0", entry_point=GuessNumber)
