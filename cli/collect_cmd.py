@@ -38,7 +38,8 @@ def _default(name: str) -> Any:
 @click.option("--agent-cmd", metavar="CMD",
               help="External agent, run per rollout in its directory with OPENAI_BASE_URL, OPENAI_API_KEY, "
                    "ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY and TRAJSTORE_TASK_FILE set; its stdout is the result.")
-@click.option("--reward", metavar="MODULE:FN", help="reward(task, result, rollout) -> float or {name: float}.")
+@click.option("--reward", metavar="MODULE:FN", help="reward(task, result, rollout) -> float or {name: float}; or a "
+              "shipped one by name: math_verify, reasoning_gym.")
 @click.option("--reward-cmd", metavar="CMD", help="Test command run in the rollout's directory: exit 0 = 1.0, else 0.0.")
 @click.option("--pass-env", metavar="NAME", multiple=True,
               help="Let --agent-cmd and --reward-cmd see this variable of collect's environment (repeatable; NAME* "
@@ -137,7 +138,7 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
 @store_option
 @click.option("--run", required=True, help="The run whose rollouts to score.")
 @click.option("--reward", "reward_spec", required=True, metavar="MODULE:FN",
-              help="reward(task, result, rollout) -> float or {name: float}.")
+              help="reward(task, result, rollout) -> float or {name: float}; or math_verify, reasoning_gym.")
 @click.option("--tasks", "tasks_file", type=click.Path(exists=True, dir_okay=False),
               help="Task file, for rollouts whose task was too large to store with them (matched by id).")
 @click.option("--name", default="reward", show_default=True, help="Reward name for a float return value.")

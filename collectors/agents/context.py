@@ -179,3 +179,13 @@ def load_object(spec: str, *, what: str = "object") -> Any:
         raise ValueError(f"{what} {spec!r}: module {module_name} has no {attr!r} (it has: {names})") from None
     return obj
 
+
+
+def result_text(result: Any) -> str | None:
+    """The final reply in an agent's result, as a reward reads it: the result itself when it is text, its
+    `text` attribute (the tool agent's and the text-environment agent's results), or its "text" key (such a
+    result as stored in the rollout's final status and handed back by `trajstore reward`); else None."""
+    if isinstance(result, str):
+        return result
+    text = result.get("text") if isinstance(result, Mapping) else getattr(result, "text", None)
+    return text if isinstance(text, str) else None

@@ -69,8 +69,19 @@ async def command_reward(command: str, workdir: Path, env: Mapping[str, str]) ->
     return {"reward": score}, {"reward_exit": result.exit_code, "reward_output": result.tail}
 
 
+# Rewards shipped with trajstore that --reward also takes by a short name.
+NAMED_REWARDS = {
+    "math_verify": "collectors.envs.math_verify:reward",
+    "reasoning_gym": "collectors.envs.reasoning_gym:reward",
+}
+
+
 def load_reward(spec: str) -> Callable[..., Any]:
-    fn = load_object(spec, what="reward")
+    """A reward function from `module:fn` (or a file path), or one of NAMED_REWARDS by its name."""
+    if ":" not in spec and spec not in NAMED_REWARDS:
+        raise ValueError(f"reward {spec!r} must be written module:name (e.g. my_env:reward) or be one of "
+                         f"{', '.join(sorted(NAMED_REWARDS))}")
+    fn = load_object(NAMED_REWARDS.get(spec, spec), what="reward")
     if not callable(fn):
         raise TypeError(f"reward {spec!r} is a {type(fn).__name__}, not a function reward(task, result, rollout)")
     return fn

@@ -3,7 +3,9 @@
 A task is a JSON object the agent and the reward read. The runner itself needs only:
 
     {"prompt": "What is 2+3?"}                                   a user message, or
-    {"messages": [{"role": "system", "content": "..."}, ...]}    a whole conversation
+    {"messages": [{"role": "system", "content": "..."}, ...]}    a whole conversation, or
+    {"env": "my_envs:GuessNumber"}                                 a text environment whose first
+             observation is the prompt (played by `collectors.envs.text_gym:agent`)
     "id":    optional, a string or integer; default: a hash of the task's content, so the
              same task keeps its id across runs (resuming needs that)
     "files": optional {relative path: text}, written into the rollout's working directory
@@ -56,8 +58,8 @@ def task_problems(task: Any) -> list[str]:
         return [f"a task must be a JSON object, got {type(task).__name__}"]
     out = []
     prompt, messages = task.get("prompt"), task.get("messages")
-    if prompt is None and messages is None:
-        out.append("needs `prompt` (text) or `messages` (a list of {role, content})")
+    if prompt is None and messages is None and task.get("env") is None:
+        out.append("needs `prompt` (text), `messages` (a list of {role, content}) or `env` (a text environment)")
     if prompt is not None and not isinstance(prompt, str):
         out.append(f"`prompt` must be text, got {type(prompt).__name__}")
     if messages is not None and not (isinstance(messages, list) and messages and all(
@@ -133,6 +135,9 @@ def chat_messages(task: dict[str, Any]) -> list[dict[str, Any]]:
     """The conversation a task starts with: its `messages`, or its `prompt` as one user message."""
     if task.get("messages") is not None:
         return [dict(m) for m in task["messages"]]
+    if task.get("prompt") is None:
+        raise TaskFileError(f"task {task_id(task)!r} has no prompt or messages: its conversation comes from the "
+                            "text environment it names (`env`); collect it with --agent collectors.envs.text_gym:agent")
     return [{"role": "user", "content": task["prompt"]}]
 
 
