@@ -82,8 +82,9 @@ import trajstore  # noqa: E402
 from collectors.model.build import ModelSize, init_model  # noqa: E402
 from learner.batching import MicroBatch, StepTotals, pack, pad_batches, step_totals  # noqa: E402
 from learner.losses import LossStats, entropy, loss_stats, token_logprobs  # noqa: E402
+from learner.objectives import LOSSES, LossInputs  # noqa: E402
 from learner.settings import LearnSettings  # noqa: E402
-from learner.train import AGGREGATIONS, LOSSES, forward_logits, load_policy  # noqa: E402
+from learner.train import AGGREGATIONS, forward_logits, load_policy  # noqa: E402
 from trajstore import Reward, Status, Turn  # noqa: E402
 
 RUN = "bench-learn"
@@ -248,12 +249,12 @@ def train_step(model: torch.nn.Module, samples: pa.Table, method: Method, s: Lea
         with autocast:
             logits = method.forward(model, mb, s.temperature)
         logprobs = token_logprobs(logits, mb.targets[keep])
-        per_token, clipped = LOSSES[s.loss](logprobs, behaviour, advantages, s)
-        loss = AGGREGATIONS[s.aggregation](per_token, seq, mb.seq_weight, totals, s)
+        out = LOSSES[s.loss](LossInputs(logprobs, behaviour, advantages, seq, samples=int(mb.seq_weight.shape[0])), s)
+        loss = AGGREGATIONS[s.aggregation](out.loss, seq, mb.seq_weight, totals, s)
         loss.backward()
         loss_sum += loss.item()
-        stats = stats + loss_stats(logprobs, behaviour, torch.ones_like(keep, dtype=torch.bool), clipped,
-                                   entropy(logits))
+        stats = stats + loss_stats(logprobs, behaviour, torch.ones_like(keep, dtype=torch.bool),
+                                   out.clipped_low | out.clipped_high, entropy(logits))
     grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
     optimizer.step()
     sync(device)

@@ -91,7 +91,7 @@ def test_the_own_task_commands_run_as_written(tmp_path: Path) -> None:
 
 def check_model_as_models_md_says(model: Path) -> None:
     """docs/models.md's check, with its MODEL set to `model`, prints ok for an init-model checkpoint."""
-    code = fenced_block(MODELS, "from collectors.proxy.toolcalls import parse_output")
+    code = fenced_block(MODELS, "from collectors.model.toolcalls import parse_output")
     assert 'MODEL = "my/base"' in code
     done = subprocess.run([sys.executable, "-c", code.replace('MODEL = "my/base"', f"MODEL = {str(model)!r}")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -205,7 +205,7 @@ def fetch_beside(uri: str, name: str, dest: str | os.PathLike[str], entry: Mappi
     fs, root = directory(uri, storage_options=dict(storage_options or {}))
     dest = Path(dest)
     try:
-        _download(fs, f"{root}/{name}", dest, entry, uri, name)
+        _download(fs, root, dest, entry, uri, name)
     except ArtifactError:
         dest.unlink(missing_ok=True)
         raise

@@ -28,11 +28,18 @@ from trajstore.synth import generate_run
 
 @pytest.fixture(scope="module")
 def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A walkthrough run plus a checkpoint and a metric, so that every view has rows."""
+    """A walkthrough run plus a checkpoint, a metric and a teacher's scores of one turn, so that every view
+    has rows."""
     path = tmp_path_factory.mktemp("out") / "s"
     store = trajstore.open_store(path)
+    events = generate_run(groups=3, group_size=2, seed=3)
+    turn = next(e for e in events if e["kind"] == "turn")
     with store.writer("w") as w:
-        w.append(generate_run(groups=3, group_size=2, seed=3))
+        w.append(events)
+        w.append([trajstore.Teacher(run=turn["run"], group_id=turn["group_id"], rollout_id=turn["rollout_id"],
+                                    segment_id=turn["segment_id"], turn_index=turn["turn_index"],
+                                    policy_version=turn["policy_version"], teacher="t",
+                                    teacher_logprobs=[-0.5] * len(turn["output_ids"]))])
         w.append([trajstore.Metric(run="walkthrough", step=1, metrics={"loss": 0.5}, policy_version=0,
                                    consumed=["x"]),
                   trajstore.Checkpoint(run="walkthrough", policy_version=1, step=1, consumed=["x"])])
