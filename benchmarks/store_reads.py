@@ -118,22 +118,15 @@ def child(what: str, uri: str) -> None:
     from collectors.collect.admission import read_group_rows
     from collectors.collect.reload import read_head
 
-    if what == "poll-old":
+    if what in ("poll", "poll-old"):
+        source = store.follower() if what == "poll" else store  # the follower, or a fresh snapshot per poll
+
         def poll() -> None:
-            with store.snapshot() as snap:
+            with source.snapshot() as snap:
                 read_head(snap, "bench")
                 read_group_rows(snap, "bench")
         poll()
         result = timed(poll)
-    elif what == "poll":
-        follower = store.follower()
-
-        def fpoll() -> None:
-            with follower.snapshot() as snap:
-                read_head(snap, "bench")
-                read_group_rows(snap, "bench")
-        fpoll()
-        result = timed(fpoll)
     elif what == "newest":
         result = timed(lambda: store.query(NEWEST_SQL, scope=trajstore.Scope(newest=100)))
     elif what == "newest-old":

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from collectors.collect.runner import collect
@@ -57,6 +58,33 @@ async def until(condition: object, what: str, timeout: float = 90.0) -> None:
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.2)
 
+def collect_through_a_restart(settings: CollectSettings, model: Path, port: int, *, down_s: float,
+                              before: Callable[[], Awaitable[None]], after: Callable[[], Awaitable[None]]) -> object:
+    """Collect against a real `trajstore serve` on `port`: once `before` is done, kill it with SIGKILL, keep
+    it down `down_s` seconds, start it again on the same port, wait for `after`, stop collecting. Returns
+    collect's summary; the server is gone at the end whatever happened."""
+    server = serve(model, port)
+    try:
+        async def main() -> object:
+            nonlocal server
+            stop = asyncio.Event()
+            collecting = asyncio.create_task(collect(settings, stop=stop))
+            try:
+                await before()
+                server.send_signal(signal.SIGKILL)
+                server.wait()
+                await asyncio.sleep(down_s)
+                server = await asyncio.to_thread(serve, model, port)
+                await after()
+            finally:
+                stop.set()
+            return await collecting
+
+        return asyncio.run(main())
+    finally:
+        server.kill()
+        server.communicate()
+
 
 def test_a_restarted_server_gets_the_newest_version_again_without_a_publish(tiny_model: Path, tiny_model_v2: Path,
                                                                              tmp_path: Path) -> None:
@@ -75,27 +103,13 @@ def test_a_restarted_server_gets_the_newest_version_again_without_a_publish(tiny
     def serving(version: int) -> bool:
         return (health(url) or {}).get("policy_version") == version
 
-    server = serve(tiny_model, port)
-    try:
-        async def main() -> object:
-            nonlocal server
-            stop = asyncio.Event()
-            collecting = asyncio.create_task(collect(settings, stop=stop))
-            try:
-                await until(lambda: serving(1), "the collector loading version 1")
-                server.send_signal(signal.SIGKILL)
-                server.wait()
-                server = await asyncio.to_thread(serve, tiny_model, port)  # back on version 0, same port
-                assert serving(0)
-                await until(lambda: serving(1), "the collector loading version 1 into the restarted server")
-            finally:
-                stop.set()
-            return await collecting
+    async def restarted() -> None:  # back on version 0, same port
+        assert serving(0)
+        await until(lambda: serving(1), "the collector loading version 1 into the restarted server")
 
-        summary = asyncio.run(main())
-    finally:
-        server.kill()
-        server.communicate()
+    summary = collect_through_a_restart(settings, tiny_model, port, down_s=0.0,
+                                        before=lambda: until(lambda: serving(1), "the collector loading version 1"),
+                                        after=restarted)
     assert summary.reloads >= 2 and summary.served_version == 1  # type: ignore[attr-defined]
 
 
@@ -116,28 +130,14 @@ def test_an_outage_makes_model_calls_wait_not_rollouts_fail(tiny_model: Path, tm
         return int(store.query("SELECT count(*) AS n FROM rollouts WHERE run = 'outage' AND trainable"
                                ).to_pylist()[0]["n"])
 
-    server = serve(tiny_model, port)
-    try:
-        async def main() -> object:
-            nonlocal server
-            stop = asyncio.Event()
-            collecting = asyncio.create_task(collect(settings, stop=stop))
-            try:
-                await until(lambda: usable() >= 4, "the first rollouts")
-                server.send_signal(signal.SIGKILL)
-                server.wait()
-                await asyncio.sleep(3)  # down: the agents' model calls meet a refused connection
-                server = await asyncio.to_thread(serve, tiny_model, port)
-                before = await asyncio.to_thread(usable)
-                await until(lambda: usable() >= before + 8, "rollouts after the restart")
-            finally:
-                stop.set()
-            return await collecting
+    async def restarted() -> None:
+        before = await asyncio.to_thread(usable)
+        await until(lambda: usable() >= before + 8, "rollouts after the restart")
 
-        summary = asyncio.run(main())
-    finally:
-        server.kill()
-        server.communicate()
+    # down 3 s: the agents' model calls meet a refused connection
+    summary = collect_through_a_restart(settings, tiny_model, port, down_s=3.0,
+                                        before=lambda: until(lambda: usable() >= 4, "the first rollouts"),
+                                        after=restarted)
     statuses = store.query("SELECT status, error FROM rollouts WHERE run = 'outage' AND status = 'failed'").to_pylist()
     assert not statuses, statuses  # the outage failed no rollout
     assert summary.rollouts.get("failed", 0) == 0  # type: ignore[attr-defined]
