@@ -138,7 +138,7 @@ def stats(store_loc: str) -> None:
                   f"latest checkpoint version: {s.summary['latest_checkpoint']}")
     print_table(pa.Table.from_pylist(s.runs) if s.runs else pa.table({"run": pa.array([], pa.string())}), console,
                 title="runs")
-    if s.ledger:  # generated = trained + waiting + stale + discarded (masked + incomplete + failed)
+    if s.ledger:  # generated = trained + waiting + stale + discarded (masked + incomplete + failed + rejected)
         print_table(pa.Table.from_pylist(s.ledger), console, title="token ledger (generated tokens by policy version)")
 
 

@@ -256,11 +256,22 @@ def spread_note(step: int, metrics: Mapping[str, float], run: str, said_before: 
     return None
 
 
+def rejected_meta(samples: pa.Table, rows: list[int]) -> dict[str, list[list[str]]] | None:
+    """The step's metric-event meta naming the samples --reject left out of its loss (the `rejected`
+    view and the token ledger read it): [[rollout_id, segment_id], ...]; None when none was."""
+    if not rows:
+        return None
+    picked = samples.take(rows)
+    return {"rejected": [[r, g] for r, g in zip(picked.column("rollout_id").to_pylist(),
+                                                 picked.column("segment_id").to_pylist())]}
+
+
 def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | None, mb: MicroBatch,
                          totals: StepTotals, s: LearnSettings, autocast: Callable[[], torch.autocast],
-                         grad_scale: float = 1.0) -> tuple[float, float, LossStats]:
+                         grad_scale: float = 1.0) -> tuple[float, float, LossStats, list[int]]:
     """Forward one micro-batch, add its share of the step's loss gradient (times `grad_scale`, see
-    `learner.distributed.micro_batches`); returns (loss, kl, stats) unscaled."""
+    `learner.distributed.micro_batches`); returns (loss, kl, stats) unscaled and the rows of the
+    shard's samples the rejection test left out of the loss."""
     keep = mb.mask.nonzero().squeeze(1)  # only trainable targets enter the loss
     behaviour, advantages, seq, targets = (mb.behaviour_logprobs[keep], mb.advantages[keep], mb.seq[keep],
                                            mb.targets[keep])
@@ -289,7 +300,8 @@ def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | No
     (loss * grad_scale).backward()
     stats = loss_stats(logprobs, behaviour, torch.ones_like(keep, dtype=torch.bool),
                        out.clipped_low | out.clipped_high, entropy(logits))
-    return loss.item(), kl_value, stats + objective_stats(inputs, out, masked, rejected)
+    rejected_rows = [mb.rows[i] for i in rejected.nonzero().flatten().tolist()]
+    return loss.item(), kl_value, stats + objective_stats(inputs, out, masked, rejected), rejected_rows
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
@@ -391,14 +403,17 @@ def learn(settings: LearnSettings, *,
             optimizer.zero_grad(set_to_none=True)
             loss_sum = kl_sum = 0.0
             stats = LossStats()
+            rejected: list[int] = []  # rows of shard.samples left out of the loss by --reject
             for mb, grad_scale in distributed.micro_batches(batches, ranks):  # as many passes on every rank
-                loss, kl, mb_stats = backward_micro_batch(model, reference, mb.to(device), totals, s, autocast,
-                                                          grad_scale)
+                loss, kl, mb_stats, mb_rejected = backward_micro_batch(model, reference, mb.to(device), totals, s,
+                                                                       autocast, grad_scale)
                 if grad_scale:  # a padding pass only keeps the ranks in step
                     loss_sum, kl_sum, stats = loss_sum + loss, kl_sum + kl, stats + mb_stats
-            parts = distributed.all_ranks((loss_sum, kl_sum, stats), ranks)
+                    rejected += mb_rejected
+            parts = distributed.all_ranks((loss_sum, kl_sum, stats, rejected), ranks)
             loss_sum, kl_sum, stats = (sum(p[0] for p in parts), sum(p[1] for p in parts),
                                        sum((p[2] for p in parts), LossStats()))
+            rejected = sorted({row for p in parts for row in p[3]})
             grad_norm = distributed.clip_grad_norm(params, s.max_grad_norm)
             lr = s.lr * min(1.0, step / s.warmup_steps) if s.warmup_steps else s.lr  # from the step count: resumable
             for group in optimizer.param_groups:
@@ -421,7 +436,8 @@ def learn(settings: LearnSettings, *,
             table_version = shard.table_version
             if writer is not None:
                 writer.append([Metric(run=s.run, step=step, metrics=metrics, policy_version=version,
-                                      table_version=shard.table_version, consumed=list(shard.rollout_ids))])
+                                      table_version=shard.table_version, consumed=list(shard.rollout_ids),
+                                      meta=rejected_meta(shard.samples, rejected))])
             if show is not None and ranks.main:
                 show(step, version, metrics)
             note = spread_note(step, metrics, s.run, said_flat)

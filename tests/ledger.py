@@ -9,7 +9,7 @@ import trajstore
 
 def ledger_problems(store: trajstore.Store, run: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """The `token_ledger` rows (of `run`, or all) and what breaks its equalities: per run and version,
-    generated = trained + waiting + stale + discarded and discarded = masked + incomplete + failed, no
+    generated = trained + waiting + stale + discarded and discarded = masked + incomplete + failed + rejected, no
     negative count, and every sampled token of the `turns` view counted once."""
     with store.snapshot() as snap:
         ledger = snap.query("SELECT * FROM token_ledger WHERE $run IS NULL OR run = $run ORDER BY run, version",
@@ -20,8 +20,8 @@ def ledger_problems(store: trajstore.Store, run: str | None = None) -> tuple[lis
     for row in ledger:
         if row["generated"] != row["trained"] + row["waiting"] + row["stale"] + row["discarded"]:
             problems.append(f"generated != trained + waiting + stale + discarded: {row}")
-        if row["discarded"] != row["masked"] + row["incomplete"] + row["failed"]:
-            problems.append(f"discarded != masked + incomplete + failed: {row}")
+        if row["discarded"] != row["masked"] + row["incomplete"] + row["failed"] + row["rejected"]:
+            problems.append(f"discarded != masked + incomplete + failed + rejected: {row}")
         if min(v for k, v in row.items() if k not in ("run", "version")) < 0:
             problems.append(f"a negative count: {row}")
     if sum(r["generated"] for r in ledger) != sampled:

@@ -38,8 +38,11 @@ Definitions an RL researcher can rely on:
   past; else *waiting* (trainable, not consumed yet). `discarded` = `masked` (sampled tokens
   the output mask keeps out of the loss, of trained, waiting and stale rollouts) + `incomplete`
   (every token of a rollout with no terminal status: still running, or cut off by a crash)
-  + `failed` (every token of a rollout that ended failed or aborted, or without a reward).
-  The learner rejects no consumed sample today, so no column counts rejections.
+  + `failed` (every token of a rollout that ended failed or aborted, or without a reward)
+  + `rejected` (the trainable tokens of a consumed sample the learner's `--reject` test left out
+  of the loss: the `rejected` view, from the step's metric event).
+- `rejected`: per learner step, the samples (rollout_id, segment_id) `learn --reject` left out of
+  its loss, from the `rejected` list in the step's metric event `meta`.
 """
 
 from __future__ import annotations
@@ -235,6 +238,12 @@ VIEWS: dict[str, str] = {
         SELECT run, policy_version AS version, step, unnest(consumed) AS rollout_id
         FROM events WHERE kind = 'checkpoint' AND consumed IS NOT NULL
     """,
+    "rejected": """
+        SELECT run, step, policy_version, p[1] AS rollout_id, p[2] AS segment_id
+        FROM (SELECT run, step, policy_version,
+                     unnest(from_json(json_extract(meta, '$.rejected'), '[["VARCHAR"]]')) AS p
+              FROM events WHERE kind = 'metric' AND meta IS NOT NULL)
+    """,
     "token_ledger": """
         WITH head AS (
             SELECT run, max(version) AS head,
@@ -253,21 +262,27 @@ VIEWS: dict[str, str] = {
             LEFT JOIN (SELECT DISTINCT run, rollout_id FROM consumed) c USING (run, rollout_id)
             LEFT JOIN head h USING (run)),
         t AS (
-            SELECT rollout_id, policy_version AS version, sum(output_tokens)::BIGINT AS generated,
-                   sum(trainable_tokens)::BIGINT AS trainable
-            FROM turns GROUP BY rollout_id, policy_version),
+            SELECT run, rollout_id, segment_id, policy_version AS version,
+                   sum(output_tokens)::BIGINT AS generated, sum(trainable_tokens)::BIGINT AS trainable
+            FROM turns GROUP BY run, rollout_id, segment_id, policy_version),
         by_fate AS (
-            SELECT f.run, t.version, f.fate, sum(t.generated) AS generated, sum(t.trainable) AS trainable
-            FROM t JOIN fate f USING (rollout_id) GROUP BY ALL)
+            SELECT f.run, t.version,
+                   CASE WHEN f.fate = 'trained' AND x.segment_id IS NOT NULL THEN 'rejected' ELSE f.fate END AS fate,
+                   sum(t.generated) AS generated, sum(t.trainable) AS trainable
+            FROM t JOIN fate f USING (run, rollout_id)
+            LEFT JOIN (SELECT DISTINCT run, rollout_id, segment_id FROM rejected) x
+                USING (run, rollout_id, segment_id)
+            GROUP BY ALL)
         SELECT run, version, sum(generated)::BIGINT AS generated,
                coalesce(sum(trainable) FILTER (WHERE fate = 'trained'), 0)::BIGINT AS trained,
                coalesce(sum(trainable) FILTER (WHERE fate = 'waiting'), 0)::BIGINT AS waiting,
                coalesce(sum(trainable) FILTER (WHERE fate = 'stale'), 0)::BIGINT AS stale,
-               coalesce(sum(generated - trainable) FILTER (WHERE fate IN ('trained', 'waiting', 'stale')), 0)::BIGINT
-                   AS masked,
+               coalesce(sum(generated - trainable)
+                        FILTER (WHERE fate IN ('trained', 'rejected', 'waiting', 'stale')), 0)::BIGINT AS masked,
                coalesce(sum(generated) FILTER (WHERE fate = 'incomplete'), 0)::BIGINT AS incomplete,
                coalesce(sum(generated) FILTER (WHERE fate = 'failed'), 0)::BIGINT AS failed,
-               (masked + incomplete + failed)::BIGINT AS discarded
+               coalesce(sum(trainable) FILTER (WHERE fate = 'rejected'), 0)::BIGINT AS rejected,
+               (masked + incomplete + failed + rejected)::BIGINT AS discarded
         FROM by_fate GROUP BY run, version
     """,
     "metrics": """

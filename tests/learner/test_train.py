@@ -411,3 +411,38 @@ def test_groups_without_reward_spread_are_counted_and_named(template: Path, mode
     assert [line.split(":")[0] for line in said] == ["step 1 trained on nothing", "step 2"]
     assert "2 of its 2 groups had no reward spread" in said[0] and "the gradient is 0" in said[0]
     assert "1 of its 2 groups had no reward spread" in said[1]
+
+
+def test_rejected_samples_are_listed_and_counted_apart_in_the_ledger(template: Path, model_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """A sample `--reject` leaves out of the loss is consumed (not offered again) but its trainable tokens
+    are the ledger's `rejected`, not `trained`; the step's metric event names it (the `rejected` view)."""
+    from tests.ledger import assert_ledger_balances
+
+    store_dir = fresh_store(template, tmp_path)
+    # the synthetic behaviour logprobs carry engine-like noise, so every sample's mean k3 exceeds 1e-12
+    learn(settings(store_dir, model_dir, steps=1, reject="k3", reject_high=1e-12))
+    store = trajstore.open_store(store_dir)
+    consumed = store.query("SELECT rollout_id FROM step_rollouts").column(0).to_pylist()
+    rejected = store.query("SELECT step, rollout_id, segment_id FROM rejected ORDER BY rollout_id").to_pylist()
+    samples = store.query("SELECT rollout_id, segment_id FROM samples WHERE list_contains($ids, rollout_id) "
+                          "AND trainable_tokens > 0 ORDER BY rollout_id", {"ids": consumed}).to_pylist()
+    assert [(r["rollout_id"], r["segment_id"]) for r in rejected] == [(r["rollout_id"], r["segment_id"])
+                                                                       for r in samples]
+    assert {r["step"] for r in rejected} == {1}
+    (row,) = assert_ledger_balances(store)
+    assert row["trained"] == 0 and row["rejected"] > 0
+    metric = store.query("SELECT value FROM metrics WHERE name = 'rejected_tokens'").column(0).to_pylist()
+    assert metric == [row["rejected"]]
+
+
+def test_a_step_without_rejections_trains_every_consumed_token(template: Path, model_dir: Path,
+                                                               tmp_path: Path) -> None:
+    from tests.ledger import assert_ledger_balances
+
+    store_dir = fresh_store(template, tmp_path)
+    learn(settings(store_dir, model_dir, steps=1))
+    store = trajstore.open_store(store_dir)
+    assert store.query("SELECT count(*) FROM rejected").column(0).to_pylist() == [0]
+    (row,) = assert_ledger_balances(store)
+    assert row["rejected"] == 0 and row["trained"] > 0
