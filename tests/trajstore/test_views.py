@@ -399,8 +399,9 @@ def test_prompt_positions_are_never_trainable(store: trajstore.Store) -> None:
 
 
 def test_token_ledger_puts_every_generated_token_in_one_place(store: trajstore.Store) -> None:
-    """Trained (consumed), waiting, stale (past the newest checkpoint's max_staleness), masked, failed and
-    incomplete tokens, per policy version; the equality holds on every row."""
+    """Trained (consumed), rejected (consumed, left out of the loss by the learner), waiting, stale (past the
+    newest checkpoint's max_staleness), masked, failed and incomplete tokens, per policy version; the
+    equality holds on every row."""
     from tests.ledger import assert_ledger_balances
 
     masked = [turn("M", "M0", 0, 5, [4], [31, 32], [-0.5, -0.5], [True, False], group="gm", t=50),
@@ -408,14 +409,16 @@ def test_token_ledger_puts_every_generated_token_in_one_place(store: trajstore.S
     with store.writer("ledger-w") as writer:
         writer.append(single("T", "gt", 5, 1.0, "completed", t=10) + single("W", "gw", 5, 1.0, "completed", t=20)
                       + single("F", "gf", 5, 1.0, "failed", t=30) + single("I", "gi", 5, None, None, t=40) + masked
-                      + single("S", "gs", 1, 1.0, "completed", t=60)
-                      + [trajstore.Checkpoint(run="exp", policy_version=6, step=6, consumed=["T"],
+                      + single("S", "gs", 1, 1.0, "completed", t=60) + single("R", "gr", 5, 1.0, "completed", t=65)
+                      + [trajstore.Metric(run="exp", step=6, metrics={"loss": 0.0}, consumed=["T", "R"],
+                                          meta={"rejected": [["R", "R0"]]}, time=at(69)),
+                         trajstore.Checkpoint(run="exp", policy_version=6, step=6, consumed=["T", "R"],
                                               meta={"max_staleness": 2}, time=at(70))])
     ledger = {r["version"]: {k: v for k, v in r.items() if k not in ("run", "version")}
               for r in assert_ledger_balances(store)}
     assert ledger == {
-        5: {"generated": 10, "trained": 2, "waiting": 3, "stale": 0, "masked": 1, "incomplete": 2, "failed": 2,
-            "discarded": 5},
+        5: {"generated": 12, "trained": 2, "waiting": 3, "stale": 0, "masked": 1, "incomplete": 2, "failed": 2,
+            "rejected": 2, "discarded": 7},
         1: {"generated": 2, "trained": 0, "waiting": 0, "stale": 2, "masked": 0, "incomplete": 0, "failed": 0,
-            "discarded": 0},
+            "rejected": 0, "discarded": 0},
     }
