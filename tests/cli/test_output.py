@@ -28,8 +28,8 @@ from trajstore.synth import generate_run
 
 @pytest.fixture(scope="module")
 def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A walkthrough run plus a checkpoint, a metric and a teacher's scores of one turn, so that every view
-    has rows."""
+    """A walkthrough run plus a checkpoint, a metric (with a rejected sample) and a teacher's scores of one
+    turn, so that every view has rows."""
     path = tmp_path_factory.mktemp("out") / "s"
     store = trajstore.open_store(path)
     events = generate_run(groups=3, group_size=2, seed=3)
@@ -41,7 +41,7 @@ def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                     policy_version=turn["policy_version"], teacher="t",
                                     teacher_logprobs=[-0.5] * len(turn["output_ids"]))])
         w.append([trajstore.Metric(run="walkthrough", step=1, metrics={"loss": 0.5}, policy_version=0,
-                                   consumed=["x"]),
+                                   consumed=["x"], meta={"rejected": [["x", "x0"]]}),
                   trajstore.Checkpoint(run="walkthrough", policy_version=1, step=1, consumed=["x"])])
     return path
 
