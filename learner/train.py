@@ -66,6 +66,7 @@ from learner.errors import LearnerError
 from learner.resume import announce_missing, catch_up, check_still_newest, upload
 from learner.settings import LearnSettings, SettingsError
 from trajstore import Metric, Scope, Store, Writer, artifacts, open_store
+from trajstore.follow import Follower
 from trajstore.shard import Shard
 
 # the shard planner's rollout budget: a step is bounded by its group count, not its rollouts
@@ -163,24 +164,47 @@ def waiting_for(store: Store, s: LearnSettings, version: int, found: int) -> str
 WAIT_REPORT_S = 30.0  # how often a waiting learner says what it waits for
 
 
+def ready_groups(follower: Follower, s: LearnSettings, version: int, exclude: list[str]) -> int:
+    """How many groups a shard would find now: complete groups of the run whose oldest tokens are fresh
+    and of which no rollout is consumed or held (`exclude`), from the follower's incremental snapshot
+    (a poll with nothing new reads no sealed file)."""
+    with follower.snapshot() as snap:
+        snap.register("_exclude", pa.table({"rollout_id": pa.array(exclude, pa.string())}))
+        return snap.query(
+            """WITH gone AS (SELECT rollout_id FROM consumed WHERE run = $run
+                             UNION ALL SELECT rollout_id FROM _exclude),
+                    taken AS (SELECT DISTINCT group_id FROM rollouts JOIN gone USING (rollout_id) WHERE run = $run)
+               SELECT count(*) AS n FROM groups
+               WHERE run = $run AND complete AND min_version >= $lo AND group_id NOT IN (SELECT group_id FROM taken)""",
+            {"run": s.run, "lo": version - s.max_staleness}).column("n")[0].as_py()
+
+
 def wait_for_shard(store: Store, s: LearnSettings, version: int, exclude: Iterable[str],
-                   say: Callable[[str], None] | None = None) -> Shard | None:
+                   say: Callable[[str], None] | None = None, follower: Follower | None = None) -> Shard | None:
     """The next `groups_per_step` complete, fresh, unconsumed groups; None after `wait_timeout` without them.
 
-    While it waits, `say` hears what it waits for (at once, then every WAIT_REPORT_S seconds)."""
+    With a `follower`, each poll first counts the ready groups on its incremental snapshot and plans
+    a shard (which reads the token lists of the files that hold them) only once enough are there, or
+    every WAIT_REPORT_S seconds regardless. While it waits, `say` hears what it waits for (at once,
+    then every WAIT_REPORT_S seconds)."""
     exclude = list(exclude)
     deadline = None if s.follow else time.monotonic() + s.wait_timeout
-    report_at = time.monotonic()
+    report_at = plan_at = time.monotonic()
+    found = 0
     while True:
-        shard = store.shard(policy_version=version, max_staleness=s.max_staleness, max_rollouts=_NO_ROLLOUT_LIMIT,
-                            estimator=s.estimator, run=s.run, exclude=exclude, max_groups=s.groups_per_step,
-                            teacher=s.teacher)
-        if len(shard.group_ids) >= s.groups_per_step:
-            return shard
+        now = time.monotonic()
+        if follower is None or now >= plan_at or ready_groups(follower, s, version, exclude) >= s.groups_per_step:
+            shard = store.shard(policy_version=version, max_staleness=s.max_staleness,
+                                max_rollouts=_NO_ROLLOUT_LIMIT, estimator=s.estimator, run=s.run, exclude=exclude,
+                                max_groups=s.groups_per_step, teacher=s.teacher)
+            found = len(shard.group_ids)
+            if found >= s.groups_per_step:
+                return shard
+            plan_at = now + WAIT_REPORT_S
         if deadline is not None and time.monotonic() >= deadline:
             return None
         if say is not None and time.monotonic() >= report_at:
-            say(waiting_for(store, s, version, len(shard.group_ids)))
+            say(waiting_for(store, s, version, found))
             report_at = time.monotonic() + WAIT_REPORT_S
         time.sleep(s.poll_interval)
 
@@ -382,6 +406,7 @@ def learn(settings: LearnSettings, *,
     said_flat = False  # told the user some groups had no reward spread
     last_step = step_done
     steps = itertools.count(step_done + 1) if s.steps is None else range(step_done + 1, s.steps + 1)
+    follower = store.follower() if store is not None else None  # the waits' polls read only what is new
     try:
         if store is not None and writer is not None:
             announce_missing(store, writer, s, infos)
@@ -389,7 +414,7 @@ def learn(settings: LearnSettings, *,
                 writer.append([checkpoints.initial_event(s.model, s.run, s.groups_per_version, s.max_staleness,
                                                          s.resolved())])
         for step in steps:
-            shard = wait_for_shard(store, s, version, pending, say) if store is not None else None
+            shard = wait_for_shard(store, s, version, pending, say, follower) if store is not None else None
             shard = distributed.broadcast(shard, ranks)
             if shard is None:
                 stopped = "no_data"
@@ -457,6 +482,8 @@ def learn(settings: LearnSettings, *,
     finally:
         if writer is not None:
             writer.close()
+        if follower is not None:
+            follower.close()
         distributed.stop(ranks)
     return LearnSummary(run=s.run, step=last_step, version=version, steps_trained=steps_trained,
                         published=tuple(published), resumed_from=resume.version if resume else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -446,3 +447,28 @@ def test_a_step_without_rejections_trains_every_consumed_token(template: Path, m
     assert store.query("SELECT count(*) FROM rejected").column(0).to_pylist() == [0]
     (row,) = assert_ledger_balances(store)
     assert row["rejected"] == 0 and row["trained"] > 0
+
+
+def test_a_waiting_learner_polls_the_follower_and_plans_a_shard_once_enough_groups_are_ready(
+        template: Path, model_dir: Path, tmp_path: Path) -> None:
+    """While too few groups are ready, each poll is a count on the follower's incremental snapshot (no
+    sealed file read twice) and no shard is planned after the first; once enough are, the shard comes."""
+    from learner.train import wait_for_shard
+
+    store_dir = fresh_store(template, tmp_path)
+    store = trajstore.open_store(store_dir)
+    plans: list[int] = []
+    plan = store.shard
+    store.shard = lambda **kw: plans.append(1) or plan(**kw)  # type: ignore[method-assign]
+    with contextlib.closing(store.follower()) as follower:
+        sealed = len(store.pin().table.files)
+        assert sealed > 0
+        too_many = settings(store_dir, model_dir, groups_per_step=GROUPS + 1, wait_timeout=0.6, poll_interval=0.02)
+        assert wait_for_shard(store, too_many, 0, [], follower=follower) is None
+        assert plans == [1]  # the first poll plans; the others only count ready groups
+        assert follower.files_read == sealed  # every sealed file read once however many polls
+        enough = replace(too_many, groups_per_step=GROUPS - 1)
+        held = store.query("SELECT rollout_id FROM rollouts WHERE group_id = (SELECT min(group_id) FROM groups)")
+        shard = wait_for_shard(store, enough, 0, held.column(0).to_pylist(), follower=follower)
+        assert shard is not None and len(shard.group_ids) == GROUPS - 1
+        assert follower.files_read == sealed
