@@ -164,3 +164,35 @@ def test_streams_send_prefixes_of_the_final_parse_and_calls_at_the_end(step: int
     assert before == {"reasoning": "", "content": ""} and [e[0] for e in rest] == ["tool_call"]
     before, _ = _streamed("llama3", "Plain words, streamed.", step)
     assert before["content"] == "Plain words, streamed."
+
+
+def test_harmony_never_downloads_its_vocabulary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without TIKTOKEN_ENCODINGS_BASE and without a copy on this machine: a clear error, no download."""
+    from collectors.model import harmony
+
+    monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(harmony, "_offline_copies", lambda: [tmp_path / "nowhere"])
+    with pytest.raises(harmony.HarmonyVocabMissing, match="set TIKTOKEN_ENCODINGS_BASE to that directory"):
+        harmony.vocab_dir()
+    bad = tmp_path / "bad"
+    bad.write_text("not the vocabulary\n")
+    monkeypatch.setattr(harmony, "_offline_copies", lambda: [bad])  # a copy whose sha256 differs is not used
+    with pytest.raises(harmony.HarmonyVocabMissing):
+        harmony.vocab_dir()
+
+
+def test_harmony_vocabulary_is_copied_once_into_trajstores_cache(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    from collectors.model import harmony
+
+    found = [p for p in harmony._offline_copies() if p.is_file()]
+    if not found:
+        pytest.skip("no offline copy of o200k_base.tiktoken on this machine (litellm, a test dependency, ships one)")
+    monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    where = harmony.vocab_dir()
+    assert where == tmp_path / "trajstore" / "harmony" and harmony._sha256(where / harmony.VOCAB_FILE) == \
+        harmony.VOCAB_SHA256
+    monkeypatch.setattr(harmony, "_offline_copies", lambda: [])
+    assert harmony.vocab_dir() == where  # the cached copy serves from then on

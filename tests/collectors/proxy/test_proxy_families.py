@@ -115,3 +115,28 @@ def test_streamed_final_answer_streams_text_before_the_end(family_proxy: tuple[s
                                        max_tokens=64, stream=True)
     pieces = [ch.choices[0].delta.content for ch in stream if ch.choices and ch.choices[0].delta.content]
     assert "".join(pieces) == "It is 21 degrees." and len(pieces) > 1  # token by token, not one piece at the end
+
+
+def test_an_edited_call_is_a_history_rewrite_not_reconciled(family_proxy: tuple[str, Harness]) -> None:
+    family, proxy = family_proxy
+    proxy.upstream.replies[:] = [REPLIES[family][0], REPLIES[family][1]]
+    rollout = proxy.open()
+    c = openai_client(rollout)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
+    message = c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=64).choices[0].message
+    sent = message.model_dump(exclude_none=True)
+    sent["tool_calls"][0]["function"]["arguments"] = '{"city": "Lyon"}'
+    messages += [sent, {"role": "tool", "tool_call_id": sent["tool_calls"][0]["id"], "content": "rain"}]
+    c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=64)
+    m = metas(proxy, rollout)
+    assert m[1]["history"] == "rewritten" and m[1]["fork"] is not None and m[1]["segment_id"] != m[0]["segment_id"]
+
+
+def test_tool_format_is_checked_and_overrides_the_template(tiny_model: Path) -> None:
+    from collectors.proxy.app import ProxyConfig
+    from collectors.proxy.render import ChatRenderer
+
+    (problem,) = ProxyConfig(model_dir=str(tiny_model), tool_format="mistral").problems()
+    assert "tool_format must be one of hermes, llama3, harmony" in problem and "'mistral'" in problem
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    assert ChatRenderer(tok).format == "hermes" and ChatRenderer(tok, "llama3").format == "llama3"
