@@ -137,7 +137,7 @@ class HarmonyReader:
         self._push(text[:len(text) - keep])
 
     def _push(self, text: str) -> None:
-        from openai_harmony import StreamState
+        from openai_harmony import HarmonyError, StreamState
 
         for token in self._enc.encode(text, allowed_special="all") if text else []:
             self._tokens.append(token)
@@ -145,7 +145,7 @@ class HarmonyReader:
                 continue
             try:
                 self._parser.process(token)
-            except Exception:  # noqa: BLE001 - HarmonyError: the model broke the format here
+            except HarmonyError:  # the model broke the format here
                 self._broken_from = len(self._tokens) - 1
                 continue
             if self._parser.state != StreamState.HEADER:

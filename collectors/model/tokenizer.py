@@ -3,8 +3,9 @@
 Nothing is downloaded: `generated_corpus(seed)` writes a deterministic mix of chat-like
 English, Python code, shell lines and JSON tool calls and schemas, and `train_tokenizer`
 trains a byte-level BPE on it with the `tokenizers` library, in the layout of Qwen2's
-tokenizer (Qwen's pre-tokenizer regex, byte-level decoder, ChatML special tokens), wrapped
-as a transformers fast tokenizer with the chat template of `collectors.model.chat_template`.
+tokenizer (Qwen's pre-tokenizer regex, byte-level decoder), wrapped as a transformers fast
+tokenizer with a model family's control tokens and chat template (`collectors.model.families`:
+ChatML and the Hermes template by default, or Llama 3's or harmony's).
 
 Every byte sequence is encodable (the 256 byte symbols are in the initial alphabet), and
 decoding inverts encoding for NFC text. The NFC normalizer is Qwen2's: transformers 5 loads
