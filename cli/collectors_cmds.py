@@ -27,8 +27,8 @@ _DEFAULT = ModelSize()
               help="One matrix for the input embedding and the LM head (vLLM can then hot-reload it only as LoRA).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the tokenizer corpus and the weights.")
 @click.option("--family", type=click.Choice(["hermes", "llama3", "harmony"]), default="hermes", show_default=True,
-              help="Chat format of the tokenizer and template: hermes (Qwen2.5 <tool_call>), llama3 (Llama 3.1 JSON "
-                   "calls, <|python_tag|>), harmony (gpt-oss channels, calls to functions.NAME).")
+              help="Chat format of the tokenizer and template: hermes (Qwen2.5 / Hermes call blocks), llama3 (Llama "
+                   "3.1 JSON calls), harmony (gpt-oss channels, calls to functions.NAME).")
 def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, heads: int, kv_heads: int,
                intermediate_size: int, max_positions: int, tie_embeddings: bool, seed: int, family: str) -> None:
     """Create a small random Qwen2 model with a trained BPE tokenizer and chat template.

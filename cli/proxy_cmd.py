@@ -34,8 +34,8 @@ from cli.options import seal_interval_option, store_option
 @click.option("--writer", help="Store writer name, unique per process and machine (default: proxy-HOST-PID-SPOOLID, "
                               "unique across machines whatever their hostnames).")
 @click.option("--tool-format", type=click.Choice(["hermes", "llama3", "harmony"]),
-              help="How replies write tool calls and reasoning: hermes (<tool_call>, <think>), llama3 (JSON calls, "
-                   "<|python_tag|>), harmony (gpt-oss channels). Default: read from the model's chat template.")
+              help="How replies write tool calls and reasoning: hermes (Qwen2.5 / Hermes call blocks), llama3 (Llama 3 "
+                   "JSON calls), harmony (gpt-oss channels). Default: read from the model's chat template.")
 @seal_interval_option(60.0)  # ProxyConfig's: its module loads the proxy, too heavy for --help
 def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, run: str, upstream_kind: str,
           upstream_model: str | None, policy_version: int, model_names: tuple[str, ...], max_model_len: int | None,

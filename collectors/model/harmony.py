@@ -39,6 +39,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from collectors.errors import CollectorError
+
 VOCAB_FILE = "o200k_base.tiktoken"
 VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 # tiktoken caches a downloaded file under the sha1 of its URL; litellm ships its copy under the same name
@@ -50,7 +52,7 @@ _CONTROL = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>
 _load_lock = threading.Lock()
 
 
-class HarmonyVocabMissing(RuntimeError):
+class HarmonyVocabMissing(CollectorError):
     """No offline copy of the harmony encoding's vocabulary file was found."""
 
 
