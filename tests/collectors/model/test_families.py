@@ -196,3 +196,17 @@ def test_harmony_vocabulary_is_copied_once_into_trajstores_cache(monkeypatch: py
         harmony.VOCAB_SHA256
     monkeypatch.setattr(harmony, "_offline_copies", lambda: [])
     assert harmony.vocab_dir() == where  # the cached copy serves from then on
+
+
+def test_init_model_command_takes_a_family(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    sizes = ["--vocab-size", "400", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1",
+             "--intermediate-size", "48", "--max-positions", "128"]
+    result = CliRunner().invoke(main, ["init-model", str(tmp_path / "m"), "--family", "llama3", *sizes])
+    assert result.exit_code == 0 and "llama3 chat format" in result.output, result.output
+    assert detect_format(AutoTokenizer.from_pretrained(tmp_path / "m").chat_template) == "llama3"
+    bad = CliRunner().invoke(main, ["init-model", str(tmp_path / "x"), "--family", "mistral", *sizes])
+    assert bad.exit_code != 0 and "hermes" in bad.output and "harmony" in bad.output

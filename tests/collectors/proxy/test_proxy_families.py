@@ -140,3 +140,55 @@ def test_tool_format_is_checked_and_overrides_the_template(tiny_model: Path) -> 
     assert "tool_format must be one of hermes, llama3, harmony" in problem and "'mistral'" in problem
     tok = AutoTokenizer.from_pretrained(tiny_model)
     assert ChatRenderer(tok).format == "hermes" and ChatRenderer(tok, "llama3").format == "llama3"
+
+
+@pytest.fixture(scope="module", params=["llama3", "harmony"])
+def sampled_proxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[tuple[str, Harness]]:
+    """The family's random tiny model sampling on the embedded server, the proxy recording every sample."""
+    import torch
+
+    from collectors.embedded.app import serve_in_thread
+    from collectors.policy import EmbeddedClient
+    from tests.collectors.proxy_harness import Recording
+
+    path = tmp_path_factory.mktemp("models") / request.param
+    init_model(path, SIZE, family=request.param)
+    threads = torch.get_num_threads()
+    try:
+        with serve_in_thread(path, threads=1, max_batch=4, device="cpu") as server, \
+                running_proxy(Recording(EmbeddedClient(server.url)), tmp_path_factory.mktemp("store"), path) as h:
+            yield request.param, h
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_sampled_replies_of_each_family_are_stored_exactly_streamed_or_not(
+        sampled_proxy: tuple[str, Harness]) -> None:
+    """Whatever the random model writes (control tokens in odd places, half a harmony header), every turn is
+    stored with the sampled ids and logprobs, the family's stop ids end the replies, and streaming and
+    the stored reply agree."""
+    from tests.collectors.proxy_harness import assert_exact
+
+    family, proxy = sampled_proxy
+    rollout = proxy.open()
+    c = openai_client(rollout)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
+    for turn in range(4):
+        kw = {"model": MODEL, "messages": messages, "tools": TOOLS, "max_tokens": 24, "seed": turn}
+        if turn % 2:
+            content, calls = "", []
+            for chunk in c.chat.completions.create(stream=True, **kw):
+                if chunk.choices:
+                    content += chunk.choices[0].delta.content or ""
+                    calls += chunk.choices[0].delta.tool_calls or []
+            stored = json.loads(proxy.turns(rollout["rollout_id"])[-1]["response"])["choices"][0]["message"]
+            assert content == (stored.get("content") or "")  # what streamed is what was stored
+        else:
+            message = c.chat.completions.create(**kw).choices[0].message
+            content, calls = message.content or "", message.tool_calls or []
+        messages.append({"role": "assistant", "content": content})
+        messages.append({"role": "user", "content": "And tomorrow?"})
+    turns = assert_exact(proxy, rollout["rollout_id"])
+    stops = {proxy.proxy.capture.renderer.tokenizer.convert_tokens_to_ids(t) for t in FAMILIES[family].stops}
+    assert all(t["output_ids"][-1] in stops for t in turns if t["finish_reason"] in ("stop", "tool_calls"))
