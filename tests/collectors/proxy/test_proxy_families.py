@@ -81,6 +81,27 @@ def test_sdk_tool_loop_is_parsed_and_stays_one_segment(family_proxy: tuple[str, 
     assert decode(turns[1]["prompt_ids"]) == tool_turn  # only the new text: the sampled call tokens were kept
 
 
+def test_anthropic_sdk_tool_loop_stays_one_segment(family_proxy: tuple[str, Harness]) -> None:
+    from tests.collectors.proxy_harness import anthropic_client
+
+    family, proxy = family_proxy
+    proxy.upstream.replies[:] = [REPLIES[family][0], REPLIES[family][1]]
+    rollout = proxy.open()
+    c = anthropic_client(rollout)
+    tools = [{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
+    first = c.messages.create(model=MODEL, max_tokens=64, tools=tools, messages=messages)
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and use.name == "get_weather" and use.input == {"city": "Paris"}
+    # the input comes back as an object, the thinking block (harmony's analysis) with it
+    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "21"}]}]
+    second = c.messages.create(model=MODEL, max_tokens=64, tools=tools, messages=messages)
+    assert second.stop_reason == "end_turn" and second.content[-1].text == "It is 21 degrees."
+    m = metas(proxy, rollout)
+    assert m[1]["fork"] is None and m[1]["segment_id"] == m[0]["segment_id"]
+
+
 def test_streamed_tool_call_arrives_as_sse_deltas(family_proxy: tuple[str, Harness]) -> None:
     family, proxy = family_proxy
     proxy.upstream.replies[:] = [REPLIES[family][0]]
