@@ -33,10 +33,13 @@ from cli.options import seal_interval_option, store_option
               help="Sampled tokens when a call sets no max_tokens (never past the context).")
 @click.option("--writer", help="Store writer name, unique per process and machine (default: proxy-HOST-PID-SPOOLID, "
                               "unique across machines whatever their hostnames).")
+@click.option("--tool-format", type=click.Choice(["hermes", "llama3", "harmony"]),
+              help="How replies write tool calls and reasoning: hermes (Qwen2.5 / Hermes call blocks), llama3 (Llama 3 "
+                   "JSON calls), harmony (gpt-oss channels). Default: read from the model's chat template.")
 @seal_interval_option(60.0)  # ProxyConfig's: its module loads the proxy, too heavy for --help
 def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, run: str, upstream_kind: str,
           upstream_model: str | None, policy_version: int, model_names: tuple[str, ...], max_model_len: int | None,
-          default_max_tokens: int, writer: str | None, seal_interval: float) -> None:
+          default_max_tokens: int, writer: str | None, tool_format: str | None, seal_interval: float) -> None:
     """Capture proxy: OpenAI and Anthropic chat APIs in front of a policy server, every call stored exactly.
 
     Open a rollout, then point any SDK or agent CLI at its base URL and key; each call is
@@ -64,5 +67,5 @@ def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, r
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ProxyConfig(model_dir=model_dir, run=run, writer=writer, model_names=model_names,
                          max_model_len=max_model_len, default_max_tokens=default_max_tokens,
-                         seal_interval=seal_interval)
+                         seal_interval=seal_interval, tool_format=tool_format)
     run_proxy(client, store_loc, config, host=host, port=port)

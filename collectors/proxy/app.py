@@ -61,6 +61,7 @@ from collectors.policy import PolicyClient
 from collectors.proxy.capture import Capture
 from collectors.proxy.chat import ChatError, is_int
 from collectors.proxy.protocol import SESSION_HEADER, split_key
+from collectors.model.toolcalls import FORMATS
 from collectors.proxy.render import ChatRenderer
 from collectors.proxy.sessions import Rollout
 from collectors.proxy.upstream import OUTAGE_WAIT_S
@@ -96,6 +97,7 @@ class ProxyConfig:
     default_max_tokens: int = 4096
     seal_interval: float = 60.0  # seconds before appended turns are sealed (visible to other machines)
     upstream_wait_s: float = OUTAGE_WAIT_S  # how long a call waits for an unreachable policy server
+    tool_format: str | None = None  # hermes | llama3 | harmony; None: read from the chat template
 
     def check(self) -> None:
         """Raise ValueError naming every problem at once."""
@@ -110,6 +112,9 @@ class ProxyConfig:
                        "directory the policy server serves")
         if self.max_model_len is not None and self.max_model_len < 2:
             out.append(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.tool_format is not None and self.tool_format not in FORMATS:
+            out.append(f"tool_format must be one of {', '.join(FORMATS)} (or unset: read from the chat template), "
+                       f"got {self.tool_format!r}")
         if self.default_max_tokens < 1:
             out.append(f"default_max_tokens must be at least 1, got {self.default_max_tokens}")
         if not 0 <= self.upstream_wait_s < float("inf"):
@@ -361,7 +366,7 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
     from transformers import AutoTokenizer
 
     config.check()
-    renderer = ChatRenderer(AutoTokenizer.from_pretrained(config.model_dir))
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(config.model_dir), config.tool_format)
     max_len = config.max_model_len or int(json.loads((Path(config.model_dir) / "config.json").read_text())
                                           ["max_position_embeddings"])
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)

@@ -58,7 +58,7 @@ from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.segmenter import SessionState, TurnPlan, plan_turn, record_turn
 from collectors.proxy.sessions import Registry, Rollout, SessionSlot
-from collectors.proxy.streaming import ReplyStream, TextStream
+from collectors.proxy.streaming import TextStream, reply_stream
 from collectors.proxy.upstream import OUTAGE_WAIT_S, Upstream
 from collectors.proxy.wire import WireProtocol, stream_body
 from trajstore import InvalidEventError, Reward, Status, Turn, Writer, new_id
@@ -234,11 +234,11 @@ class Capture:
         sampled_text = body_text + renderer.decode(sample.output_ids[len(text_ids(sample)):])
         record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)
         prefill = (req.messages[-1].get("content") or "") if req.continue_final else ""
+        answered = reply_message(prefill + reply.content, reply.reasoning, [(c.name, c.arguments)
+                                                                           for c in reply.tool_calls])
         state.answered = Answered(
             messages=req.messages, prompt_messages=prep.messages, continue_final=req.continue_final,
-            reply=reply_message(prefill + reply.content, reply.reasoning, [(c.name, c.arguments)
-                                                                          for c in reply.tool_calls]),
-            sampled={"role": "assistant", "content": prefill + body_text})
+            reply=answered, sampled=renderer.sampled_message(prefill + body_text, answered))
         rollout.tally.add(prep.session, reply.finish, len(sample.output_ids), sample.policy_version)
         stats = self.stats
         stats.turns += 1
@@ -321,7 +321,7 @@ class Capture:
         renderer, req = self.renderer, prep.req
         joined = StreamedSample(prep.plan.full_ids)
         texts = TextStream(renderer.decode, renderer.special_ids, req.sampling.stop)
-        pieces = ReplyStream(parse_tools=req.parse_tools and bool(req.tools))
+        pieces = reply_stream(renderer.format, req.parse_tools and bool(req.tools))
         logprobs = bool(req.options.get("logprobs"))
         upstream = self.upstream.stream(lambda: self.client.stream(
             prep.plan.full_ids, req.sampling_for(prep.max_tokens),

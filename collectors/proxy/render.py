@@ -6,7 +6,10 @@ serves) and is the only place the capture proxy renders or tokenizes:
 - `prompt_text`: the conversation through the generation prompt (`<|im_start|>assistant\\n`),
   or, for an assistant prefill, through the prefill text (`continue_final_message`);
 - `reply`: the sampled text (the final stop token removed, a stop string and what follows it
-  cut off, as the server does) parsed by `collectors.model.toolcalls`.
+  cut off, as the server does) parsed by `collectors.model.toolcalls` in the model's tool-call
+  format (`format`: given, or read from the chat template by `detect_format`);
+- `sampled_message`: the reply exactly as sampled, in a message the template renders back to
+  the sampled text (reconciliation renders it in place of the agent's copy).
 
 `encode` never adds special tokens: Qwen-style templates write every control token themselves.
 
@@ -27,7 +30,7 @@ from jinja2 import TemplateError
 
 from collectors.policy import Sample
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
-from collectors.model.toolcalls import parse_output
+from collectors.model.toolcalls import check_format, detect_format, parse_output
 
 
 def text_ids(sample: Sample) -> list[int]:
@@ -40,11 +43,16 @@ def text_ids(sample: Sample) -> list[int]:
 class ChatRenderer:
     """Renders conversations and decodes replies with one tokenizer and its chat template."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tool_format: str | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template; the proxy needs one to render conversations "
                              "(models made by `trajstore init-model` ship with it)")
         self.tokenizer = tokenizer
+        self.format = check_format(tool_format) if tool_format else detect_format(tokenizer.chat_template)
+        if self.format == "harmony":  # fail at start, not at the first reply, when its vocabulary is missing
+            from collectors.model.harmony import encoding
+
+            encoding()
         # A call through transformers' encode / decode costs several times the Rust tokenizer's own work,
         # and a turn makes several. The backend gives the same ids and text when transformers would not
         # truncate, pad or split special tokens, which is the case for every tokenizer loaded as is.
@@ -104,7 +112,7 @@ class ChatRenderer:
         if stop_string is not None:
             hits = [i for i in (text.find(s) for s in req.sampling.stop) if i >= 0]
             text = text[:min(hits)] if hits else text
-        parsed = parse_output(text, parse_tools=req.parse_tools and bool(req.tools))
+        parsed = parse_output(text, parse_tools=req.parse_tools and bool(req.tools), fmt=self.format)
         calls = tuple(dataclasses.replace(c, id=call_id()) for c in parsed.tool_calls)
         finish = "tool_calls" if calls and sample.finish_reason == "stop" else sample.finish_reason
         texts = [self.decode([t]) for t in ids] if req.options.get("logprobs") else []
@@ -114,6 +122,13 @@ class ChatRenderer:
                          output_logprobs=list(sample.output_logprobs), token_texts=texts,
                          policy_version=sample.policy_version, trajstore=trajstore,
                          top_logprobs=sample.top_logprobs, top_n=int(req.options.get("top_logprobs") or 0))
+
+
+    def sampled_message(self, text: str, answered: dict[str, Any]) -> dict[str, Any]:
+        """The reply as sampled, for the template: its raw text as content where the template writes content
+        verbatim (hermes, llama3); harmony writes each part on its channel, so there it is the parsed reply
+        `answered`, whose calls keep the model's own arguments text."""
+        return answered if self.format == "harmony" else {"role": "assistant", "content": text}
 
 
 def _text_chars(value: Any) -> int:

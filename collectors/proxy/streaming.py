@@ -14,7 +14,11 @@ the final text by `ChatRenderer.reply`), and whatever could still change is held
   `<tool_call>` (a trailing newline and a partial tag wait); from the first `<tool_call>` on,
   nothing streams until the end, because a later malformed block turns every block back into
   content. `finish(reply)` then sends the rest of the final reasoning and content and the tool
-  calls, each whole.
+  calls, each whole. That is the Hermes format; `reply_stream(fmt, ...)` picks the stream of
+  the model's format: `Llama3Stream` streams a reply as content unless it starts with `{` or
+  `<|python_tag|>` (it may be tool calls: then all of it waits for the end), `HarmonyStream`
+  streams the analysis channel as reasoning and the final channel as content, as
+  `collectors.model.harmony`'s reader (the parser of the final reply) reads them.
 
 So the first tokens of text reach the agent as they are sampled; tool calls arrive when the
 reply is complete (one delta with their whole arguments, as the proxy has always streamed them).
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 
 from collectors.model.detokenize import IncrementalText
 from collectors.proxy.chat import ChatReply
-from collectors.model.toolcalls import CALL_OPEN, THINK_CLOSE, THINK_OPEN, ToolCall
+from collectors.model.toolcalls import CALL_OPEN, PYTHON_TAG, THINK_CLOSE, THINK_OPEN, ToolCall
 
 Event = tuple[str, str] | tuple[str, int, ToolCall]  # ("reasoning" | "content", text) or ("tool_call", index, call)
 
@@ -121,3 +125,38 @@ class ReplyStream:
                 self.sent[kind] = value
         events.extend(("tool_call", i, call) for i, call in enumerate(reply.tool_calls))
         return events
+
+
+class Llama3Stream(ReplyStream):
+    """Llama 3 JSON calls: content streams unless the reply may be tool calls (see the module docstring)."""
+
+    def _safe(self) -> tuple[str | None, str | None]:
+        text = self.text
+        body = text[len(PYTHON_TAG):] if text.startswith(PYTHON_TAG) else text
+        if self.parse_tools and (PYTHON_TAG.startswith(text) or not body.strip() or body.lstrip().startswith("{")):
+            return None, None
+        return None, text
+
+
+@dataclass
+class HarmonyStream(ReplyStream):
+    """gpt-oss harmony: reasoning and content as the harmony reader reads the text so far."""
+
+    def __post_init__(self) -> None:
+        from collectors.model.harmony import HarmonyReader  # loads openai-harmony and its vocabulary
+
+        self._reader = HarmonyReader(self.parse_tools)
+
+    def feed(self, delta: str) -> list[Event]:
+        self._reader.feed(delta)
+        return super().feed(delta)
+
+    def _safe(self) -> tuple[str | None, str | None]:
+        reasoning, content, _ = self._reader.view()
+        return reasoning, content
+
+
+def reply_stream(fmt: str, parse_tools: bool) -> ReplyStream:
+    """The stream of a reply in tool-call format `fmt` (`collectors.model.toolcalls.FORMATS`)."""
+    kind = {"llama3": Llama3Stream, "harmony": HarmonyStream}.get(fmt, ReplyStream)
+    return kind(parse_tools=parse_tools)

@@ -83,14 +83,17 @@ class Scripted:
     yielded: int = 0  # tokens streamed so far, all calls
     gate: threading.Event | None = None  # when set up: a stream holds after `gate_after` tokens until it is set
     gate_after: int = 0
+    stops: tuple[str, ...] = ("<|im_end|>",)  # the model family's stop tokens; the first ends a text without one
 
     async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
         self.sent.append(list(prompt_ids))
         text = self.replies.pop(0) if self.replies else "ok"
-        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        ids = (self.tokenizer.encode(text, add_special_tokens=False) + [end])[:sampling.max_tokens]
-        finish = "stop" if len(ids) and ids[-1] == end else "length"
+        ends = {self.tokenizer.convert_tokens_to_ids(t) for t in self.stops}
+        ids = self.tokenizer.encode(text, add_special_tokens=False)  # a text may end with its own stop token
+        ids = (ids + ([] if ids and ids[-1] in ends else [self.tokenizer.convert_tokens_to_ids(self.stops[0])])
+               )[:sampling.max_tokens]
+        finish = "stop" if len(ids) and ids[-1] in ends else "length"
         return Sample(prompt_ids=list(prompt_ids), output_ids=ids, output_logprobs=[-0.25] * len(ids),
                       text=self.tokenizer.decode(ids, skip_special_tokens=True), finish_reason=finish,
                       policy_version=self.version)
