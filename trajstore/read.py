@@ -405,12 +405,7 @@ class Reader:
         return Snapshot(self.table, self.pin(version, live=live), memory_limit=memory_limit)
 
     def query(self, sql: str, params: Any = None, *, version: int | None = None, scope: Scope | None = None) -> pa.Table:
-        """SQL over the views of a pinned version; with `scope`, over its events in that scope only. Without
-        one, the scope the SQL itself implies (`WHERE run = 'x'`, see trajstore.prune) narrows the files read."""
-        if scope is None:
-            from trajstore.prune import implied_scope  # prune imports this module
-
-            scope = implied_scope(sql, params)
+        """SQL over the views of a pinned version; with `scope`, over its events in that scope only."""
         with Snapshot(self.table, self.pin(version), files=() if scope else None) as snap:
             if scope is not None:
                 snap.scope(scope)

@@ -23,6 +23,7 @@ import pyarrow as pa
 from trajstore import maintenance, owner
 from trajstore.errors import StoreNotFoundError
 from trajstore.follow import POLL_COLUMNS, Follower
+from trajstore.prune import implied_scope
 from trajstore.ingest import IngestResult, ingest
 from trajstore.location import Location, resolve
 from trajstore.maintenance import CompactResult, Stats, VacuumResult, VerifyReport
@@ -86,8 +87,10 @@ class Store:
     def query(self, sql: str, params: Any = None, *, version: int | None = None, scope: Scope | None = None) -> pa.Table:
         """Run SQL over the views (events, turns, samples, rollouts, groups, advantages, ...); with `scope`
         (runs, a time window, the newest N events) over those events only, reading only the files that can
-        hold them."""
-        return self.reader.query(sql, params, version=version, scope=scope)
+        hold them. Without a scope, the one the SQL itself implies (`WHERE run = 'x'`, a newest-first LIMIT on
+        events: see trajstore.prune) narrows the files read the same way."""
+        return self.reader.query(sql, params, version=version,
+                                 scope=scope if scope is not None else implied_scope(sql, params))
 
     def holds_rollout(self, rollout_id: str) -> bool:
         """Whether the store holds any event of `rollout_id` (sealed, or live on this machine)."""
