@@ -20,7 +20,6 @@ from click.testing import CliRunner
 from cli.main import main
 from collectors.envs.openenv import OpenEnvText
 from collectors.envs.text_gym import TextEnvError
-from collectors.envs.venv import EnvsVenvMissing, envs_python
 from trajstore import open_store
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,13 +32,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    try:
-        python = envs_python()
-    except EnvsVenvMissing as exc:
-        pytest.skip(str(exc))
+def server(envs_venv_python: Path) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([str(python), "-m", "uvicorn", "tests.collectors.envs.openenv_server_for_tests:app",
+    proc = subprocess.Popen([str(envs_venv_python), "-m", "uvicorn", "tests.collectors.envs.openenv_server_for_tests:app",
                              "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

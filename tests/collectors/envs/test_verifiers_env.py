@@ -25,14 +25,6 @@ WEIGHTS = {"similarity": 1.0, "short": 0.5}  # vf_echo_for_tests' rubric
 TURNS = 2  # vf_inproc_harness' model calls per episode
 
 
-@pytest.fixture(scope="module", autouse=True)
-def needs_envs_venv() -> None:
-    try:
-        envs_python()
-    except EnvsVenvMissing as exc:
-        pytest.skip(str(exc))
-
-
 def write_tasks(path: Path, count: int) -> Path:
     path.write_text("".join(json.dumps({"id": f"vf-{i}", "verifiers": {
         "taskset": "vf_echo_for_tests", "idx": i, "harness": "vf_inproc_harness", "path": str(LOCAL)}}) + "\n"
@@ -40,7 +32,9 @@ def write_tasks(path: Path, count: int) -> Path:
     return path
 
 
-def test_collect_through_the_proxy_stores_every_turn_exactly(tiny_model: Path, tmp_path: Path) -> None:
+@pytest.mark.slow  # about a minute: vf-eval starts a process per rollout
+def test_collect_through_the_proxy_stores_every_turn_exactly(envs_venv_python: Path, tiny_model: Path,
+                                                             tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "tasks.jsonl", 2)
     assert len(load_tasks(tasks)) == 2  # a task with only `verifiers` is a valid task
     store = str(tmp_path / "store")
