@@ -106,10 +106,16 @@ class OpenEnvText:
                 bool(answer.get("done")), False, {"state": self.state()})
 
     def close(self) -> None:
+        """End the session: `close`, then wait for the server to close the socket (closing it first
+        leaves the server failing to send its own close frame)."""
         if self._ws is not None:
+            from websockets.exceptions import WebSocketException
+
             try:
                 self._ws.send(json.dumps({"type": "close"}))
+                self._ws.recv(timeout=self.timeout_s)  # returns only if the server answers instead of closing
+            except (WebSocketException, OSError, TimeoutError):
+                pass  # closed (the normal end), or gone: the server ends the session when the socket drops
+            finally:
                 self._ws.close()
-            except Exception:  # noqa: BLE001 - best effort: the server ends the session when the socket drops
-                pass
-            self._ws = None
+                self._ws = None

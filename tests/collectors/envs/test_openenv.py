@@ -32,11 +32,18 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(envs_venv_python: Path) -> Iterator[str]:
+def server_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("openenv") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def server(envs_venv_python: Path, server_log: Path) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([str(envs_venv_python), "-m", "uvicorn", "tests.collectors.envs.openenv_server_for_tests:app",
-                             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    with server_log.open("wb") as log:
+        proc = subprocess.Popen([str(envs_venv_python), "-m", "uvicorn",
+                                 "tests.collectors.envs.openenv_server_for_tests:app", "--host", "127.0.0.1",
+                                 "--port", str(port), "--log-level", "warning"], stdout=log, stderr=log,
+                                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -108,3 +115,12 @@ def test_collect_plays_the_server(server: str, tiny_model: Path, tmp_path: Path)
         assert row["reward"] == pytest.approx(sum(res["rewards"]))
         assert row["turns"] == len(res["rewards"]) == res["info"]["state"]["step_count"]
         assert res["info"]["state"]["episode_id"].startswith("ep-")
+
+
+def test_sessions_end_cleanly_on_the_server(server: str, server_log: Path) -> None:
+    """Closing a session waits for the server's close: closing first makes the server fail sending its own."""
+    env = OpenEnvText(server, observation_field="prompt")
+    env.reset(seed=1)
+    env.close()
+    time.sleep(0.5)
+    assert "Exception" not in server_log.read_text(errors="replace")
