@@ -119,8 +119,10 @@ def test_collect_plays_the_server(server: str, tiny_model: Path, tmp_path: Path)
 
 def test_sessions_end_cleanly_on_the_server(server: str, server_log: Path) -> None:
     """Closing a session waits for the server's close: closing first makes the server fail sending its own."""
-    env = OpenEnvText(server, observation_field="prompt")
-    env.reset(seed=1)
-    env.close()
+    for seed in range(8):
+        env = OpenEnvText(server, observation_field="prompt")
+        env.reset(seed=seed)
+        env.step("apple")
+        env.close()
     time.sleep(0.5)
     assert "Exception" not in server_log.read_text(errors="replace")
