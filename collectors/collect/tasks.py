@@ -61,8 +61,8 @@ def task_problems(task: Any) -> list[str]:
     out = []
     prompt, messages = task.get("prompt"), task.get("messages")
     if prompt is None and messages is None and task.get("env") is None and task.get("verifiers") is None:
-        out.append("needs `prompt` (text), `messages` (a list of {role, content}), `env` (a text environment) "
-                   "or `verifiers` (a verifiers environment's task)")
+        out.append("needs `prompt` (text), `messages` (a list of {role, content}), `verifiers` (a verifiers "
+                   "environment's task) or `env` (a text environment)")
     if prompt is not None and not isinstance(prompt, str):
         out.append(f"`prompt` must be text, got {type(prompt).__name__}")
     if messages is not None and not (isinstance(messages, list) and messages and all(
