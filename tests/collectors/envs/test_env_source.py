@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from cli.main import main  # noqa: E402
-from collectors.collect.settings import CollectSettings  # noqa: E402
-from trajstore import open_store  # noqa: E402
+from cli.main import main
+from collectors.collect.settings import CollectSettings
+from trajstore import open_store
 
 
 def run(*args: str) -> tuple[int, str]:
