@@ -3,6 +3,7 @@
 #               LOSS=gspo (ppo, tis, gspo, cispo) the learner's loss
 #   make test   runs the test suite (make test-fast: without the tests marked slow or vllm, the inner loop);
 #               it installs what the tests drive first: vLLM's CPU build in its own virtualenv (make vllm),
+#               verifiers and openenv-core in theirs (make envs),
 #               the Claude Code CLI (make claude-code: npm ci, pinned by
 #               tests/collectors/proxy/claude_code/package-lock.json, kept until the lock changes)
 #               and Debian's chromium when missing (the viewer's browser tests drive it)
@@ -15,6 +16,12 @@ PY := $(VENV)/bin/python
 # It is a server the project starts and talks to over HTTP, never a library it imports.
 VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
+# The ecosystem environments' packages live in their own virtualenv too: verifiers 0.4 pins openai<3 (the
+# project has 3.x) and openenv-core's gradio an older pillow. Their servers run from it; trajstore never
+# imports them. About a minute to build (68 s on a loaded 2-core machine, wheels fetched), ~800 MB.
+ENVS_VENV := .venv-envs
+VERIFIERS_VERSION := 0.4.0
+OPENENV_VERSION := 0.3.0
 
 CLAUDE_CODE := tests/collectors/proxy/claude_code
 
@@ -36,6 +43,15 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -c 'import vllm, transformers'
 	touch $@
 
+ENVS_STAMP := $(ENVS_VENV)/.installed-$(VERIFIERS_VERSION)-$(OPENENV_VERSION)
+$(ENVS_STAMP):
+	rm -rf $(ENVS_VENV)
+	$(PYTHON) -m venv $(ENVS_VENV)
+	$(ENVS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ENVS_VENV)/bin/python -m pip install --quiet 'verifiers==$(VERIFIERS_VERSION)' 'openenv-core==$(OPENENV_VERSION)'
+	$(ENVS_VENV)/bin/python -c 'import verifiers.v1, openenv.core.env_server'
+	touch $@
+
 # torch==2.13.0 resolves to the local CPU build (also a runtime dependency); the bench extra names it for the append baseline.
 $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'
@@ -45,7 +61,7 @@ $(CLAUDE_CODE)/node_modules/.installed: $(CLAUDE_CODE)/package.json $(CLAUDE_COD
 	cd $(CLAUDE_CODE) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-.PHONY: demo test test-fast bench vllm clean claude-code chromium
+.PHONY: demo test test-fast bench vllm envs clean claude-code chromium
 claude-code: $(CLAUDE_CODE)/node_modules/.installed
 
 # Debian's chromium for tests/collectors/viewer/test_browser.py (Playwright drives it; it never downloads a
@@ -61,13 +77,15 @@ demo: $(VENV)/.installed
 	rm -rf trajstore-demo
 	$(VENV)/bin/trajstore demo --dir trajstore-demo --seed $(SEED) --loss $(LOSS)
 
-test: $(VENV)/.installed $(VLLM_STAMP) claude-code chromium
+test: $(VENV)/.installed $(VLLM_STAMP) $(ENVS_STAMP) claude-code chromium
 	$(PY) -m pytest -q
 
 test-fast: $(VENV)/.installed claude-code chromium
 	$(PY) -m pytest -q -m "not slow and not vllm"
 
 vllm: $(VLLM_STAMP)
+
+envs: $(ENVS_STAMP)
 
 bench: $(VENV)/.bench $(VLLM_STAMP)
 	$(PY) benchmarks/append.py
@@ -79,4 +97,4 @@ bench: $(VENV)/.bench $(VLLM_STAMP)
 	$(PY) benchmarks/view.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) trajstore-demo walkthrough-store .pytest_cache test-artifacts $(CLAUDE_CODE)/node_modules
+	rm -rf $(VENV) $(VLLM_VENV) $(ENVS_VENV) trajstore-demo walkthrough-store .pytest_cache test-artifacts $(CLAUDE_CODE)/node_modules

@@ -20,8 +20,16 @@ def _default(name: str) -> Any:
 @click.command("collect")
 @store_option
 @click.option("--run", required=True, help="Run name: the rollouts, the learner and its checkpoints share it.")
-@click.option("--tasks", "tasks_file", required=True, type=click.Path(dir_okay=False),
+@click.option("--tasks", "tasks_file", type=click.Path(dir_okay=False),
               help="Task file: JSON lines or Parquet; each task has `prompt` or `messages`, optional `id` and `files`.")
+@click.option("--env", metavar="PACKAGE:NAME",
+              help="Instead of --tasks: tasks an environment package generates, scored by its own reward unless "
+                   "--reward is given; reasoning_gym:NAME takes any reasoning-gym generator (e.g. leg_counting).")
+@click.option("--env-count", type=int, default=_default("env_count"), show_default=True,
+              help="With --env: tasks to generate.")
+@click.option("--env-seed", type=int, default=_default("env_seed"), show_default=True,
+              help="With --env: the generator's seed (the same seed, the same tasks: a rerun resumes them).")
+@click.option("--env-config", metavar="JSON", help="With --env: the generator's options, a JSON object.")
 @click.option("--n", type=int, default=_default("n"), show_default=True, help="Rollouts per task (one group).")
 @click.option("--model", type=click.Path(file_okay=False),
               help="Checkpoint directory: served in-process unless --server is given; its tokenizer renders prompts.")
@@ -82,7 +90,8 @@ def _default(name: str) -> Any:
 @click.option("--threads", type=int, help="In-process server: torch CPU threads.")
 @click.option("--plain", is_flag=True, help="One progress line every few seconds instead of the live table.")
 @seal_interval_option(_default("seal_interval"))
-def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None, server: str | None, vllm: bool,
+def collect(store_loc: str, run: str, tasks_file: str | None, env: str | None, env_count: int, env_seed: int,
+            env_config: str | None, n: int, model: str | None, server: str | None, vllm: bool,
             vllm_reload: str, control_token: str | None, proxy: str | None, agent: str | None, tools: str | None, agent_cmd: str | None,
             reward: str | None, reward_cmd: str | None, pass_env: tuple[str, ...], inherit_env: bool,
             no_reward: bool, concurrency: int, rollout_timeout: float,
@@ -104,6 +113,7 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
       trajstore init-model tiny-model
       trajstore collect --store runs/s --run exp1 --tasks tasks.jsonl --model tiny-model \\
           --agent my_env:agent --reward my_env:reward --n 4 --max-staleness 2
+      trajstore collect ... --env reasoning_gym:leg_counting --env-count 64   # reasoning-gym's tasks and scoring
       trajstore collect ... --model tiny-model --vllm          # vLLM started here (make vllm)
       trajstore collect ... --model tiny-model --vllm --server http://127.0.0.1:8000 --vllm-reload follow
     """
@@ -122,7 +132,8 @@ def collect(store_loc: str, run: str, tasks_file: str, n: int, model: str | None
         max_staleness=max_staleness, groups_per_version=groups_per_version, workdir=workdir,
         keep_workdirs=keep_workdirs, display="plain" if plain else "auto", policy_version=policy_version,
         device=device, max_batch=max_batch, threads=threads, checkpoint_cache=checkpoint_cache,
-        seal_interval=seal_interval, poll_interval_s=poll_interval)
+        seal_interval=seal_interval, poll_interval_s=poll_interval, env=env, env_count=env_count, env_seed=env_seed,
+        env_config=env_config)
     summary = run_collect(settings)
     CommandConsole().print(summary_table(summary))
     if summary.interrupted:

@@ -53,7 +53,9 @@ from collectors.collect.rewards import load_reward
 from collectors.collect.rollout import Job, ProxyLink, RolloutEnv
 from collectors.collect.scheduler import Collection
 from collectors.collect.settings import CollectSettings
+from collectors.collect.sources import generate
 from collectors.collect.tasks import TaskFileError, load_tasks
+from collectors.errors import CollectorError
 from collectors.policy import PolicyClient
 from trajstore import Store, artifacts, new_id, open_store
 
@@ -91,7 +93,7 @@ def _plugins(settings: CollectSettings) -> tuple[Any, Any, list[str]]:
     except (ValueError, TypeError) as exc:
         problems.append(str(exc))
     try:
-        reward = load_reward(settings.reward) if settings.reward else None
+        reward = load_reward(settings.reward_spec) if settings.reward_spec else None
     except (ValueError, TypeError) as exc:
         problems.append(str(exc))
     return agent, reward, problems
@@ -175,10 +177,15 @@ async def collect(settings: CollectSettings, *, stop: asyncio.Event | None = Non
     agent, reward, plugin_problems = _plugins(settings)
     problems += plugin_problems
     tasks: list[dict[str, Any]] = []
-    if Path(settings.tasks).is_file():
+    if settings.tasks and Path(settings.tasks).is_file():
         try:
             tasks = load_tasks(settings.tasks)
         except TaskFileError as exc:
+            problems.append(str(exc))
+    elif settings.env and not problems:  # generating imports the package: only once the settings are sound
+        try:
+            tasks = generate(settings.env, settings.env_count, settings.env_seed, settings.env_config)
+        except CollectorError as exc:
             problems.append(str(exc))
     if problems:
         raise ValueError("cannot collect:\n  - " + "\n  - ".join(problems))

@@ -5,7 +5,9 @@ A task is a JSON object the agent and the reward read. The runner itself needs o
     {"prompt": "What is 2+3?"}                                   a user message, or
     {"messages": [{"role": "system", "content": "..."}, ...]}    a whole conversation, or
     {"env": "my_envs:GuessNumber"}                                 a text environment whose first
-             observation is the prompt (played by `collectors.envs.text_gym:agent`)
+             observation is the prompt (played by `collectors.envs.text_gym:agent`), or
+    {"verifiers": {"taskset": "my_taskset", "idx": 0}}            a verifiers environment's task
+             (played by `collectors.envs.verifiers:agent`)
     "id":    optional, a string or integer; default: a hash of the task's content, so the
              same task keeps its id across runs (resuming needs that)
     "files": optional {relative path: text}, written into the rollout's working directory
@@ -58,8 +60,9 @@ def task_problems(task: Any) -> list[str]:
         return [f"a task must be a JSON object, got {type(task).__name__}"]
     out = []
     prompt, messages = task.get("prompt"), task.get("messages")
-    if prompt is None and messages is None and task.get("env") is None:
-        out.append("needs `prompt` (text), `messages` (a list of {role, content}) or `env` (a text environment)")
+    if prompt is None and messages is None and task.get("env") is None and task.get("verifiers") is None:
+        out.append("needs `prompt` (text), `messages` (a list of {role, content}), `verifiers` (a verifiers "
+                   "environment's task) or `env` (a text environment)")
     if prompt is not None and not isinstance(prompt, str):
         out.append(f"`prompt` must be text, got {type(prompt).__name__}")
     if messages is not None and not (isinstance(messages, list) and messages and all(

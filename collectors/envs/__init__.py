@@ -8,5 +8,8 @@
 Adapters to environment packages others share (the `envs` extra):
 - `reasoning_gym`: reasoning-gym's generators as task files, scored by its own `score_answer`;
 - `text_gym`: any gymnasium-style environment whose observations and actions are text;
-- `math_verify`: math-verify as a reward (`--reward math_verify`).
+- `math_verify`: math-verify as a reward (`--reward math_verify`);
+- `openenv`: an OpenEnv server's session (reset/step/state) as a text environment for `text_gym`;
+- `verifiers`: a verifiers environment's episode per rollout, run in `.venv-envs` through the capture proxy
+  (`venv` finds that virtualenv, `make envs` builds it).
 """

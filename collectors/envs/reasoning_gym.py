@@ -27,6 +27,7 @@ reasoning-gym does. Components:
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import json
 import sys
@@ -56,7 +57,7 @@ def _dataset(name: str, seed: int, size: int, config_json: str) -> Any:
     import reasoning_gym
 
     if name not in names():
-        raise ReasoningGymError(f"reasoning-gym has no generator {name!r}; it has: {', '.join(names())}")
+        raise ReasoningGymError(unknown(name))
     try:
         return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(config_json))
     except (TypeError, ValueError, AssertionError) as exc:  # its configs validate with assert
@@ -66,6 +67,14 @@ def _dataset(name: str, seed: int, size: int, config_json: str) -> Any:
 def dataset(name: str, seed: int, size: int, config: dict[str, Any] | None = None) -> Any:
     """reasoning-gym's dataset `name` (cached: the reward rebuilds it for every rollout)."""
     return _dataset(name, seed, size, json.dumps(config or {}, sort_keys=True))
+
+
+def unknown(name: str) -> str:
+    """The error for a generator reasoning-gym lacks: the closest names, and how to list them all."""
+    close = difflib.get_close_matches(name, names(), n=5, cutoff=0.5)
+    near = f"did you mean {', '.join(close)}? " if close else ""
+    return (f"reasoning-gym has no generator {name!r}; {near}(all {len(names())}: "
+            "python -m collectors.envs.reasoning_gym list)")
 
 
 def system_prompt() -> str:

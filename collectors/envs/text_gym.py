@@ -29,8 +29,9 @@ its step rewards; `steps` are never rewarded, they are in the result.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.agents.context import AgentContext, load_object
@@ -50,6 +51,7 @@ class TextEnvResult:
     rewards: list[float]  # the environment's reward for each step, in order
     terminated: bool  # the environment ended the episode
     truncated: bool  # the environment, the turn limit or the token limit cut it short
+    info: dict[str, Any] = field(default_factory=dict)  # the last step's info when it is JSON (e.g. OpenEnv's state)
 
 
 def make_env(task: dict[str, Any]) -> Any:
@@ -97,7 +99,7 @@ async def play(env: Any, task: dict[str, Any], ctx: AgentContext) -> TextEnvResu
     messages: list[dict[str, Any]] = [{"role": "system", "content": task["system"]}] if task.get("system") else []
     messages.append({"role": "user", "content": _text(observation, "reset()")})
     rewards: list[float] = []
-    text, terminated, truncated = "", False, False
+    text, terminated, truncated, info = "", False, False, {}
     while not (terminated or truncated):
         if len(rewards) == ctx.max_turns:
             ctx.truncate("max_turns")
@@ -109,7 +111,7 @@ async def play(env: Any, task: dict[str, Any], ctx: AgentContext) -> TextEnvResu
         text = choice.message.content or ""
         messages.append({"role": "assistant", "content": text})
         # the environment is synchronous user code: in a thread, so it cannot stall other rollouts
-        observation, step_reward, terminated, truncated, _ = await asyncio.to_thread(env.step, text)
+        observation, step_reward, terminated, truncated, info = await asyncio.to_thread(env.step, text)
         rewards.append(_step_reward(step_reward))
         if choice.finish_reason == "length" and not terminated:
             ctx.truncate("max_tokens")
@@ -117,7 +119,15 @@ async def play(env: Any, task: dict[str, Any], ctx: AgentContext) -> TextEnvResu
             break
         if not (terminated or truncated):
             messages.append({"role": "user", "content": _text(observation, "step()")})
-    return TextEnvResult(text, messages, rewards, bool(terminated), bool(truncated))
+    return TextEnvResult(text, messages, rewards, bool(terminated), bool(truncated), _jsonable(info))
+
+
+def _jsonable(info: Any) -> dict[str, Any]:
+    """The step's info if it is a JSON object (stored with the result), else nothing."""
+    try:
+        return dict(json.loads(json.dumps(info))) if isinstance(info, dict) else {}
+    except (TypeError, ValueError):
+        return {}
 
 
 async def agent(task: dict[str, Any], ctx: AgentContext) -> TextEnvResult:
