@@ -15,7 +15,10 @@ protocol.py), so a collector cannot tell the embedded server from vLLM:
   or stop token id; null for EOS), `logprobs.{tokens, token_logprobs, top_logprobs,
   text_offset}` (top_logprobs holds the sampled token plus the top N, values clamped at
   -9999.0 as vLLM does), `token_ids` and `prompt_token_ids` (with `return_token_ids`),
-  `usage`, plus `policy_version`, the checkpoint version that sampled every output token.
+  `usage`, plus `policy_version`, the checkpoint version that sampled every output token, and for a
+  mixture-of-experts model `routed_experts` (vLLM's, with `--enable-return-routed-experts`: base64
+  `.npy` of `[prompt + output - 1, layers, top_k]` expert indices, see `collectors.embedded.routes`;
+  null for a dense model).
 - stream (vLLM's CompletionStreamResponse): one `data:` event per sampled token with its
   `text` delta, `token_ids`, `logprobs` and `policy_version` (`prompt_token_ids` on the first),
   the last with `finish_reason` and `stop_reason`, a usage event with empty `choices` when
@@ -35,6 +38,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from collectors.embedded import routes
 from collectors.embedded.engine import Completion
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
@@ -203,6 +207,7 @@ def completion_response(job: CompletionJob, result: Completion, *, model_name: s
         "token_ids": result.output_ids if job.return_token_ids else None,
         "prompt_logprobs": None,
         "prompt_token_ids": result.prompt_ids if job.return_token_ids else None,
+        "routed_experts": routes.encode(result.routed_experts) if result.routed_experts is not None else None,
     }
     n_prompt, n_out = len(result.prompt_ids), len(result.output_ids)
     return {

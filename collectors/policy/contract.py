@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from trajstore.announcement import MAX_POLICY_VERSION, LoadRequest
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
@@ -85,6 +87,9 @@ class Sample:
     # per output token, when `SamplingParams.logprobs` asked for N: the top N alternatives and the sampled
     # token, {token text: logprob} as vLLM returns them (tokens with the same text share one entry)
     top_logprobs: list[dict[str, float]] | None = None
+    # mixture-of-experts servers: (tokens fed, layers, top_k) int16, the experts of each token of prompt + output
+    # as the model's input (vLLM's `routed_experts`); None when the server reports none
+    routed_experts: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
