@@ -474,6 +474,9 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
             values = [None if v is None else [(k, float(x)) for k, x in v.items()] for v in values]
         elif name == "consumed":
             values = [None if v is None else list(v) for v in values]
+        elif name == "routed_experts":  # checked by `routes.problems` already; numpy in, one buffer out
+            columns[name] = routes.column(values)
+            continue
         if values.count(None) == n:
             columns[name] = nulls(n, typ)
             continue

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 ABSENT = -1  # no route recorded for this row
 EXPERT_MAX = np.iinfo(np.int16).max
@@ -89,3 +90,14 @@ def _length(value: Any) -> int:
         return len(value)
     except TypeError:
         return 0
+
+
+def column(values: list[Any]) -> pa.Array:
+    """The `routed_experts` column (list<int16>) of checked rows (sequences or numpy arrays, None for none)."""
+    rows = [None if v is None else np.asarray(v, dtype=np.int16).reshape(-1) for v in values]
+    lengths = np.array([0 if r is None else len(r) for r in rows], dtype=np.int64)
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate([r for r in rows if r is not None] or [np.empty(0, np.int16)])
+    mask = pa.array([r is None for r in rows]) if any(r is None for r in rows) else None
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=pa.list_(pa.int16()), mask=mask)
