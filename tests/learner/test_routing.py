@@ -188,3 +188,20 @@ def test_routes_of_another_model_are_refused_with_a_clear_error(moe_dir: Path) -
     with pytest.raises(LearnerError, match="3 layers x top-1.*2 MoE layers.*--model"):
         with replayed(model, torch.zeros((4, 3, 1), dtype=torch.int16)):
             pass
+
+
+def test_packing_shifts_routes_like_logprobs_and_fills_samples_without_routes() -> None:
+    """Input position i takes the route stored with token i + 1; a sample without routes (a store written before
+    them, a dense turn) gets -1 rows: the learner's own routing there."""
+    import pyarrow as pa
+
+    samples = pa.table({
+        "tokens": [[1, 2, 3, 4], [5, 6, 7]], "loss_mask": [[False, False, True, True], [False, True, True]],
+        "logprobs": [[0.0, 0.0, -1.0, -1.0], [0.0, -1.0, -1.0]], "advantage": [1.0, -1.0],
+        "rollout_segments": [1, 1],
+        "routed_experts": pa.array([[-1, 10, 11, 12], None], pa.list_(pa.int16())),
+        "routed_experts_shape": pa.array([[4, 1, 1], None], pa.list_(pa.int32())),
+    })
+    (mb,) = pack(samples, 64)
+    by_sample = {int(i): mb.routes[mb.seq == i, 0, 0].tolist() for i in mb.seq.unique()}
+    assert by_sample[mb.rows.index(0)] == [10, 11, 12] and by_sample[mb.rows.index(1)] == [-1, -1]
