@@ -21,7 +21,8 @@ protocol.py), so a collector cannot tell the embedded server from vLLM:
   null for a dense model).
 - stream (vLLM's CompletionStreamResponse): one `data:` event per sampled token with its
   `text` delta, `token_ids`, `logprobs` and `policy_version` (`prompt_token_ids` on the first),
-  the last with `finish_reason` and `stop_reason`, a usage event with empty `choices` when
+  the last with `finish_reason` and `stop_reason` (and, for a MoE model, the whole completion's
+  `routed_experts`, which vLLM 0.32 returns only unstreamed), a usage event with empty `choices` when
   asked, then `data: [DONE]`. Text that may still become a stop string, and a token that may be
   the stop token, are held back until the next token shows what they are.
 - errors: `{"error": {"message", "type", "param", "code"}}`, vLLM's current error body.
@@ -223,10 +224,14 @@ def completion_response(job: CompletionJob, result: Completion, *, model_name: s
 
 def stream_event(job: CompletionJob, request_id: str, created: int, model_name: str, version: int, text: str,
                  ids: list[int], logprobs: dict[str, Any] | None, *, prompt_ids: list[int] | None = None,
-                 finish_reason: str | None = None, stop_reason: str | int | None = None) -> dict[str, Any]:
-    """One event of a streamed completion (vLLM's CompletionStreamResponse with one choice)."""
+                 finish_reason: str | None = None, stop_reason: str | int | None = None,
+                 final: Completion | None = None) -> dict[str, Any]:
+    """One event of a streamed completion (vLLM's CompletionStreamResponse with one choice); the last one
+    (`final`) also carries the completion's `routed_experts` for a MoE model."""
     choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
                               "stop_reason": stop_reason}
+    if final is not None and final.routed_experts is not None:
+        choice["routed_experts"] = routes.encode(final.routed_experts)
     if job.return_token_ids:
         choice["token_ids"] = ids
         if prompt_ids is not None:

@@ -73,8 +73,12 @@ def sample_routes(sample: Sample, stored_prompt: int) -> dict[str, Any]:
     `stored_prompt` prompt tokens (the turn's `prompt_ids`) and of its output, as `trajstore.routes` aligns them."""
     if sample.routed_experts is None:
         return {}
-    return routes.turn_columns(routes.turn_rows(sample.routed_experts, len(sample.prompt_ids),
-                                                len(sample.output_ids), stored_prompt))
+    try:
+        rows = routes.turn_rows(sample.routed_experts, len(sample.prompt_ids), len(sample.output_ids), stored_prompt)
+    except ValueError as exc:  # a streamed sample's routes are checked only here, against its final length
+        raise ChatError(f"the policy server's routed_experts do not fit the call: {exc}", status=502,
+                        kind="upstream") from exc
+    return routes.turn_columns(rows)
 
 
 @dataclass

@@ -76,3 +76,18 @@ def test_each_turn_stores_its_own_calls_routes_aligned_with_its_tokens(moe_proxy
     table = np.array(s["routed_experts"]).reshape(s["routed_experts_shape"])
     assert len(table) == len(s["tokens"]) and (table[0] == routes.ABSENT).all() and (table[1:] >= 0).all()
     assert moe_proxy.close(rollout).status == 200
+
+
+def test_a_streamed_call_stores_the_routes_of_its_last_event(moe_proxy: Harness) -> None:
+    rollout = moe_proxy.open(group_id="moe-stream")
+    stream = openai_client(rollout).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count."}], max_tokens=6, seed=3, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert isinstance(text, str)
+    (t,) = moe_proxy.turns(rollout["rollout_id"])
+    sent, sample = moe_proxy.upstream.calls[-1]
+    assert sample.routed_experts is not None
+    want = routes.turn_rows(sample.routed_experts, len(sent), len(sample.output_ids), len(t["prompt_ids"]))
+    assert t["routed_experts"] == want.reshape(-1).tolist()
+    assert t["routed_experts_shape"] == [len(t["prompt_ids"]) + len(t["output_ids"]), 2, 2]
+    assert moe_proxy.close(rollout).status == 200
