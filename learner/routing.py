@@ -25,12 +25,13 @@ expert_indices)` (`Qwen3MoeTopKRouter`, `MixtralTopKRouter`, ...), in layer orde
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from learner.batching import MicroBatch
 from learner.errors import LearnerError
 
 
@@ -71,3 +72,16 @@ def replayed(model: torch.nn.Module, routes: torch.Tensor | None) -> Iterator[No
     finally:
         for handle in handles:
             handle.remove()
+
+
+def replayed_share(batches: Iterable[MicroBatch]) -> float | None:
+    """The share of the batches' trainable targets predicted at a position with recorded routes (every layer):
+    what replay covers. None when no micro-batch carries routes (a dense model, a store without them)."""
+    covered = total = 0
+    for mb in batches:
+        if mb.routes is None:
+            continue
+        known = (mb.routes >= 0).flatten(1).all(dim=1)  # (positions,)
+        covered += int((known & mb.mask).sum())
+        total += int(mb.mask.sum())
+    return covered / total if total else None

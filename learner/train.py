@@ -64,7 +64,7 @@ from learner.losses import (
 )
 from learner.objectives import KL_ESTIMATORS, LOSSES, LossInputs, kept_tokens, objective_stats
 from learner.errors import LearnerError
-from learner.routing import replayed
+from learner.routing import replayed, replayed_share
 from learner.resume import announce_missing, catch_up, check_still_newest, upload
 from learner.settings import LearnSettings, SettingsError
 from trajstore import Metric, Scope, Store, Writer, artifacts, open_store
@@ -393,6 +393,7 @@ def learn(settings: LearnSettings, *,
             check_teacher(shard.samples, s.teacher)
             totals = step_totals(shard.samples)
             batches = pack(shard.samples, s.micro_batch_tokens)
+            routed = replayed_share(batches)  # None: no sample of the step carries MoE routes
             if not s.replay_routes:  # the learner's own routing: to measure what replay changes
                 batches = [dataclasses.replace(mb, routes=None) for mb in batches]
             optimizer.zero_grad(set_to_none=True)
@@ -420,6 +421,8 @@ def learn(settings: LearnSettings, *,
                        **distributed.memory(model, optimizer, ranks)}
             if s.kl_coef > 0:
                 metrics["kl_ref"] = kl_sum
+            if routed is not None:  # share of trainable tokens whose routes were replayed (0 with replay off)
+                metrics["routes_replayed"] = routed if s.replay_routes else 0.0
             metrics["tokens_per_s"] = metrics["tokens"] / elapsed if elapsed > 0 else 0.0
             pending += shard.rollout_ids
             pending_steps += 1

@@ -179,6 +179,7 @@ def test_the_moe_model_trains_under_learn_with_routes_replayed(rerouted_dir: Pat
                                       replay_routes=replay))
         assert summary.steps_trained == 1 and summary.published == (1,)
         seen[replay] = summary.last_metrics
+    assert seen[True]["routes_replayed"] == 1.0 and seen[False]["routes_replayed"] == 0.0
     assert abs(seen[True]["is_weight_mean"] - 1.0) <= 1e-5 and seen[True]["mismatch_kl_k3"] <= 1e-10
     assert abs(seen[False]["is_weight_mean"] - 1.0) > 1e-3 and seen[False]["mismatch_kl_k3"] > 1e-4
 
