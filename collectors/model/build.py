@@ -1,4 +1,5 @@
-"""`trajstore init-model`: a small random-init Qwen2 causal LM with a real tokenizer, in HF format.
+"""`trajstore init-model`: a small random-init Qwen2 causal LM with a real tokenizer, in HF format
+(with `--moe`, a Qwen3-MoE of the same shape: `collectors.model.moe`).
 
 The whole stack (embedded server, capture proxy, learner) needs a real model to run on a
 laptop with no downloads. This builds one: transformers' `Qwen2ForCausalLM` with random
