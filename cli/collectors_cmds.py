@@ -8,6 +8,7 @@ from cli.options import control_token_option
 from collectors.model.build import ModelSize
 
 _DEFAULT = ModelSize()
+_MOE_EXPERTS = 4  # what --moe builds unless --experts says otherwise
 
 
 @click.command("init-model")
@@ -25,12 +26,20 @@ _DEFAULT = ModelSize()
               help="Context length (prompt + completion).")
 @click.option("--tie-embeddings", is_flag=True,
               help="One matrix for the input embedding and the LM head (vLLM can then hot-reload it only as LoRA).")
+@click.option("--moe", is_flag=True,
+              help="A mixture-of-experts model (Qwen3-MoE, every layer sparse) instead of a dense Qwen2: the "
+                   "embedded server records each token's experts and the learner replays them.")
+@click.option("--experts", type=click.IntRange(min=1), default=_MOE_EXPERTS, show_default=True,
+              help="With --moe: experts per layer.")
+@click.option("--experts-per-token", type=click.IntRange(min=1), default=_DEFAULT.experts_per_token,
+              show_default=True, help="With --moe: experts each token is routed to per layer (the router's top-k).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the tokenizer corpus and the weights.")
 @click.option("--family", type=click.Choice(["hermes", "llama3", "harmony"]), default="hermes", show_default=True,
               help="Chat format of the tokenizer and template: hermes (Qwen2.5 / Hermes call blocks), llama3 (Llama "
                    "3.1 JSON calls), harmony (gpt-oss channels, calls to functions.NAME).")
 def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, heads: int, kv_heads: int,
-               intermediate_size: int, max_positions: int, tie_embeddings: bool, seed: int, family: str) -> None:
+               intermediate_size: int, max_positions: int, tie_embeddings: bool, moe: bool, experts: int,
+               experts_per_token: int, seed: int, family: str) -> None:
     """Create a small random Qwen2 model with a trained BPE tokenizer and chat template.
 
     The directory is a Hugging Face checkpoint that transformers and vLLM load offline. The
@@ -40,14 +49,21 @@ def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, h
     \b
     Example:
       trajstore init-model tiny-model --layers 2 --hidden-size 64
+      trajstore init-model tiny-moe --moe --experts 4 --experts-per-token 2
       trajstore serve --model tiny-model
     """
     from collectors.model.build import init_model as build  # torch/transformers load only for this command
 
     size = ModelSize(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
-                     intermediate_size=intermediate_size, max_positions=max_positions, tie_embeddings=tie_embeddings)
+                     intermediate_size=intermediate_size, max_positions=max_positions, tie_embeddings=tie_embeddings,
+                     experts=experts if moe else 0, experts_per_token=experts_per_token)
+    problems = size.problems()
+    if problems:
+        raise click.UsageError("; ".join(problems))
     result = build(directory, size, seed=seed, family=family)
-    click.echo(f"wrote {result.path}: {family} chat format, Qwen2 with {result.parameters:,} parameters, {result.vocab_size} tokens, "
+    kind = f"Qwen3-MoE ({experts} experts, top-{experts_per_token})" if moe else "Qwen2"
+    click.echo(f"wrote {result.path}: {family} chat format, {kind} with {result.parameters:,} parameters, "
+               f"{result.vocab_size} tokens, "
                f"{layers} layers, hidden {hidden_size}, context {max_positions}")
     for warning in result.warnings:
         click.echo(f"warning: vLLM (CPU) cannot use this model as is: {warning}", err=True)

@@ -50,6 +50,9 @@ class MicroBatch:
     seq_weight: torch.Tensor  # (S,) float32: 1 / segments of the sample's rollout
     rows: tuple[int, ...]  # the samples table's rows, in `seq` order
     teacher_logprobs: torch.Tensor | None = None  # (B*L,) float32 when the samples carry a teacher's
+    # (B*L, layers, top_k) int16 when some sample carries MoE routes: the experts each input position took when
+    # sampled (-1: none recorded), for `learner.routing.replayed`
+    routes: torch.Tensor | None = None
 
     @property
     def num_positions(self) -> int:
@@ -85,6 +88,7 @@ class _Flat:
     advantage: np.ndarray  # (S,) float32
     weight: np.ndarray  # (S,) float32
     teacher: np.ndarray | None = None  # float32, aligned with tokens: the samples' `teacher_logprobs`
+    routes: np.ndarray | None = None  # (tokens, layers, top_k) int16, aligned with tokens: `routed_experts`
 
     def positions(self, row: int) -> int:
         return int(self.offsets[row + 1] - self.offsets[row]) - 1
@@ -113,6 +117,7 @@ def _flat(samples: pa.Table) -> _Flat:
         advantage=pc.fill_null(samples.column("advantage"), 0.0).to_numpy().astype(np.float32),
         weight=(1.0 / samples.column("rollout_segments").to_numpy().astype(np.float64)).astype(np.float32),
         teacher=values("teacher_logprobs", np.float32, 0.0) if "teacher_logprobs" in samples.column_names else None,
+        routes=_routes(samples, lengths),
     )
     n = int(offsets[-1])
     if flat.teacher is not None and len(flat.teacher) != n:
@@ -122,6 +127,30 @@ def _flat(samples: pa.Table) -> _Flat:
         raise ValueError(f"the samples' tokens, loss_mask and logprobs hold {len(flat.tokens)}, {len(flat.mask)} "
                          f"and {len(flat.logprobs)} values in all; every sample needs the three of equal length")
     return flat
+
+
+def _routes(samples: pa.Table, lengths: np.ndarray) -> np.ndarray | None:
+    """The samples' `routed_experts` as one (tokens, layers, top_k) array aligned with their tokens, -1 rows for
+    samples without routes; None when none has any (a dense model, or a store written before routes)."""
+    if "routed_experts" not in samples.column_names or samples.column("routed_experts").null_count == len(samples):
+        return None
+    shapes = [s for s in samples.column("routed_experts_shape").to_pylist() if s is not None]
+    row_shapes = {tuple(s[1:]) for s in shapes}
+    if len(row_shapes) != 1:
+        raise ValueError(f"the samples carry expert routes of different shapes {sorted(row_shapes)} [layers, top_k]; "
+                         "train samples of one model together")
+    layers, top_k = row_shapes.pop()
+    out = np.full((int(lengths.sum()), layers, top_k), -1, dtype=np.int16)
+    at = 0
+    for n, flat, shape in zip(lengths, samples.column("routed_experts").to_pylist(),
+                              samples.column("routed_experts_shape").to_pylist()):
+        if flat is not None:
+            if shape[0] != n:
+                raise ValueError(f"a sample's expert routes cover {shape[0]} tokens but it has {n}; each row of "
+                                 "routed_experts must align with one token")
+            out[at:at + n] = np.asarray(flat, dtype=np.int16).reshape(n, layers, top_k)
+        at += int(n)
+    return out
 
 
 def step_totals(samples: pa.Table) -> StepTotals:
@@ -141,7 +170,7 @@ def _trainable_rows(flat: _Flat) -> list[int]:
 def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
     """Rows concatenated into one packed row (width None) or padded to `width`, one row each."""
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("inp", "pos", "tgt", "msk", "blp", "adv", "seq", "att",
-                                                           "tlp")}
+                                                           "tlp", "rte")}
     for i, r in enumerate(rows):
         start, end = int(flat.offsets[r]), int(flat.offsets[r + 1])
         n = end - start - 1
@@ -156,6 +185,8 @@ def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
         parts["att"].append(np.pad(np.ones(n, dtype=np.int64), (0, pad)))
         if flat.teacher is not None:
             parts["tlp"].append(np.pad(flat.teacher[start + 1:end], (0, pad)))
+        if flat.routes is not None:  # input position i took the experts stored with token i + 1 (trajstore.routes)
+            parts["rte"].append(np.pad(flat.routes[start + 1:end], ((0, pad), (0, 0), (0, 0)), constant_values=-1))
     rows_b = 1 if width is None else len(rows)
 
     def cat(key: str) -> torch.Tensor:
@@ -173,6 +204,7 @@ def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
         seq_weight=torch.from_numpy(flat.weight[rows].copy()),
         rows=tuple(rows),
         teacher_logprobs=cat("tlp") if flat.teacher is not None else None,
+        routes=cat("rte") if flat.routes is not None else None,
     )
 
 

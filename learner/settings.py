@@ -76,6 +76,7 @@ class LearnSettings:
     kl_coef: float = 0.0  # KL to the initial model (LoRA: the base); the reference is loaded only when > 0
     kl_estimator: KlEstimatorName = "k3"  # k1, k2, or k3 clamped to <= 10 (learner.losses)
     temperature: float = 1.0  # the collectors' sampling temperature: logits / temperature match their logprobs
+    replay_routes: bool = True  # MoE: route each position through the experts it took when sampled (learner.routing)
     seed: int = 0
     lora: bool = False
     lora_rank: int = 8

@@ -37,6 +37,7 @@ ranks' gradients add up to the step's. `learner.distributed` holds all of it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import time
@@ -63,6 +64,7 @@ from learner.losses import (
 )
 from learner.objectives import KL_ESTIMATORS, LOSSES, LossInputs, kept_tokens, objective_stats
 from learner.errors import LearnerError
+from learner.routing import replayed, replayed_share
 from learner.resume import announce_missing, catch_up, check_still_newest, upload
 from learner.settings import LearnSettings, SettingsError
 from trajstore import Metric, Scope, Store, Writer, artifacts, open_store
@@ -131,15 +133,18 @@ def forward_logits(model: torch.nn.Module, mb: MicroBatch, temperature: float) -
 
     `use_cache=False` matters: transformers detects packed samples from the position ids only
     when no cache is passed. A packed row asks the LM head for the trainable positions only.
+    A mixture-of-experts model takes the experts the sampler took where the micro-batch carries
+    them (`learner.routing`; `LearnSettings.replay_routes` off drops them from the micro-batches).
     """
     keep = mb.mask.nonzero().squeeze(1)
-    if mb.input_ids.shape[0] == 1:  # packed
-        out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, logits_to_keep=keep)
-        logits = out.logits[0]
-    else:  # padded (B, L): select after the head
-        out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
-                    use_cache=False)
-        logits = out.logits.flatten(0, 1)[keep]
+    with replayed(model, mb.routes):
+        if mb.input_ids.shape[0] == 1:  # packed
+            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, logits_to_keep=keep)
+            logits = out.logits[0]
+        else:  # padded (B, L): select after the head
+            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
+                        use_cache=False)
+            logits = out.logits.flatten(0, 1)[keep]
     return logits / temperature
 
 
@@ -425,6 +430,9 @@ def learn(settings: LearnSettings, *,
             check_teacher(shard.samples, s.teacher)
             totals = step_totals(shard.samples)
             batches = pack(shard.samples, s.micro_batch_tokens)
+            routed = replayed_share(batches)  # None: no sample of the step carries MoE routes
+            if not s.replay_routes:  # the learner's own routing: to measure what replay changes
+                batches = [dataclasses.replace(mb, routes=None) for mb in batches]
             optimizer.zero_grad(set_to_none=True)
             loss_sum = kl_sum = 0.0
             stats = LossStats()
@@ -453,6 +461,8 @@ def learn(settings: LearnSettings, *,
                        **distributed.memory(model, optimizer, ranks)}
             if s.kl_coef > 0:
                 metrics["kl_ref"] = kl_sum
+            if routed is not None:  # share of trainable tokens whose routes were replayed (0 with replay off)
+                metrics["routes_replayed"] = routed if s.replay_routes else 0.0
             metrics["tokens_per_s"] = metrics["tokens"] / elapsed if elapsed > 0 else 0.0
             pending += shard.rollout_ids
             pending_steps += 1

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajstore import ids
+from trajstore import ids, routes
 from trajstore.errors import InvalidEventError
 from trajstore.schema import (
     COLUMNS,
@@ -100,6 +100,9 @@ class Turn(_Event):
     sampling: Mapping[str, Any] | None = None
     request: Any = None
     response: Any = None
+    # mixture-of-experts policies: the experts behind each token (`trajstore.routes`; `turn_columns` fills both)
+    routed_experts: Sequence[int] | np.ndarray | None = None
+    routed_experts_shape: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,6 +272,8 @@ def check_record(rec: Mapping[str, Any]) -> list[str]:
             problems.append(f"output_mask has {n_mask} values but output_ids has {n_out} tokens; they must be equal")
     if kind == "turn" and n_out == 0:
         problems.append("a turn must have at least one output token")
+    if get("routed_experts") is not None or get("routed_experts_shape") is not None:
+        problems += routes.problems(rec)
     return problems
 
 
@@ -469,6 +474,9 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
             values = [None if v is None else [(k, float(x)) for k, x in v.items()] for v in values]
         elif name == "consumed":
             values = [None if v is None else list(v) for v in values]
+        elif name == "routed_experts":  # checked by `routes.problems` already; numpy in, one buffer out
+            columns[name] = routes.column(values)
+            continue
         if values.count(None) == n:
             columns[name] = nulls(n, typ)
             continue

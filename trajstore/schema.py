@@ -17,6 +17,7 @@ SCHEMA_VERSION = 1
 _SCALARS: dict[str, pa.DataType] = {
     "string": pa.string(),
     "bool": pa.bool_(),
+    "int16": pa.int16(),
     "int32": pa.int32(),
     "int64": pa.int64(),
     "float32": pa.float32(),

@@ -37,7 +37,8 @@ from trajstore.views import ESTIMATORS, Estimator
 # Step 2 needs scalars only; step 3 the token lists too, never the request/response JSON (training needs none of it).
 _SCALARS = [f.name for f in EVENT_SCHEMA if not isinstance(f.type, (pa.ListType, pa.MapType))
             and f.name not in ("request", "response", "sampling", "meta", "error")]
-_SAMPLE_COLUMNS = [*_SCALARS, "prompt_ids", "output_ids", "output_logprobs", "output_mask", "consumed"]
+_SAMPLE_COLUMNS = [*_SCALARS, "prompt_ids", "output_ids", "output_logprobs", "output_mask", "consumed",
+                   "routed_experts", "routed_experts_shape"]
 _TEACHER_COLUMNS = [*_SAMPLE_COLUMNS, "teacher_logprobs"]
 
 
@@ -48,7 +49,9 @@ class Shard:
     run, group_id, rollout_id, segment_id, tokens, loss_mask, logprobs (equal lengths),
     advantage (the rollout's, on every segment of it), reward, prompt_tokens, num_tokens,
     trainable_tokens, min_version, max_version, rollout_segments (segments of its rollout,
-    so a loss can count the rollout once); with a `teacher`, teacher_logprobs (aligned with
+    so a loss can count the rollout once), routed_experts and routed_experts_shape (a mixture-of-experts
+    policy's routes aligned with tokens, null for dense models; see `trajstore.routes`); with a `teacher`,
+    teacher_logprobs (aligned with
     tokens, as the `teacher_logprobs` view has them; null where the sample is not completely
     annotated by that teacher).
     """
@@ -155,7 +158,8 @@ def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_r
             SELECT s.run, s.group_id, s.rollout_id, s.segment_id, s.tokens, s.loss_mask, s.logprobs,
                    a.{estimator} AS advantage, a.reward, s.prompt_tokens, s.num_tokens,
                    s.trainable_tokens, s.min_version, s.max_version,
-                   count(*) OVER (PARTITION BY s.rollout_id) AS rollout_segments {teacher_column}
+                   count(*) OVER (PARTITION BY s.rollout_id) AS rollout_segments,
+                   s.routed_experts, s.routed_experts_shape {teacher_column}
             FROM samples s JOIN advantages a USING (rollout_id) {teacher_join}
             WHERE (s.run, s.group_id) IN (SELECT (run, group_id) FROM _chosen)
             ORDER BY s.first_time, s.rollout_id, s.segment_id

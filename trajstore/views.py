@@ -8,6 +8,10 @@ Definitions an RL researcher can rely on:
   `output_mask` (all true when null) on sampled tokens; `logprobs` holds the behaviour
   logprob of each sampled token and 0 on prompt tokens. The three lists always have equal
   length.
+- `samples.routed_experts` (mixture-of-experts policies): the turns' routes in turn order, aligned
+  with `tokens` as `[num_tokens, layers, top_k]` flattened (`routed_experts_shape`): row i holds the
+  experts of the position that predicted token i, -1 where none was recorded (`trajstore.routes`).
+  Null unless every turn of the sample carries routes of one `[layers, top_k]`.
 - `rollouts`: reward is the sum over reward components (reward_name) of each one's latest
   value, counting rollout-level rewards only (segment rewards are in `samples`); status is
   the latest status event; a rollout is *trainable* when its status is completed or
@@ -106,7 +110,7 @@ VIEWS: dict[str, str] = {
         SELECT event_id, time, run, group_id, rollout_id, session_id, segment_id, turn_index,
                policy_version, prompt_ids, output_ids, output_logprobs, output_mask,
                prompt_tokens, output_tokens, trainable_tokens, finish_reason, sampling,
-               request, response, meta, writer, writer_seq
+               request, response, meta, writer, writer_seq, routed_experts, routed_experts_shape
         FROM events WHERE kind = 'turn'
     """,
     "samples": """
@@ -127,7 +131,11 @@ VIEWS: dict[str, str] = {
                    sum(trainable_tokens)::BIGINT AS trainable_tokens,
                    count(*) AS turns,
                    min(policy_version) AS min_version, max(policy_version) AS max_version,
-                   min(time) AS first_time, max(time) AS last_time
+                   min(time) AS first_time, max(time) AS last_time,
+                   -- routes only when every turn has them, all of one [layers, top_k] (trajstore.routes)
+                   count(routed_experts) = count(*) AND count(DISTINCT routed_experts_shape[2:3]) = 1 AS routed,
+                   flatten(list(routed_experts ORDER BY turn_index)) AS all_routes,
+                   any_value(routed_experts_shape[2:3]) AS route_row
             FROM turns GROUP BY rollout_id, segment_id
         ),
         seg_reward AS (
@@ -141,7 +149,10 @@ VIEWS: dict[str, str] = {
         SELECT seg.run, seg.group_id, seg.rollout_id, seg.session_id, seg.segment_id,
                seg.tokens, seg.loss_mask, seg.logprobs, seg.prompt_tokens, seg.num_tokens,
                seg.trainable_tokens, seg.turns, seg.min_version, seg.max_version,
-               seg.first_time, seg.last_time, seg_reward.segment_reward
+               seg.first_time, seg.last_time, seg_reward.segment_reward,
+               CASE WHEN seg.routed THEN seg.all_routes END AS routed_experts,
+               CASE WHEN seg.routed THEN list_concat([seg.num_tokens::INTEGER], seg.route_row) END
+                   AS routed_experts_shape
         FROM seg LEFT JOIN seg_reward USING (rollout_id, segment_id)
     """,
     "rollouts": """

@@ -34,10 +34,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from collectors.embedded import kv_batch
+from collectors.embedded.routes import RouteRecorder, joined
 from collectors.embedded.sampling import find_stop, make_generator, processed_logprobs, sample
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
 from collectors.model.detokenize import IncrementalText
@@ -58,6 +60,8 @@ class Completion:
     finish_reason: str  # stop | length | abort
     stop_reason: str | int | None  # the stop string or stop token id; None for EOS and length
     policy_version: int
+    # mixture-of-experts models: (prompt + output - 1, layers, top_k) experts of each fed token (`.routes`)
+    routed_experts: np.ndarray | None = None
 
 
 @dataclass
@@ -91,6 +95,7 @@ class _Sequence:
     cancelled: bool = False
     detok: IncrementalText | None = None  # the output's text as it grows, kept only when stop strings are set
     on_token: TokenCallback | None = None  # streaming: called with each token as it is sampled
+    routes: list[np.ndarray] = field(default_factory=list)  # MoE: experts of the tokens fed so far
 
     def cancel(self) -> None:
         """Stop generating for a caller that went away; the result, if any, is dropped."""
@@ -168,6 +173,7 @@ class Engine:
         self.model_dir = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.model = load_model(self.model_dir, self.device)
+        self._routes = RouteRecorder.attach(self.model)  # None for a dense model
         self.policy_version = policy_version
         self.max_batch = max_batch
         self.vocab_size = self.model.config.vocab_size
@@ -341,6 +347,9 @@ class Engine:
     def _apply_swap(self, swap: _Swap) -> None:
         assert not self._rows, "weights are swapped only between batches"
         self.model, self.policy_version, self.model_dir = swap.model, swap.version, swap.path
+        if self._routes is not None:
+            self._routes.close()
+        self._routes = RouteRecorder.attach(swap.model)
         self.max_model_len = swap.model.config.max_position_embeddings
         self.stats.reloads += 1
         log.info("now serving policy version %d from %s", swap.version, swap.path)
@@ -363,8 +372,11 @@ class Engine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
+        if self._routes is not None:
+            self._routes.begin()
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                          logits_to_keep=1)
+        self._record_routes(seqs, mask)
         self.stats.prefill_steps += 1
         self.stats.requests += len(seqs)
         layers = kv_batch.clean_prefill([(l.keys, l.values) for l in out.cache.layers], mask)
@@ -381,12 +393,21 @@ class Engine:
         last = torch.tensor([s.output_ids[-1] for s in self._rows], device=self.device).unsqueeze(1)
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
         positions = self._mask.sum(dim=1, keepdim=True) - 1
+        if self._routes is not None:
+            self._routes.begin()
         out = self.model(input_ids=last, attention_mask=self._mask, position_ids=positions,
                          cache=self._cache, use_cache=True)
+        self._record_routes(self._rows, torch.ones_like(last))
         self._cache = out.cache
         self.stats.decode_steps += 1
         self._sample(self._rows, out.logits[:, -1, :])
         self._retire()
+
+    def _record_routes(self, seqs: list[_Sequence], fed: torch.Tensor) -> None:
+        """MoE models: give each row the experts of the tokens it just fed (`fed` (B, T) marks them)."""
+        if self._routes is not None:
+            for seq, routes in zip(seqs, self._routes.take(fed), strict=True):
+                seq.routes.append(routes)
 
     def _sample(self, seqs: list[_Sequence], logits: torch.Tensor) -> None:
         """Sample one token for each of `seqs` from logits (B, V) and record it."""
@@ -457,5 +478,5 @@ class Engine:
         seq.on_done(Completion(
             prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, logprobs=seq.logprobs,
             top_logprobs=seq.top if seq.params.logprobs else None, text=text, finish_reason=reason,
-            stop_reason=stop_reason, policy_version=seq.version))
+            stop_reason=stop_reason, policy_version=seq.version, routed_experts=joined(seq.routes)))
 

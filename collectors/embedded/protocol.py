@@ -15,10 +15,14 @@ protocol.py), so a collector cannot tell the embedded server from vLLM:
   or stop token id; null for EOS), `logprobs.{tokens, token_logprobs, top_logprobs,
   text_offset}` (top_logprobs holds the sampled token plus the top N, values clamped at
   -9999.0 as vLLM does), `token_ids` and `prompt_token_ids` (with `return_token_ids`),
-  `usage`, plus `policy_version`, the checkpoint version that sampled every output token.
+  `usage`, plus `policy_version`, the checkpoint version that sampled every output token, and for a
+  mixture-of-experts model `routed_experts` (vLLM's, with `--enable-return-routed-experts`: base64
+  `.npy` of `[prompt + output - 1, layers, top_k]` expert indices, see `collectors.embedded.routes`;
+  null for a dense model).
 - stream (vLLM's CompletionStreamResponse): one `data:` event per sampled token with its
   `text` delta, `token_ids`, `logprobs` and `policy_version` (`prompt_token_ids` on the first),
-  the last with `finish_reason` and `stop_reason`, a usage event with empty `choices` when
+  the last with `finish_reason` and `stop_reason` (and, for a MoE model, the whole completion's
+  `routed_experts`, which vLLM 0.32 returns only unstreamed), a usage event with empty `choices` when
   asked, then `data: [DONE]`. Text that may still become a stop string, and a token that may be
   the stop token, are held back until the next token shows what they are.
 - errors: `{"error": {"message", "type", "param", "code"}}`, vLLM's current error body.
@@ -35,6 +39,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from collectors.embedded import routes
 from collectors.embedded.engine import Completion
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
@@ -203,6 +208,7 @@ def completion_response(job: CompletionJob, result: Completion, *, model_name: s
         "token_ids": result.output_ids if job.return_token_ids else None,
         "prompt_logprobs": None,
         "prompt_token_ids": result.prompt_ids if job.return_token_ids else None,
+        "routed_experts": routes.encode(result.routed_experts) if result.routed_experts is not None else None,
     }
     n_prompt, n_out = len(result.prompt_ids), len(result.output_ids)
     return {
@@ -218,10 +224,14 @@ def completion_response(job: CompletionJob, result: Completion, *, model_name: s
 
 def stream_event(job: CompletionJob, request_id: str, created: int, model_name: str, version: int, text: str,
                  ids: list[int], logprobs: dict[str, Any] | None, *, prompt_ids: list[int] | None = None,
-                 finish_reason: str | None = None, stop_reason: str | int | None = None) -> dict[str, Any]:
-    """One event of a streamed completion (vLLM's CompletionStreamResponse with one choice)."""
+                 finish_reason: str | None = None, stop_reason: str | int | None = None,
+                 final: Completion | None = None) -> dict[str, Any]:
+    """One event of a streamed completion (vLLM's CompletionStreamResponse with one choice); the last one
+    (`final`) also carries the completion's `routed_experts` for a MoE model."""
     choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
                               "stop_reason": stop_reason}
+    if final is not None and final.routed_experts is not None:
+        choice["routed_experts"] = routes.encode(final.routed_experts)
     if job.return_token_ids:
         choice["token_ids"] = ids
         if prompt_ids is not None:

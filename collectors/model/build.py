@@ -1,4 +1,5 @@
-"""`trajstore init-model`: a small random-init Qwen2 causal LM with a real tokenizer, in HF format.
+"""`trajstore init-model`: a small random-init Qwen2 causal LM with a real tokenizer, in HF format
+(with `--moe`, a Qwen3-MoE of the same shape: `collectors.model.moe`).
 
 The whole stack (embedded server, capture proxy, learner) needs a real model to run on a
 laptop with no downloads. This builds one: transformers' `Qwen2ForCausalLM` with random
@@ -27,7 +28,8 @@ Compatibility decisions, written down here because the files outlive the code:
   which builds the same pipeline), the extra special tokens go under their transformers 4
   name `additional_special_tokens`, and the chat template is also kept in
   tokenizer_config.json for loaders older than the separate `chat_template.jinja` file. config.json also carries
-  `torch_dtype` and `rope_theta`, the keys transformers 4 (and vLLM pinned to it) read.
+  `torch_dtype` and `rope_theta`, the keys transformers 4 (and vLLM pinned to it) read; a
+  mixture-of-experts model (`--moe`, `collectors.model.moe`) also `num_experts`.
 """
 
 from __future__ import annotations
@@ -54,11 +56,17 @@ class ModelSize:
     intermediate_size: int = 192
     max_positions: int = 4096
     tie_embeddings: bool = False
+    experts: int = 0  # > 0: a Qwen3-MoE with this many experts per layer (`collectors.model.moe`); 0: dense Qwen2
+    experts_per_token: int = 2  # top-k of each MoE layer's router
 
     def problems(self) -> list[str]:
         """Every invalid setting at once, each with what would fix it."""
         out = [f"{name} must be >= 1 (got {value})" for name, value in asdict(self).items()
-               if not isinstance(value, bool) and value < 1]
+               if not isinstance(value, bool) and name != "experts" and value < 1]
+        if self.experts < 0:
+            out.append(f"experts must be >= 0 (0: a dense model; got {self.experts})")
+        elif self.experts and self.experts_per_token > self.experts:
+            out.append(f"experts_per_token {self.experts_per_token} must be at most experts {self.experts}")
         if out:
             return out
         if self.hidden_size % self.heads:
@@ -91,15 +99,17 @@ class InitModelResult:
 
 def init_model(path: str | Path, size: ModelSize = ModelSize(), seed: int = 0, overwrite: bool = False,
                family: str = "hermes") -> InitModelResult:
-    """Build, initialize and save a random Qwen2 model and its tokenizer into `path`.
+    """Build, initialize and save a random Qwen2 model (Qwen3-MoE with `size.experts`) and its tokenizer
+    into `path`.
 
     `family` (`collectors.model.families`: hermes, llama3, harmony) picks the tokenizer's control
-    tokens, chat template and stop tokens; the network is a Qwen2 whatever the family (a chat
-    format is the tokenizer's and template's business, and vLLM's CPU backend serves Qwen2)."""
+    tokens, chat template and stop tokens; the network is the same whatever the family (a chat
+    format is the tokenizer's and template's business)."""
     # imported here: the CLI reads ModelSize's defaults, and `trajstore --help` should not load torch
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+    from collectors.model.moe import moe_model
     from collectors.model.tokenizer import train_tokenizer
 
     problems = size.problems()
@@ -112,7 +122,7 @@ def init_model(path: str | Path, size: ModelSize = ModelSize(), seed: int = 0, o
     tokenizer = train_tokenizer(size.vocab_size, seed=seed, family=family)
     first = tokenizer.convert_tokens_to_ids(spec.bos or spec.pad)
     eos, pad = tokenizer.convert_tokens_to_ids(spec.eos), tokenizer.convert_tokens_to_ids(spec.pad)
-    config = Qwen2Config(
+    shape = dict(
         vocab_size=len(tokenizer), hidden_size=size.hidden_size, intermediate_size=size.intermediate_size,
         num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
         max_position_embeddings=size.max_positions, tie_word_embeddings=size.tie_embeddings,
@@ -120,7 +130,10 @@ def init_model(path: str | Path, size: ModelSize = ModelSize(), seed: int = 0, o
         bos_token_id=first, eos_token_id=eos, pad_token_id=pad,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    if size.experts:
+        model = moe_model(shape, size.experts, size.experts_per_token)
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**shape)).to(torch.float32).eval()
     model.generation_config = GenerationConfig(
         bos_token_id=first, pad_token_id=pad, eos_token_id=[tokenizer.convert_tokens_to_ids(t) for t in spec.stops],
     )
@@ -139,6 +152,8 @@ def _add_compat_keys(path: Path, template: str) -> None:
     cfg = json.loads(cfg_file.read_text())
     cfg.setdefault("torch_dtype", "float32")
     cfg.setdefault("rope_theta", ROPE_THETA)
+    if "num_local_experts" in cfg:  # transformers 4's Qwen3MoeConfig (and vLLM pinned to it) reads `num_experts`
+        cfg.setdefault("num_experts", cfg["num_local_experts"])
     cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     tok_file = path / "tokenizer_config.json"
     tok = json.loads(tok_file.read_text())

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from trajstore.announcement import MAX_POLICY_VERSION, LoadRequest
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
@@ -85,6 +87,9 @@ class Sample:
     # per output token, when `SamplingParams.logprobs` asked for N: the top N alternatives and the sampled
     # token, {token text: logprob} as vLLM returns them (tokens with the same text share one entry)
     top_logprobs: list[dict[str, float]] | None = None
+    # mixture-of-experts servers: (tokens fed, layers, top_k) int16, the experts of each token of prompt + output
+    # as the model's input (vLLM's `routed_experts`); None when the server reports none
+    routed_experts: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Chunk:
     top_logprobs: list[dict[str, float]] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    routed_experts: np.ndarray | None = None  # MoE: the whole stream's routes, on its last chunk (`Sample`'s)
 
 
 @dataclass
@@ -114,6 +120,7 @@ class StreamedSample:
     policy_version: int | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    routed_experts: np.ndarray | None = None
 
     def add(self, chunk: Chunk) -> None:
         self.output_ids.extend(chunk.output_ids)
@@ -124,13 +131,15 @@ class StreamedSample:
         self.policy_version = chunk.policy_version
         if chunk.finish_reason is not None:
             self.finish_reason, self.stop_reason = chunk.finish_reason, chunk.stop_reason
+        if chunk.routed_experts is not None:
+            self.routed_experts = chunk.routed_experts
 
     def sample(self) -> Sample:
         """The joined sample; a stream that ended without a finish reason was cut short: `abort`."""
         return Sample(prompt_ids=self.prompt_ids, output_ids=self.output_ids, output_logprobs=self.output_logprobs,
                       text=self.text, finish_reason=self.finish_reason or "abort",
                       policy_version=self.policy_version if self.policy_version is not None else -1,
-                      stop_reason=self.stop_reason, top_logprobs=self.top_logprobs)
+                      stop_reason=self.stop_reason, top_logprobs=self.top_logprobs, routed_experts=self.routed_experts)
 
 
 @runtime_checkable

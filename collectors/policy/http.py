@@ -19,6 +19,9 @@ before the request reaches the engine, so nothing was sampled and a retry is saf
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import io
 import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -27,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import numpy as np
 from multidict import CIMultiDict
 
 from collectors.errors import CollectorError
@@ -315,7 +319,29 @@ def parse_completion(body: Any, prompt_ids: list[int], *, policy_version: int, u
                                       f"`finish_reason`: {json.dumps(choice)[:200]}", url=url)
     return Sample(prompt_ids=prompt_ids, output_ids=ids, output_logprobs=logprobs, text=text,
                   finish_reason=finish, policy_version=policy_version, stop_reason=choice.get("stop_reason"),
-                  top_logprobs=tops)
+                  top_logprobs=tops, routed_experts=routed_experts(choice, url, len(prompt_ids) + len(ids)))
+
+
+def routed_experts(choice: dict[str, Any], url: str, tokens: int | None = None) -> np.ndarray | None:
+    """A choice's `routed_experts` (vLLM's, from a server started with --enable-return-routed-experts; the embedded
+    server's for MoE models): base64 `.npy` of `[fed tokens, layers, top_k]` expert indices, as int16; None when
+    the server sent none. `tokens`: prompt + output, when known (a stream's last event does not know it)."""
+    text = choice.get("routed_experts")
+    if text is None:
+        return None
+    try:
+        routes = np.load(io.BytesIO(base64.b64decode(text, validate=True)), allow_pickle=False)
+    except (TypeError, ValueError, binascii.Error, OSError) as exc:
+        raise PolicyServerBadResponse(f"the policy server at {url} returned `routed_experts` that are not base64 "
+                                      f".npy bytes ({exc})", url=url) from exc
+    if routes.ndim != 3 or routes.dtype.kind not in "iu" or (tokens is not None and len(routes) > tokens):
+        raise PolicyServerBadResponse(f"the policy server at {url} returned `routed_experts` of shape {routes.shape} "
+                                      f"({routes.dtype}); expected integer expert indices [at most prompt + output "
+                                      "tokens, layers, top_k]", url=url)
+    if routes.size and routes.max() > np.iinfo(np.int16).max:
+        raise PolicyServerBadResponse(f"the policy server at {url} routes to expert {routes.max()}, beyond what "
+                                      "the store keeps (int16)", url=url)
+    return routes.astype(np.int16, copy=False)
 
 
 def parse_chunk(event: Any, prompt_ids: list[int], *, policy_version: int, url: str,
@@ -330,7 +356,7 @@ def parse_chunk(event: Any, prompt_ids: list[int], *, policy_version: int, url: 
     finish = choice.get("finish_reason")
     return Chunk(output_ids=ids, output_logprobs=logprobs, text=str(choice.get("text") or ""),
                  policy_version=policy_version, top_logprobs=tops, finish_reason=finish,
-                 stop_reason=choice.get("stop_reason"))
+                 stop_reason=choice.get("stop_reason"), routed_experts=routed_experts(choice, url))
 
 
 def prompt_list(prompt_ids: Sequence[int]) -> list[int]:

@@ -61,11 +61,24 @@ from collectors.proxy.sessions import Registry, Rollout, SessionSlot
 from collectors.proxy.streaming import TextStream, reply_stream
 from collectors.proxy.upstream import OUTAGE_WAIT_S, Upstream
 from collectors.proxy.wire import WireProtocol, stream_body
-from trajstore import InvalidEventError, Reward, Status, Turn, Writer, new_id
+from trajstore import InvalidEventError, Reward, Status, Turn, Writer, new_id, routes
 from trajstore.schema import TERMINAL_STATUSES
 
 log = logging.getLogger(__name__)
 RENDER_THREADS = 4  # prompts rendered at once; more wait their turn, off the event loop
+
+
+def sample_routes(sample: Sample, stored_prompt: int) -> dict[str, Any]:
+    """The turn's `routed_experts` columns from a sample's routes (none for a dense model): the rows of its last
+    `stored_prompt` prompt tokens (the turn's `prompt_ids`) and of its output, as `trajstore.routes` aligns them."""
+    if sample.routed_experts is None:
+        return {}
+    try:
+        rows = routes.turn_rows(sample.routed_experts, len(sample.prompt_ids), len(sample.output_ids), stored_prompt)
+    except ValueError as exc:  # a streamed sample's routes are checked only here, against its final length
+        raise ChatError(f"the policy server's routed_experts do not fit the call: {exc}", status=502,
+                        kind="upstream") from exc
+    return routes.turn_columns(rows)
 
 
 @dataclass
@@ -230,7 +243,7 @@ class Capture:
             segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
             prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
             output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
-            request=body, response=response, meta=meta)])
+            request=body, response=response, meta=meta, **sample_routes(sample, len(plan.prompt_ids)))])
         sampled_text = body_text + renderer.decode(sample.output_ids[len(text_ids(sample)):])
         record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)
         prefill = (req.messages[-1].get("content") or "") if req.continue_final else ""

@@ -10,7 +10,7 @@ from collectors.policy import SamplingParams
 
 # vLLM's CompletionResponseChoice fields (vllm/entrypoints/openai/completion/protocol.py) we emit
 VLLM_CHOICE_FIELDS = {"index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_logprobs",
-                      "prompt_token_ids"}
+                      "prompt_token_ids", "routed_experts"}  # routed_experts: null unless a MoE model (vLLM 0.32's)
 
 
 def test_defaults_are_vllms() -> None:
