@@ -34,6 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from trajstore.events import SUPPORT_IDS_CAP
+
 
 @dataclass(frozen=True)
 class MicroBatch:
@@ -50,6 +52,9 @@ class MicroBatch:
     seq_weight: torch.Tensor  # (S,) float32: 1 / segments of the sample's rollout
     rows: tuple[int, ...]  # the samples table's rows, in `seq` order
     teacher_logprobs: torch.Tensor | None = None  # (B*L,) float32 when the samples carry a teacher's
+    temperature: torch.Tensor | None = None  # (B*L,) float32: the temperature each target was sampled at
+    support_sizes: torch.Tensor | None = None  # (B*L,) int64: the target's recorded kept-set size m, 0: none
+    support_ids: torch.Tensor | None = None  # int64: the stored kept sets (m <= SUPPORT_IDS_CAP), in position order
 
     @property
     def num_positions(self) -> int:
@@ -85,6 +90,10 @@ class _Flat:
     advantage: np.ndarray  # (S,) float32
     weight: np.ndarray  # (S,) float32
     teacher: np.ndarray | None = None  # float32, aligned with tokens: the samples' `teacher_logprobs`
+    temperature: np.ndarray | None = None  # (S,) float32: each sample's sampling temperature
+    support_sizes: np.ndarray | None = None  # int64, aligned with tokens: each token's kept-set size
+    support_ids: np.ndarray | None = None  # int64: every sample's kept sets, concatenated
+    support_offsets: np.ndarray | None = None  # (S+1,) int64: each sample's start in support_ids
 
     def positions(self, row: int) -> int:
         return int(self.offsets[row + 1] - self.offsets[row]) - 1
@@ -113,6 +122,8 @@ def _flat(samples: pa.Table) -> _Flat:
         advantage=pc.fill_null(samples.column("advantage"), 0.0).to_numpy().astype(np.float32),
         weight=(1.0 / samples.column("rollout_segments").to_numpy().astype(np.float64)).astype(np.float32),
         teacher=values("teacher_logprobs", np.float32, 0.0) if "teacher_logprobs" in samples.column_names else None,
+        temperature=_temperatures(samples),
+        **_support(samples, n=int(offsets[-1])),
     )
     n = int(offsets[-1])
     if flat.teacher is not None and len(flat.teacher) != n:
@@ -122,6 +133,44 @@ def _flat(samples: pa.Table) -> _Flat:
         raise ValueError(f"the samples' tokens, loss_mask and logprobs hold {len(flat.tokens)}, {len(flat.mask)} "
                          f"and {len(flat.logprobs)} values in all; every sample needs the three of equal length")
     return flat
+
+
+GREEDY_TEMPERATURE = 1e-5  # below this a sampler draws greedily and reports logprobs at temperature 1 (as vLLM)
+
+
+def _temperatures(samples: pa.Table) -> np.ndarray:
+    """(S,) each sample's temperature: 1 where none is recorded or it sampled greedily."""
+    if "temperature" not in samples.column_names:
+        return np.ones(samples.num_rows, dtype=np.float32)
+    t = pc.fill_null(samples.column("temperature").cast(pa.float64()), 1.0).to_numpy().astype(np.float32)
+    return np.where(t < GREEDY_TEMPERATURE, np.float32(1.0), t)
+
+
+def _support(samples: pa.Table, n: int) -> dict[str, np.ndarray]:
+    """The samples' recorded kept sets: sizes aligned with the tokens, ids, and each sample's start in them."""
+    if "support_sizes" not in samples.column_names:
+        return {}
+    sizes_col = samples.column("support_sizes").combine_chunks()
+    ids_col = samples.column("support_ids").combine_chunks()
+    sizes = pc.fill_null(pc.list_flatten(sizes_col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if len(sizes) != n:  # a sample whose turns predate the columns has none: its tokens get size 0
+        per_row = pc.fill_null(pc.list_value_length(sizes_col), 0).to_numpy(zero_copy_only=False)
+        tokens = pc.fill_null(pc.list_value_length(samples.column("tokens").combine_chunks()), 0).to_numpy(
+            zero_copy_only=False)
+        if (per_row[per_row > 0] != tokens[per_row > 0]).any():
+            raise ValueError("the samples' support_sizes are not aligned with their tokens; each sample needs one "
+                             "size per token (the `samples` view builds them so)")
+        sizes = np.concatenate([np.zeros(t, np.int64) if p == 0 else np.asarray(s, np.int64)
+                                for p, t, s in zip(per_row, tokens, sizes_col.to_pylist())] or [np.zeros(0, np.int64)])
+    ids = pc.list_flatten(ids_col).to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = pc.fill_null(pc.list_value_length(ids_col), 0).to_numpy(zero_copy_only=False)
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    stored = int(sizes[sizes <= SUPPORT_IDS_CAP].sum())
+    if stored != len(ids):
+        raise ValueError(f"the samples' support_sizes of at most {SUPPORT_IDS_CAP} add up to {stored} but "
+                         f"support_ids hold {len(ids)} ids; every stored kept set needs its size")
+    return {"support_sizes": sizes, "support_ids": ids, "support_offsets": starts}
 
 
 def step_totals(samples: pa.Table) -> StepTotals:
@@ -141,7 +190,7 @@ def _trainable_rows(flat: _Flat) -> list[int]:
 def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
     """Rows concatenated into one packed row (width None) or padded to `width`, one row each."""
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("inp", "pos", "tgt", "msk", "blp", "adv", "seq", "att",
-                                                           "tlp")}
+                                                           "tlp", "tmp", "ssz", "sid")}
     for i, r in enumerate(rows):
         start, end = int(flat.offsets[r]), int(flat.offsets[r + 1])
         n = end - start - 1
@@ -156,6 +205,13 @@ def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
         parts["att"].append(np.pad(np.ones(n, dtype=np.int64), (0, pad)))
         if flat.teacher is not None:
             parts["tlp"].append(np.pad(flat.teacher[start + 1:end], (0, pad)))
+        parts["tmp"].append(np.full(n + pad, flat.temperature[r], dtype=np.float32))
+        if flat.support_sizes is not None:
+            sizes = flat.support_sizes[start:end]
+            stored = np.where(sizes <= SUPPORT_IDS_CAP, sizes, 0)  # larger sets are "the m most likely": no ids
+            first = int(flat.support_offsets[r]) + int(stored[0])  # the first token is never a target
+            parts["ssz"].append(np.pad(sizes[1:], (0, pad)))
+            parts["sid"].append(flat.support_ids[first:first + int(stored[1:].sum())])
     rows_b = 1 if width is None else len(rows)
 
     def cat(key: str) -> torch.Tensor:
@@ -173,6 +229,9 @@ def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
         seq_weight=torch.from_numpy(flat.weight[rows].copy()),
         rows=tuple(rows),
         teacher_logprobs=cat("tlp") if flat.teacher is not None else None,
+        temperature=cat("tmp"),
+        support_sizes=cat("ssz") if flat.support_sizes is not None else None,
+        support_ids=cat("sid") if flat.support_sizes is not None else None,
     )
 
 

@@ -37,7 +37,8 @@ from trajstore.views import ESTIMATORS, Estimator
 # Step 2 needs scalars only; step 3 the token lists too, never the request/response JSON (training needs none of it).
 _SCALARS = [f.name for f in EVENT_SCHEMA if not isinstance(f.type, (pa.ListType, pa.MapType))
             and f.name not in ("request", "response", "sampling", "meta", "error")]
-_SAMPLE_COLUMNS = [*_SCALARS, "prompt_ids", "output_ids", "output_logprobs", "output_mask", "consumed"]
+_SAMPLE_COLUMNS = [*_SCALARS, "prompt_ids", "output_ids", "output_logprobs", "output_mask", "consumed",
+                   "sampling", "support_sizes", "support_ids"]  # how each token was sampled, and from which support
 _TEACHER_COLUMNS = [*_SAMPLE_COLUMNS, "teacher_logprobs"]
 
 
@@ -48,7 +49,9 @@ class Shard:
     run, group_id, rollout_id, segment_id, tokens, loss_mask, logprobs (equal lengths),
     advantage (the rollout's, on every segment of it), reward, prompt_tokens, num_tokens,
     trainable_tokens, min_version, max_version, rollout_segments (segments of its rollout,
-    so a loss can count the rollout once); with a `teacher`, teacher_logprobs (aligned with
+    so a loss can count the rollout once), temperature, top_p, top_k, min_p, sampling_varies
+    (how its tokens were sampled), support_sizes (aligned with tokens) and support_ids (each
+    sampled token's kept set, CSR-style; see the `samples` view); with a `teacher`, teacher_logprobs (aligned with
     tokens, as the `teacher_logprobs` view has them; null where the sample is not completely
     annotated by that teacher).
     """
@@ -155,7 +158,9 @@ def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_r
             SELECT s.run, s.group_id, s.rollout_id, s.segment_id, s.tokens, s.loss_mask, s.logprobs,
                    a.{estimator} AS advantage, a.reward, s.prompt_tokens, s.num_tokens,
                    s.trainable_tokens, s.min_version, s.max_version,
-                   count(*) OVER (PARTITION BY s.rollout_id) AS rollout_segments {teacher_column}
+                   count(*) OVER (PARTITION BY s.rollout_id) AS rollout_segments,
+                   s.temperature, s.top_p, s.top_k, s.min_p, s.sampling_varies, s.support_sizes,
+                   s.support_ids {teacher_column}
             FROM samples s JOIN advantages a USING (rollout_id) {teacher_join}
             WHERE (s.run, s.group_id) IN (SELECT (run, group_id) FROM _chosen)
             ORDER BY s.first_time, s.rollout_id, s.segment_id

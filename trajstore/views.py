@@ -7,7 +7,10 @@ Definitions an RL researcher can rely on:
   in turn order; `loss_mask` is false on every prompt / tool-observation token and follows
   `output_mask` (all true when null) on sampled tokens; `logprobs` holds the behaviour
   logprob of each sampled token and 0 on prompt tokens. The three lists always have equal
-  length.
+  length. `temperature`, `top_p`, `top_k`, `min_p`: what the sample's turns were sampled with
+  (from each turn's `sampling`; `sampling_varies` when its turns differ). `support_sizes` (aligned
+  with `tokens`: 0 on prompt tokens and wherever no kept set was recorded) and `support_ids` (the
+  kept sets concatenated) carry each sampled token's truncated support, CSR-style.
 - `rollouts`: reward is the sum over reward components (reward_name) of each one's latest
   value, counting rollout-level rewards only (segment rewards are in `samples`); status is
   the latest status event; a rollout is *trainable* when its status is completed or
@@ -103,7 +106,12 @@ VIEWS: dict[str, str] = {
         SELECT event_id, time, run, group_id, rollout_id, session_id, segment_id, turn_index,
                policy_version, prompt_ids, output_ids, output_logprobs, output_mask,
                prompt_tokens, output_tokens, trainable_tokens, finish_reason, sampling,
-               request, response, meta, writer, writer_seq
+               request, response, meta, writer, writer_seq,
+               TRY_CAST(json_extract_string(sampling, '$.temperature') AS DOUBLE) AS temperature,
+               TRY_CAST(json_extract_string(sampling, '$.top_p') AS DOUBLE) AS top_p,
+               TRY_CAST(json_extract_string(sampling, '$.top_k') AS BIGINT) AS top_k,
+               TRY_CAST(json_extract_string(sampling, '$.min_p') AS DOUBLE) AS min_p,
+               support_sizes, support_ids
         FROM events WHERE kind = 'turn'
     """,
     "samples": """
@@ -124,7 +132,14 @@ VIEWS: dict[str, str] = {
                    sum(trainable_tokens)::BIGINT AS trainable_tokens,
                    count(*) AS turns,
                    min(policy_version) AS min_version, max(policy_version) AS max_version,
-                   min(time) AS first_time, max(time) AS last_time
+                   min(time) AS first_time, max(time) AS last_time,
+                   min(temperature) AS temperature, min(top_p) AS top_p, min(top_k) AS top_k, min(min_p) AS min_p,
+                   count(DISTINCT (temperature, top_p, top_k, min_p)) > 1 AS sampling_varies,
+                   flatten(list(list_concat(
+                       list_transform(prompt_ids, lambda x: 0),
+                       coalesce(support_sizes, list_transform(output_ids, lambda x: 0)))
+                       ORDER BY turn_index)) AS support_sizes,
+                   flatten(list(coalesce(support_ids, []::INTEGER[]) ORDER BY turn_index)) AS support_ids
             FROM turns GROUP BY rollout_id, segment_id
         ),
         seg_reward AS (
@@ -138,7 +153,9 @@ VIEWS: dict[str, str] = {
         SELECT seg.run, seg.group_id, seg.rollout_id, seg.session_id, seg.segment_id,
                seg.tokens, seg.loss_mask, seg.logprobs, seg.prompt_tokens, seg.num_tokens,
                seg.trainable_tokens, seg.turns, seg.min_version, seg.max_version,
-               seg.first_time, seg.last_time, seg_reward.segment_reward
+               seg.first_time, seg.last_time, seg_reward.segment_reward,
+               seg.temperature, seg.top_p, seg.top_k, seg.min_p, seg.sampling_varies,
+               seg.support_sizes, seg.support_ids
         FROM seg LEFT JOIN seg_reward USING (rollout_id, segment_id)
     """,
     "rollouts": """

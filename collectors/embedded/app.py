@@ -189,7 +189,9 @@ async def _stream(request: web.Request, engine: Engine, job: CompletionJob, prom
         event = stream_event(job, request_id, created, model_name, version, text, ids, logprobs,
                              prompt_ids=prompt_ids if first else None,
                              finish_reason=final.finish_reason if final else None,
-                             stop_reason=final.stop_reason if final else None)
+                             stop_reason=final.stop_reason if final else None,
+                             support=(final.support_sizes, final.support_ids)
+                             if final and final.support_sizes is not None else None)
         await response.write(_sse(event))
         sent_text, sent_tokens = sent_text + text, upto
 

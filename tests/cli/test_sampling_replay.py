@@ -1,0 +1,149 @@
+"""Logprob parity between the embedded server and the learner, through the store, with sampling-support replay.
+
+The demo model (`trajstore demo`'s shape, random weights) in float32 on CPU samples with the embedded
+engine at several temperatures, top-p and top-k settings; the completions are stored as turns with their
+sampling parameters and kept sets; the learner reads them back through a training shard and recomputes
+every sampled token's logprob under the same weights (per-sample temperature, renormalized over the
+recorded support). Behaviour and recomputation must agree to 1e-6; without the replay they do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import trajstore  # noqa: E402
+from cli.demo import DemoSettings  # noqa: E402
+from collectors.embedded.engine import Completion, Engine  # noqa: E402
+from collectors.model.build import init_model  # noqa: E402
+from collectors.policy import SamplingParams  # noqa: E402
+from learner.batching import pack  # noqa: E402
+from learner.errors import LearnerError  # noqa: E402
+from learner.train import check_sampling, forward_logits, sampled_logprobs  # noqa: E402
+from trajstore import Reward, Status, Turn  # noqa: E402
+from trajstore.events import SUPPORT_IDS_CAP  # noqa: E402
+
+PARITY = 1e-6  # max |behaviour - recomputed| per token, float32 on CPU, same weights
+CASES: dict[str, SamplingParams] = {
+    "untruncated": SamplingParams(max_tokens=24, temperature=1.0),
+    "temperature 0.7": SamplingParams(max_tokens=24, temperature=0.7),
+    "top_p 0.9": SamplingParams(max_tokens=24, top_p=0.9),  # ~1800 of 2048 kept: stored by size (above the cap)
+    "top_p 0.2": SamplingParams(max_tokens=24, top_p=0.2),  # ~400 kept: stored id by id
+    "top_k 64": SamplingParams(max_tokens=24, top_k=64),
+    "top_k 8, top_p 0.7, temperature 0.7": SamplingParams(max_tokens=24, top_k=8, top_p=0.7, temperature=0.7),
+}
+ROLLOUTS = 3
+
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("demo-model") / "base"
+    init_model(path, DemoSettings(directory=path.parent).size, seed=0)
+    return path
+
+
+def _turns(case: str, params: SamplingParams, completions: list[Completion]) -> list[object]:
+    events: list[object] = []
+    for k, c in enumerate(completions):
+        rollout = f"{case}-r{k}"
+        events += [
+            Turn(run="parity", group_id=case, rollout_id=rollout, segment_id=rollout, turn_index=0, policy_version=0,
+                 prompt_ids=c.prompt_ids, output_ids=c.output_ids, output_logprobs=c.logprobs, finish_reason="length",
+                 sampling=params.as_json(), support_sizes=c.support_sizes, support_ids=c.support_ids),
+            Reward(run="parity", group_id=case, rollout_id=rollout, reward=float(k)),
+            Status(run="parity", group_id=case, rollout_id=rollout, status="completed", group_size=ROLLOUTS)]
+    return events
+
+
+@pytest.fixture(scope="module")
+def store(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
+    engine = Engine(demo_model, device="cpu", max_batch=8, threads=1)
+
+    async def sample_all() -> list[object]:
+        events: list[object] = []
+        for i, (case, params) in enumerate(CASES.items()):
+            done = await asyncio.gather(*(engine.agenerate([5 + i, 17, 300 + k, 42], replace(params, seed=k))
+                                          for k in range(ROLLOUTS)))  # seeded: the same tokens every run
+            events += _turns(case, params, list(done))
+        return events
+
+    try:
+        events = asyncio.run(sample_all())
+    finally:
+        engine.close()
+    store = trajstore.open_store(tmp_path_factory.mktemp("parity") / "store")
+    with store.writer("parity") as w:
+        w.append(events)  # type: ignore[arg-type]
+    return store
+
+
+def _recomputed(store: trajstore.Store, model_dir: Path, replay: bool) -> dict[str, float]:
+    """The largest |behaviour - learner| per case, through a shard, packing and the learner's forward."""
+    shard = store.shard(policy_version=0, max_staleness=0, max_rollouts=1 << 20, run="parity")
+    assert len(shard.group_ids) == len(CASES)
+    samples = check_sampling(shard.samples, None)
+    model = trajstore_model(model_dir)
+    worst: dict[str, float] = {}
+    with torch.no_grad():
+        for mb in pack(samples, 4096):
+            logprobs, _ = sampled_logprobs(forward_logits(model, mb), mb, replay)
+            keep = mb.mask.nonzero().squeeze(1)
+            diff = (logprobs - mb.behaviour_logprobs[keep]).abs()
+            groups = samples.column("group_id").to_pylist()
+            for i, row in enumerate(mb.rows):
+                case = groups[row]
+                mine = diff[mb.seq[keep] == i]
+                worst[case] = max(worst.get(case, 0.0), float(mine.max()))
+    return worst
+
+
+def trajstore_model(path: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def test_embedded_logprobs_match_the_learners_recomputation_with_support_replay(store: trajstore.Store,
+                                                                                demo_model: Path) -> None:
+    worst = _recomputed(store, demo_model, replay=True)
+    assert set(worst) == set(CASES)
+    assert max(worst.values()) <= PARITY, worst
+    print("max |behaviour - learner| per case:", {k: f"{v:.2e}" for k, v in worst.items()})
+
+
+def test_without_replay_truncated_samples_do_not_match(store: trajstore.Store, demo_model: Path) -> None:
+    worst = _recomputed(store, demo_model, replay=False)
+    for case, params in CASES.items():
+        if params.truncated:
+            assert worst[case] > 1e-3, (case, worst[case])
+        else:
+            assert worst[case] <= PARITY, (case, worst[case])
+
+
+def test_the_store_keeps_ids_up_to_the_cap_and_sizes_above_it(store: trajstore.Store) -> None:
+    rows = store.query("SELECT group_id, support_sizes, support_ids, top_p, top_k, temperature FROM turns").to_pylist()
+    by_case: dict[str, list[dict]] = {}
+    for r in rows:
+        by_case.setdefault(r["group_id"], []).append(r)
+    for r in by_case["untruncated"] + by_case["temperature 0.7"]:
+        assert r["support_sizes"] is None and r["support_ids"] is None
+    for r in by_case["top_k 64"]:
+        assert set(r["support_sizes"]) == {64} and len(r["support_ids"]) == 64 * len(r["support_sizes"])
+        assert r["top_k"] == 64 and r["top_p"] == 1.0
+    wide = [m for r in by_case["top_p 0.9"] for m in r["support_sizes"]]
+    assert min(wide) > SUPPORT_IDS_CAP and all(not r["support_ids"] for r in by_case["top_p 0.9"])
+    narrow = [m for r in by_case["top_p 0.2"] for m in r["support_sizes"]]
+    assert 0 < max(narrow) <= SUPPORT_IDS_CAP
+
+
+def test_the_temperature_guard_refuses_a_mismatch(store: trajstore.Store) -> None:
+    shard = store.shard(policy_version=0, max_staleness=0, max_rollouts=1 << 20, run="parity")
+    with pytest.raises(LearnerError, match="--temperature 1 does not match what sampled: .* temperature 0.7"):
+        check_sampling(shard.samples, 1.0)
