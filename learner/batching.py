@@ -53,6 +53,8 @@ class MicroBatch:
     rows: tuple[int, ...]  # the samples table's rows, in `seq` order
     teacher_logprobs: torch.Tensor | None = None  # (B*L,) float32 when the samples carry a teacher's
     temperature: torch.Tensor | None = None  # (B*L,) float32: the temperature each target was sampled at
+    top_k: torch.Tensor | None = None  # (B*L,) int64: its top-k (0: off) ...
+    top_p: torch.Tensor | None = None  # (B*L,) float32: ... and top-p, to rebuild a support no server recorded
     support_sizes: torch.Tensor | None = None  # (B*L,) int64: the target's recorded kept-set size m, 0: none
     support_ids: torch.Tensor | None = None  # int64: the stored kept sets (m <= SUPPORT_IDS_CAP), in position order
 
@@ -91,6 +93,8 @@ class _Flat:
     weight: np.ndarray  # (S,) float32
     teacher: np.ndarray | None = None  # float32, aligned with tokens: the samples' `teacher_logprobs`
     temperature: np.ndarray | None = None  # (S,) float32: each sample's sampling temperature
+    top_k: np.ndarray | None = None  # (S,) int64: 0 off
+    top_p: np.ndarray | None = None  # (S,) float32: 1 off
     support_sizes: np.ndarray | None = None  # int64, aligned with tokens: each token's kept-set size
     support_ids: np.ndarray | None = None  # int64: every sample's kept sets, concatenated
     support_offsets: np.ndarray | None = None  # (S+1,) int64: each sample's start in support_ids
@@ -123,6 +127,7 @@ def _flat(samples: pa.Table) -> _Flat:
         weight=(1.0 / samples.column("rollout_segments").to_numpy().astype(np.float64)).astype(np.float32),
         teacher=values("teacher_logprobs", np.float32, 0.0) if "teacher_logprobs" in samples.column_names else None,
         temperature=_temperatures(samples),
+        **_truncation(samples),
         **_support(samples, n=int(offsets[-1])),
     )
     n = int(offsets[-1])
@@ -144,6 +149,15 @@ def _temperatures(samples: pa.Table) -> np.ndarray:
         return np.ones(samples.num_rows, dtype=np.float32)
     t = pc.fill_null(samples.column("temperature").cast(pa.float64()), 1.0).to_numpy().astype(np.float32)
     return np.where(t < GREEDY_TEMPERATURE, np.float32(1.0), t)
+
+
+def _truncation(samples: pa.Table) -> dict[str, np.ndarray]:
+    """(S,) each sample's top_k (0 where off, unrecorded, or vLLM's -1) and top_p (1 where off or unrecorded)."""
+    if "top_k" not in samples.column_names:
+        return {}
+    top_k = pc.fill_null(samples.column("top_k").cast(pa.int64()), 0).to_numpy().astype(np.int64)
+    top_p = pc.fill_null(samples.column("top_p").cast(pa.float64()), 1.0).to_numpy().astype(np.float32)
+    return {"top_k": np.maximum(top_k, 0), "top_p": top_p}
 
 
 def _support(samples: pa.Table, n: int) -> dict[str, np.ndarray]:
@@ -190,7 +204,7 @@ def _trainable_rows(flat: _Flat) -> list[int]:
 def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
     """Rows concatenated into one packed row (width None) or padded to `width`, one row each."""
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("inp", "pos", "tgt", "msk", "blp", "adv", "seq", "att",
-                                                           "tlp", "tmp", "ssz", "sid")}
+                                                           "tlp", "tmp", "ssz", "sid", "tk", "tp")}
     for i, r in enumerate(rows):
         start, end = int(flat.offsets[r]), int(flat.offsets[r + 1])
         n = end - start - 1
@@ -206,6 +220,9 @@ def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
         if flat.teacher is not None:
             parts["tlp"].append(np.pad(flat.teacher[start + 1:end], (0, pad)))
         parts["tmp"].append(np.full(n + pad, flat.temperature[r], dtype=np.float32))
+        if flat.top_k is not None and flat.top_p is not None:
+            parts["tk"].append(np.full(n + pad, flat.top_k[r], dtype=np.int64))
+            parts["tp"].append(np.full(n + pad, flat.top_p[r], dtype=np.float32))
         if flat.support_sizes is not None:
             sizes = flat.support_sizes[start:end]
             stored = np.where(sizes <= SUPPORT_IDS_CAP, sizes, 0)  # larger sets are "the m most likely": no ids
@@ -230,6 +247,8 @@ def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
         rows=tuple(rows),
         teacher_logprobs=cat("tlp") if flat.teacher is not None else None,
         temperature=cat("tmp"),
+        top_k=cat("tk") if flat.top_k is not None else None,
+        top_p=cat("tp") if flat.top_p is not None else None,
         support_sizes=cat("ssz") if flat.support_sizes is not None else None,
         support_ids=cat("sid") if flat.support_sizes is not None else None,
     )

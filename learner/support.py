@@ -10,9 +10,14 @@ learner renormalizes over the same S:
 
     log pi_S(t) = x_t - logsumexp_{i in S} x_i        (x: the logits / temperature)
 
-which is exactly what the sampler computed when the weights are the same. Tokens without a
-recorded support (untruncated calls, kept sets above the recording cap, older stores) keep
-the full-vocabulary log-softmax.
+which is exactly what the sampler computed when the weights are the same. A set stored by its
+size m alone (above SUPPORT_IDS_CAP ids) is the learner's own m most likely tokens. A token of
+a truncated call that carries no support at all (a server that cannot return it, such as
+vLLM's CPU build) gets its set rebuilt from the learner's logits by the sampler's rule
+(`truncated_sizes`: top-k, ties kept, then top-p). Both are exact whenever the learner ranks
+the boundary tokens as the sampler did (same weights in float32: always, measured in
+tests/cli/test_sampling_replay.py). Tokens of untruncated calls keep the full-vocabulary
+log-softmax.
 
 The support arrives sparse: `rows (M,)` (which of the K trainable positions) and `ids (M,)`
 (a kept token id), so memory is O(M), never a dense (K, V) mask.
@@ -47,9 +52,36 @@ class Support:
     def empty(self) -> bool:
         return self.rows.numel() == 0 and self.top_rows.numel() == 0
 
+    def rebuilt(self, logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> Support:
+        """This support plus, for each truncated position (top_k > 0 or top_p < 1) without a recorded one, the set
+        the sampler's rule keeps under these logits (K, V), as "the m most likely tokens"."""
+        missing = (top_k > 0) | (top_p < 1.0)
+        missing[self.rows] = False
+        missing[self.top_rows] = False
+        rows = missing.nonzero().squeeze(1)
+        if not rows.numel():
+            return self
+        sizes = truncated_sizes(logits[rows], top_k[rows], top_p[rows])
+        return Support(self.rows, self.ids, torch.cat([self.top_rows, rows]), torch.cat([self.top_sizes, sizes]))
+
     def positions(self) -> int:
         """How many of the K positions have a recorded support."""
         return int(torch.unique(torch.cat([self.rows, self.top_rows])).numel())
+
+
+@torch.no_grad()
+def truncated_sizes(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """(R,) how many tokens each row (R, V) of (temperature-scaled) logits keeps under its top_k (0: off; ties at
+    the k-th value kept) and then its top_p (the most likely tokens until their mass reaches p: a token stays when
+    the mass of the tokens before it is below p), as vLLM's sampler and the embedded server truncate."""
+    vocab = logits.shape[-1]
+    ordered = logits.float().sort(dim=-1, descending=True).values
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).clamp(max=vocab)
+    in_k = ordered >= ordered.gather(1, (k - 1)[:, None])
+    probs = torch.where(in_k, ordered, torch.full_like(ordered, float("-inf"))).softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    in_p = (before < top_p.to(probs.dtype)[:, None]) | (top_p >= 1.0)[:, None]  # 1: off, even where mass rounds to 1
+    return (in_k & in_p).sum(dim=-1)
 
 
 def kept_positions(sizes: torch.Tensor | None, ids: torch.Tensor | None, keep: torch.Tensor) -> Support:

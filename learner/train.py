@@ -296,7 +296,11 @@ def sampled_logprobs(logits: torch.Tensor, mb: MicroBatch, replay: bool = True) 
     off), and that support: the ratio, the KL estimates and the entropy all use it."""
     keep = mb.mask.nonzero().squeeze(1)
     targets = mb.targets[keep]
-    support = kept_positions(mb.support_sizes, mb.support_ids, keep) if replay else Support.none(keep.device)
+    if not replay:
+        return token_logprobs(logits, targets), Support.none(keep.device)
+    support = kept_positions(mb.support_sizes, mb.support_ids, keep)
+    if mb.top_k is not None and mb.top_p is not None:  # truncated calls whose server recorded no support
+        support = support.rebuilt(logits.detach(), mb.top_k[keep], mb.top_p[keep])
     return replay_logprobs(logits, targets, token_logprobs(logits, targets), support), support
 
 

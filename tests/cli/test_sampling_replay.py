@@ -22,10 +22,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import trajstore  # noqa: E402
 from cli.demo import DemoSettings  # noqa: E402
 from collectors.embedded.engine import Completion, Engine  # noqa: E402
+from collectors.embedded.sampling import processed_logprobs  # noqa: E402
 from collectors.model.build import init_model  # noqa: E402
 from collectors.policy import SamplingParams  # noqa: E402
 from learner.batching import pack  # noqa: E402
 from learner.errors import LearnerError  # noqa: E402
+from learner.support import truncated_sizes  # noqa: E402
 from learner.train import check_sampling, forward_logits, sampled_logprobs  # noqa: E402
 from trajstore import Reward, Status, Turn  # noqa: E402
 from trajstore.events import SUPPORT_IDS_CAP  # noqa: E402
@@ -38,6 +40,9 @@ CASES: dict[str, SamplingParams] = {
     "top_p 0.2": SamplingParams(max_tokens=24, top_p=0.2),  # ~400 kept: stored id by id
     "top_k 64": SamplingParams(max_tokens=24, top_k=64),
     "top_k 8, top_p 0.7, temperature 0.7": SamplingParams(max_tokens=24, top_k=8, top_p=0.7, temperature=0.7),
+    # as a server that cannot return its kept sets (vLLM's CPU build) leaves them: the learner rebuilds them
+    "top_p 0.7, no support recorded": SamplingParams(max_tokens=24, top_p=0.7),
+    "top_k 8, top_p 0.9, no support recorded": SamplingParams(max_tokens=24, top_k=8, top_p=0.9),
 }
 ROLLOUTS = 3
 
@@ -56,7 +61,8 @@ def _turns(case: str, params: SamplingParams, completions: list[Completion]) -> 
         events += [
             Turn(run="parity", group_id=case, rollout_id=rollout, segment_id=rollout, turn_index=0, policy_version=0,
                  prompt_ids=c.prompt_ids, output_ids=c.output_ids, output_logprobs=c.logprobs, finish_reason="length",
-                 sampling=params.as_json(), support_sizes=c.support_sizes, support_ids=c.support_ids),
+                 sampling=params.as_json(), **({} if "no support" in case else {
+                     "support_sizes": c.support_sizes, "support_ids": c.support_ids})),
             Reward(run="parity", group_id=case, rollout_id=rollout, reward=float(k)),
             Status(run="parity", group_id=case, rollout_id=rollout, status="completed", group_size=ROLLOUTS)]
     return events
@@ -132,7 +138,7 @@ def test_the_store_keeps_ids_up_to_the_cap_and_sizes_above_it(store: trajstore.S
     by_case: dict[str, list[dict]] = {}
     for r in rows:
         by_case.setdefault(r["group_id"], []).append(r)
-    for r in by_case["untruncated"] + by_case["temperature 0.7"]:
+    for r in by_case["untruncated"] + by_case["temperature 0.7"] + by_case["top_p 0.7, no support recorded"]:
         assert r["support_sizes"] is None and r["support_ids"] is None
     for r in by_case["top_k 64"]:
         assert set(r["support_sizes"]) == {64} and len(r["support_ids"]) == 64 * len(r["support_sizes"])
@@ -147,3 +153,18 @@ def test_the_temperature_guard_refuses_a_mismatch(store: trajstore.Store) -> Non
     shard = store.shard(policy_version=0, max_staleness=0, max_rollouts=1 << 20, run="parity")
     with pytest.raises(LearnerError, match="--temperature 1 does not match what sampled: .* temperature 0.7"):
         check_sampling(shard.samples, 1.0)
+
+
+def test_the_learners_rebuilt_support_keeps_what_the_samplers_rule_keeps() -> None:
+    torch.manual_seed(3)
+    logits = torch.randn(64, 2048) * torch.linspace(0.5, 6.0, 64)[:, None]  # flat to peaked rows
+    logits[:8, :5] = 2.5  # ties at the k-th value
+    top_k = torch.tensor([0, 1, 5, 8, 64, 3000, 3, 4] * 8)
+    top_p = torch.tensor([1.0, 0.9, 0.7, 0.5, 0.2, 1.0, 0.95, 0.05] * 8)
+    probs = logits.double().softmax(dim=-1)
+    kept = torch.isfinite(processed_logprobs(logits, torch.ones(64), top_k, top_p))
+    top = probs.sort(dim=-1, descending=True).values
+    rebuilt = torch.arange(2048)[None, :] < truncated_sizes(logits, top_k, top_p)[:, None]
+    # the same kept mass (tokens whose probability underflows to 0 may differ, and weigh nothing)
+    torch.testing.assert_close((top * rebuilt).sum(-1), (probs * kept).sum(-1), rtol=0, atol=1e-12)
+    assert ((top * rebuilt).sum(-1) < 0.999).sum() > 20  # most rows truncate something that weighs
