@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,7 +26,8 @@ from cli.demo import DemoSettings  # noqa: E402
 from collectors.embedded.engine import Completion, Engine  # noqa: E402
 from collectors.embedded.sampling import processed_logprobs  # noqa: E402
 from collectors.model.build import init_model  # noqa: E402
-from collectors.policy import SamplingParams  # noqa: E402
+from collectors.policy import Sample, SamplingParams, VLLMClient  # noqa: E402
+from collectors.policy.vllm_server import VLLMUnavailable, cpu_problem, start_vllm, vllm_python  # noqa: E402
 from learner.batching import pack  # noqa: E402
 from learner.errors import LearnerError  # noqa: E402
 from learner.support import truncated_sizes  # noqa: E402
@@ -45,6 +48,7 @@ CASES: dict[str, SamplingParams] = {
     "top_k 8, top_p 0.9, no support recorded": SamplingParams(max_tokens=24, top_k=8, top_p=0.9),
 }
 ROLLOUTS = 3
+MASK_REFUSAL = "PLACEHOLDER"
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +58,14 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _turns(case: str, params: SamplingParams, completions: list[Completion]) -> list[object]:
+def _turns(case: str, params: SamplingParams, completions: list[Completion] | list[Sample]) -> list[object]:
     events: list[object] = []
     for k, c in enumerate(completions):
         rollout = f"{case}-r{k}"
+        logprobs = c.logprobs if isinstance(c, Completion) else c.output_logprobs
         events += [
             Turn(run="parity", group_id=case, rollout_id=rollout, segment_id=rollout, turn_index=0, policy_version=0,
-                 prompt_ids=c.prompt_ids, output_ids=c.output_ids, output_logprobs=c.logprobs, finish_reason="length",
+                 prompt_ids=c.prompt_ids, output_ids=c.output_ids, output_logprobs=logprobs, finish_reason="length",
                  sampling=params.as_json(), **({} if "no support" in case else {
                      "support_sizes": c.support_sizes, "support_ids": c.support_ids})),
             Reward(run="parity", group_id=case, rollout_id=rollout, reward=float(k)),
@@ -68,26 +73,30 @@ def _turns(case: str, params: SamplingParams, completions: list[Completion]) -> 
     return events
 
 
-@pytest.fixture(scope="module")
-def store(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
-    engine = Engine(demo_model, device="cpu", max_batch=8, threads=1)
-
+def _sampled_store(path: Path, generate: Callable[[list[int], SamplingParams], Awaitable[Any]]) -> trajstore.Store:
+    """Every case sampled ROLLOUTS times (seeded: the same tokens every run) and stored as one group."""
     async def sample_all() -> list[object]:
         events: list[object] = []
         for i, (case, params) in enumerate(CASES.items()):
-            done = await asyncio.gather(*(engine.agenerate([5 + i, 17, 300 + k, 42], replace(params, seed=k))
-                                          for k in range(ROLLOUTS)))  # seeded: the same tokens every run
+            done = await asyncio.gather(*(generate([5 + i, 17, 300 + k, 42], replace(params, seed=k))
+                                          for k in range(ROLLOUTS)))
             events += _turns(case, params, list(done))
         return events
 
-    try:
-        events = asyncio.run(sample_all())
-    finally:
-        engine.close()
-    store = trajstore.open_store(tmp_path_factory.mktemp("parity") / "store")
+    events = asyncio.run(sample_all())
+    store = trajstore.open_store(path)
     with store.writer("parity") as w:
         w.append(events)  # type: ignore[arg-type]
     return store
+
+
+@pytest.fixture(scope="module")
+def store(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
+    engine = Engine(demo_model, device="cpu", max_batch=8, threads=1)
+    try:
+        return _sampled_store(tmp_path_factory.mktemp("parity") / "store", engine.agenerate)
+    finally:
+        engine.close()
 
 
 def _recomputed(store: trajstore.Store, model_dir: Path, replay: bool) -> dict[str, float]:
@@ -168,3 +177,46 @@ def test_the_learners_rebuilt_support_keeps_what_the_samplers_rule_keeps() -> No
     # the same kept mass (tokens whose probability underflows to 0 may differ, and weigh nothing)
     torch.testing.assert_close((top * rebuilt).sum(-1), (probs * kept).sum(-1), rtol=0, atol=1e-12)
     assert ((top * rebuilt).sum(-1) < 0.999).sum() > 20  # most rows truncate something that weighs
+
+
+# ---- real vLLM (the CPU build): no sampling mask, so the learner rebuilds every support -------------------------
+VLLM_PARITY = 1e-5  # vLLM's CPU kernels are not transformers': measured 9.5e-7 without truncation
+
+
+def _need_vllm() -> None:
+    problem = cpu_problem()
+    if problem:
+        pytest.skip(f"vLLM's CPU backend cannot run on this machine: {problem}")
+    try:
+        vllm_python()
+    except VLLMUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the vllm tests: {exc}")
+        pytest.skip(f"{exc}. Outside CI these tests are skipped; CI fails without the virtualenv")
+
+
+@pytest.mark.vllm
+def test_vllm_logprobs_match_the_learners_recomputation_with_rebuilt_supports(demo_model: Path,
+                                                                               tmp_path: Path) -> None:
+    _need_vllm()
+    with start_vllm(demo_model, log_path=tmp_path / "vllm.log") as server:
+        async def generate(prompt: list[int], params: SamplingParams) -> Sample:
+            async with VLLMClient(server.url) as client:
+                return await client.complete(prompt, params)
+
+        store = _sampled_store(tmp_path / "store", generate)
+    rows = store.query("SELECT count(*) AS n FROM turns WHERE support_sizes IS NOT NULL").to_pylist()
+    assert rows == [{"n": 0}]  # the CPU build returns no sampling mask (see the next test)
+    worst = _recomputed(store, demo_model, replay=True)
+    print("real vLLM, max |behaviour - learner| per case:", {k: f"{v:.2e}" for k, v in worst.items()})
+    assert max(worst.values()) <= VLLM_PARITY, worst
+
+
+@pytest.mark.vllm
+def test_vllm_cpu_cannot_return_its_sampling_mask(demo_model: Path, tmp_path: Path) -> None:
+    """vLLM 0.32 returns each token's kept set (`sampling_mask`, on /inference/v1/generate) only from its Model
+    Runner V2, whose sampler kernels are Triton's; the CPU build's Triton has no CPU backend. If this test fails,
+    the build can: read `sampling_mask` there (`collectors.policy.http` already maps it to the support columns)."""
+    _need_vllm()
+    with pytest.raises(VLLMUnavailable, match=MASK_REFUSAL):
+        start_vllm(demo_model, return_sampling_mask=True, log_path=tmp_path / "vllm.log", timeout_s=600).stop()
