@@ -103,8 +103,9 @@ def _reject(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str
               help="A guard: refuse samples recorded with another sampling temperature (each sample is trained "
                    "at its own recorded temperature; samples recorded without one, at this value or 1).")
 @click.option("--support-replay/--no-support-replay", default=_default("support_replay"), show_default=True,
-              help="Renormalize each token's logprobs over the support it was sampled from (top-p / top-k), where "
-                   "the store recorded one; off only to measure what that corrects.")
+              help="Renormalize each token's logprobs over the support it was sampled from (top-p / top-k): the "
+                   "one the store recorded, else rebuilt from the recorded top_k / top_p; off only to measure what "
+                   "that corrects.")
 @click.option("--seed", type=int, default=_default("seed"), show_default=True)
 @click.option("--lora", is_flag=True, help="Train LoRA adapters and publish adapter checkpoints.")
 @click.option("--lora-rank", type=click.IntRange(min=1), default=_default("lora_rank"), show_default=True)

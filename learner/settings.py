@@ -79,8 +79,8 @@ class LearnSettings:
     # set, a sample recorded with another temperature is refused; samples recorded without one (stores from
     # before the `sampling` column was read) are trained at it (None: at 1).
     temperature: float | None = None
-    # renormalize each token's logprobs over the support it was sampled from, where the store recorded one
-    # (learner.support); off only to measure what the replay corrects (benchmarks/sampling_replay.py)
+    # renormalize each token's logprobs over the support it was sampled from (recorded, or rebuilt from the
+    # recorded top_k / top_p: learner.support); off only to measure what it corrects (benchmarks/sampling_replay.py)
     support_replay: bool = True
     seed: int = 0
     lora: bool = False
