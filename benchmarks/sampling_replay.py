@@ -11,12 +11,13 @@ without it the ratio is the kept mass of the truncated distribution, well below 
 Also the storage the kept sets cost: bytes per sampled token of `support_sizes` + `support_ids`
 (4 bytes per int32 value; Parquet compresses them further), for every setting.
 
-    python benchmarks/sampling_replay.py [--tasks 2] [--n 4] [--max-tokens 32] [--settings "top_p 0.7" ...]
+    python benchmarks/sampling_replay.py [--tasks 2] [--n 4] [--max-tokens 32] [--settings "top_p 0.7" ...] [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--keep", type=Path, help="work here and keep it (default: a temporary directory)")
+    parser.add_argument("--json", type=Path, help="also write the rows here, as JSON")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="sampling-replay-"))
     log = root / "commands.log"
@@ -106,6 +108,8 @@ def main() -> None:
         trained = (f"{r['is_w on']:9.5f} {r['k3 on']:9.2e} {r['is_w off']:9.5f} {r['k3 off']:9.2e}"
                    if "is_w on" in r else f"{'-':>9} {'-':>9} {'-':>9} {'-':>9}")
         print(f"{r['setting']:<10} {r['tokens']:>6} {r['bytes/token']:8.1f} {trained}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1))
     if args.keep is None:
         shutil.rmtree(root, ignore_errors=True)
 
