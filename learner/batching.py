@@ -21,6 +21,10 @@ what the model conditions on).
 `pad_batches` builds the usual padded (B, L) batches instead, in shard order, for
 `benchmarks/learn.py` to measure what packing saves.
 
+Every position also carries how its target was sampled (the sample's temperature, top_k and
+top_p) and the kept set it was drawn from as the store recorded it (`support_sizes` per
+position, `support_ids` concatenated), for `learner.support` to renormalize over.
+
 Samples with no trainable target are left out of both: they add nothing to any loss.
 Every flat tensor is over the B*L input positions in row-major order (B = 1 when packed).
 """
