@@ -247,7 +247,7 @@ def train_step(model: torch.nn.Module, samples: pa.Table, method: Method, s: Lea
         keep = mb.mask.nonzero().squeeze(1)
         behaviour, advantages, seq = mb.behaviour_logprobs[keep], mb.advantages[keep], mb.seq[keep]
         with autocast:
-            logits = method.forward(model, mb, s.temperature)
+            logits = method.forward(model, mb, s.temperature or 1.0)  # the generated shard samples at 1
         logprobs = token_logprobs(logits, mb.targets[keep])
         out = LOSSES[s.loss](LossInputs(logprobs, behaviour, advantages, seq, samples=int(mb.seq_weight.shape[0])), s)
         loss = AGGREGATIONS[s.aggregation](out.loss, seq, mb.seq_weight, totals, s)

@@ -99,8 +99,13 @@ def _reject(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str
               help="Weight of the KL to the initial model (with --lora: the base, adapters off).")
 @click.option("--kl-estimator", type=click.Choice(get_args(KlEstimatorName)), default=_default("kl_estimator"), show_default=True,
               help="k1: log(pi/ref); k2: log(pi/ref)^2/2; k3: ref/pi - 1 - log(ref/pi), clamped to <= 10.")
-@click.option("--temperature", type=float, default=_default("temperature"), show_default=True,
-              help="The collectors' sampling temperature.")
+@click.option("--temperature", type=float, default=_default("temperature"),
+              help="A guard: refuse samples recorded with another sampling temperature (each sample is trained "
+                   "at its own recorded temperature; samples recorded without one, at this value or 1).")
+@click.option("--support-replay/--no-support-replay", default=_default("support_replay"), show_default=True,
+              help="Renormalize each token's logprobs over the support it was sampled from (top-p / top-k): the "
+                   "one the store recorded, else rebuilt from the recorded top_k / top_p; off only to measure what "
+                   "that corrects.")
 @click.option("--replay-routes/--no-replay-routes", default=_default("replay_routes"), show_default=True,
               help="Mixture-of-experts policies: route every position through the experts it took when sampled "
                    "(rollout routing replay), where the store holds them.")
@@ -124,7 +129,8 @@ def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, checkp
           publish_every: int, estimator: str, loss: str, dual_clip: float | None, seq_clip_low: float,
           seq_clip_high: float, mask_ratio: tuple[float, float] | None, reject: tuple[str, float, float],
           teacher: str | None, distill_reward_coef: float, aggregation: str, normalizer: int, clip_low: float,
-          clip_high: float, is_cap: float, kl_coef: float, kl_estimator: str, temperature: float, replay_routes: bool, seed: int, lora: bool,
+          clip_high: float, is_cap: float, kl_coef: float, kl_estimator: str, temperature: float | None,
+          support_replay: bool, replay_routes: bool, seed: int, lora: bool,
           lora_rank: int, lora_alpha: int, device: str, poll_interval: float, wait_timeout: float,
           writer: str | None, create_store: bool, seal_interval: float) -> None:
     """Train the policy on the store's complete groups and publish checkpoints the collectors load.
@@ -152,7 +158,8 @@ def learn(store_loc: str, run: str, model_dir: str, checkpoints_dir: str, checkp
         max_grad_norm=max_grad_norm,
         steps=steps, follow=follow, publish_every=publish_every, estimator=estimator,  # type: ignore[arg-type]
         loss=loss, aggregation=aggregation, normalizer=normalizer, clip_low=clip_low,  # type: ignore[arg-type]
-        clip_high=clip_high, is_cap=is_cap, kl_coef=kl_coef, temperature=temperature, replay_routes=replay_routes, seed=seed, lora=lora,
+        clip_high=clip_high, is_cap=is_cap, kl_coef=kl_coef, temperature=temperature,
+        support_replay=support_replay, replay_routes=replay_routes, seed=seed, lora=lora,
         dual_clip=dual_clip, seq_clip_low=seq_clip_low, seq_clip_high=seq_clip_high, mask_ratio=mask_ratio,
         reject=reject[0], reject_low=reject[1], reject_high=reject[2], teacher=teacher,  # type: ignore[arg-type]
         distill_reward_coef=distill_reward_coef, kl_estimator=kl_estimator,  # type: ignore[arg-type]

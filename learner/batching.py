@@ -21,6 +21,10 @@ what the model conditions on).
 `pad_batches` builds the usual padded (B, L) batches instead, in shard order, for
 `benchmarks/learn.py` to measure what packing saves.
 
+Every position also carries how its target was sampled (the sample's temperature, top_k and
+top_p) and the kept set it was drawn from as the store recorded it (`support_sizes` per
+position, `support_ids` concatenated), for `learner.support` to renormalize over.
+
 Samples with no trainable target are left out of both: they add nothing to any loss.
 Every flat tensor is over the B*L input positions in row-major order (B = 1 when packed).
 """
@@ -33,6 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
+
+from trajstore.events import SUPPORT_IDS_CAP
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,11 @@ class MicroBatch:
     # (B*L, layers, top_k) int16 when some sample carries MoE routes: the experts each input position took when
     # sampled (-1: none recorded), for `learner.routing.replayed`
     routes: torch.Tensor | None = None
+    temperature: torch.Tensor | None = None  # (B*L,) float32: the temperature each target was sampled at
+    top_k: torch.Tensor | None = None  # (B*L,) int64: its top-k (0: off) ...
+    top_p: torch.Tensor | None = None  # (B*L,) float32: ... and top-p, to rebuild a support no server recorded
+    support_sizes: torch.Tensor | None = None  # (B*L,) int64: the target's recorded kept-set size m, 0: none
+    support_ids: torch.Tensor | None = None  # int64: the stored kept sets (m <= SUPPORT_IDS_CAP), in position order
 
     @property
     def num_positions(self) -> int:
@@ -89,6 +100,12 @@ class _Flat:
     weight: np.ndarray  # (S,) float32
     teacher: np.ndarray | None = None  # float32, aligned with tokens: the samples' `teacher_logprobs`
     routes: np.ndarray | None = None  # (tokens, layers, top_k) int16, aligned with tokens: `routed_experts`
+    temperature: np.ndarray | None = None  # (S,) float32: each sample's sampling temperature
+    top_k: np.ndarray | None = None  # (S,) int64: 0 off
+    top_p: np.ndarray | None = None  # (S,) float32: 1 off
+    support_sizes: np.ndarray | None = None  # int64, aligned with tokens: each token's kept-set size
+    support_ids: np.ndarray | None = None  # int64: every sample's kept sets, concatenated
+    support_offsets: np.ndarray | None = None  # (S+1,) int64: each sample's start in support_ids
 
     def positions(self, row: int) -> int:
         return int(self.offsets[row + 1] - self.offsets[row]) - 1
@@ -118,6 +135,9 @@ def _flat(samples: pa.Table) -> _Flat:
         weight=(1.0 / samples.column("rollout_segments").to_numpy().astype(np.float64)).astype(np.float32),
         teacher=values("teacher_logprobs", np.float32, 0.0) if "teacher_logprobs" in samples.column_names else None,
         routes=_routes(samples, lengths),
+        temperature=_temperatures(samples),
+        **_truncation(samples),
+        **_support(samples, n=int(offsets[-1])),
     )
     n = int(offsets[-1])
     if flat.teacher is not None and len(flat.teacher) != n:
@@ -151,6 +171,51 @@ def _routes(samples: pa.Table, lengths: np.ndarray) -> np.ndarray | None:
             out[at:at + n] = np.asarray(flat, dtype=np.int16).reshape(n, layers, top_k)
         at += int(n)
     return out
+GREEDY_TEMPERATURE = 1e-5  # below this a sampler draws greedily and reports logprobs at temperature 1 (as vLLM)
+
+
+def _temperatures(samples: pa.Table) -> np.ndarray:
+    """(S,) each sample's temperature: 1 where none is recorded or it sampled greedily."""
+    if "temperature" not in samples.column_names:
+        return np.ones(samples.num_rows, dtype=np.float32)
+    t = pc.fill_null(samples.column("temperature").cast(pa.float64()), 1.0).to_numpy().astype(np.float32)
+    return np.where(t < GREEDY_TEMPERATURE, np.float32(1.0), t)
+
+
+def _truncation(samples: pa.Table) -> dict[str, np.ndarray]:
+    """(S,) each sample's top_k (0 where off, unrecorded, or vLLM's -1) and top_p (1 where off or unrecorded)."""
+    if "top_k" not in samples.column_names:
+        return {}
+    top_k = pc.fill_null(samples.column("top_k").cast(pa.int64()), 0).to_numpy().astype(np.int64)
+    top_p = pc.fill_null(samples.column("top_p").cast(pa.float64()), 1.0).to_numpy().astype(np.float32)
+    return {"top_k": np.maximum(top_k, 0), "top_p": top_p}
+
+
+def _support(samples: pa.Table, n: int) -> dict[str, np.ndarray]:
+    """The samples' recorded kept sets: sizes aligned with the tokens, ids, and each sample's start in them."""
+    if "support_sizes" not in samples.column_names:
+        return {}
+    sizes_col = samples.column("support_sizes").combine_chunks()
+    ids_col = samples.column("support_ids").combine_chunks()
+    sizes = pc.fill_null(pc.list_flatten(sizes_col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if len(sizes) != n:  # a sample whose turns predate the columns has none: its tokens get size 0
+        per_row = pc.fill_null(pc.list_value_length(sizes_col), 0).to_numpy(zero_copy_only=False)
+        tokens = pc.fill_null(pc.list_value_length(samples.column("tokens").combine_chunks()), 0).to_numpy(
+            zero_copy_only=False)
+        if (per_row[per_row > 0] != tokens[per_row > 0]).any():
+            raise ValueError("the samples' support_sizes are not aligned with their tokens; each sample needs one "
+                             "size per token (the `samples` view builds them so)")
+        sizes = np.concatenate([np.zeros(t, np.int64) if p == 0 else np.asarray(s, np.int64)
+                                for p, t, s in zip(per_row, tokens, sizes_col.to_pylist())] or [np.zeros(0, np.int64)])
+    ids = pc.list_flatten(ids_col).to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = pc.fill_null(pc.list_value_length(ids_col), 0).to_numpy(zero_copy_only=False)
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    stored = int(sizes[sizes <= SUPPORT_IDS_CAP].sum())
+    if stored != len(ids):
+        raise ValueError(f"the samples' support_sizes of at most {SUPPORT_IDS_CAP} add up to {stored} but "
+                         f"support_ids hold {len(ids)} ids; every stored kept set needs its size")
+    return {"support_sizes": sizes, "support_ids": ids, "support_offsets": starts}
 
 
 def step_totals(samples: pa.Table) -> StepTotals:
@@ -170,7 +235,7 @@ def _trainable_rows(flat: _Flat) -> list[int]:
 def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
     """Rows concatenated into one packed row (width None) or padded to `width`, one row each."""
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("inp", "pos", "tgt", "msk", "blp", "adv", "seq", "att",
-                                                           "tlp", "rte")}
+                                                           "tlp", "rte", "tmp", "ssz", "sid", "tk", "tp")}
     for i, r in enumerate(rows):
         start, end = int(flat.offsets[r]), int(flat.offsets[r + 1])
         n = end - start - 1
@@ -187,6 +252,16 @@ def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
             parts["tlp"].append(np.pad(flat.teacher[start + 1:end], (0, pad)))
         if flat.routes is not None:  # input position i took the experts stored with token i + 1 (trajstore.routes)
             parts["rte"].append(np.pad(flat.routes[start + 1:end], ((0, pad), (0, 0), (0, 0)), constant_values=-1))
+        parts["tmp"].append(np.full(n + pad, flat.temperature[r], dtype=np.float32))
+        if flat.top_k is not None and flat.top_p is not None:
+            parts["tk"].append(np.full(n + pad, flat.top_k[r], dtype=np.int64))
+            parts["tp"].append(np.full(n + pad, flat.top_p[r], dtype=np.float32))
+        if flat.support_sizes is not None:
+            sizes = flat.support_sizes[start:end]
+            stored = np.where(sizes <= SUPPORT_IDS_CAP, sizes, 0)  # larger sets are "the m most likely": no ids
+            first = int(flat.support_offsets[r]) + int(stored[0])  # the first token is never a target
+            parts["ssz"].append(np.pad(sizes[1:], (0, pad)))
+            parts["sid"].append(flat.support_ids[first:first + int(stored[1:].sum())])
     rows_b = 1 if width is None else len(rows)
 
     def cat(key: str) -> torch.Tensor:
@@ -205,6 +280,11 @@ def _micro_batch(flat: _Flat, rows: list[int], width: int | None) -> MicroBatch:
         rows=tuple(rows),
         teacher_logprobs=cat("tlp") if flat.teacher is not None else None,
         routes=cat("rte") if flat.routes is not None else None,
+        temperature=cat("tmp"),
+        top_k=cat("tk") if flat.top_k is not None else None,
+        top_p=cat("tp") if flat.top_p is not None else None,
+        support_sizes=cat("ssz") if flat.support_sizes is not None else None,
+        support_ids=cat("sid") if flat.support_sizes is not None else None,
     )
 
 

@@ -338,6 +338,7 @@ class LossStats:
     seq_ratio_max: float = -math.inf
     distill_kl_sum: float = 0.0
     distill_tokens: float = 0.0
+    replayed_tokens: float = 0.0  # tokens whose logprobs were renormalized over their recorded support
 
     def __add__(self, other: LossStats) -> LossStats:
         if not isinstance(other, LossStats):
@@ -357,8 +358,9 @@ class LossStats:
         loss choice's sums (`learner.objectives.objective_stats`): clip_fraction_low/_high (the
         share of tokens clipped below / above the band), masked_tokens (IcePop), rejected_samples
         and rejected_tokens, seq_ratio_mean/min/max (each sample's geometric-mean ratio
-        exp(mean_t log(pi / mu))), distill_kl (mean per-token log pi - log teacher). Means over
-        zero tokens are left out rather than reported as NaN.
+        exp(mean_t log(pi / mu))), distill_kl (mean per-token log pi - log teacher); replayed_tokens
+        (renormalized over their recorded sampling support, `learner.support`). Means over zero
+        tokens are left out rather than reported as NaN.
         """
         out = {"tokens": self.tokens}
         if self.tokens > 0:
@@ -369,6 +371,7 @@ class LossStats:
                 "is_weight_max": self.is_weight_max,
                 "mismatch_kl_k1": self.mismatch_k1_sum / self.tokens,
                 "mismatch_kl_k3": self.mismatch_k3_sum / self.tokens,
+                "replayed_tokens": self.replayed_tokens,
             }
         if self.entropy_tokens > 0:
             out["entropy"] = self.entropy_sum / self.entropy_tokens

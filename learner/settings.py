@@ -75,7 +75,13 @@ class LearnSettings:
     normalizer: int = 1024  # seq_mean_token_sum: the fixed divisor of each sample's token sum (Dr. GRPO)
     kl_coef: float = 0.0  # KL to the initial model (LoRA: the base); the reference is loaded only when > 0
     kl_estimator: KlEstimatorName = "k3"  # k1, k2, or k3 clamped to <= 10 (learner.losses)
-    temperature: float = 1.0  # the collectors' sampling temperature: logits / temperature match their logprobs
+    # Each sample's own recorded temperature is what the learner divides its logits by. This is a guard: when
+    # set, a sample recorded with another temperature is refused; samples recorded without one (stores from
+    # before the `sampling` column was read) are trained at it (None: at 1).
+    temperature: float | None = None
+    # renormalize each token's logprobs over the support it was sampled from (recorded, or rebuilt from the
+    # recorded top_k / top_p: learner.support); off only to measure what it corrects (benchmarks/sampling_replay.py)
+    support_replay: bool = True
     replay_routes: bool = True  # MoE: route each position through the experts it took when sampled (learner.routing)
     seed: int = 0
     lora: bool = False
@@ -110,7 +116,7 @@ class LearnSettings:
                 out.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         for name in ("lr", "max_grad_norm", "is_cap", "temperature", "poll_interval", "wait_timeout",
                      "seal_interval"):
-            if not 0 < getattr(self, name) < math.inf:
+            if getattr(self, name) is not None and not 0 < getattr(self, name) < math.inf:
                 out.append(f"{name} must be > 0 and finite (got {getattr(self, name)})")
         for name in ("clip_low", "clip_high", "kl_coef"):
             if not math.isfinite(getattr(self, name)):

@@ -55,7 +55,6 @@ from learner import checkpoints, distributed
 from learner.batching import MicroBatch, StepTotals, pack, step_totals
 from learner.losses import (
     LossStats,
-    entropy,
     loss_stats,
     seq_mean_token_mean,
     seq_mean_token_sum,
@@ -63,6 +62,7 @@ from learner.losses import (
     token_mean,
 )
 from learner.objectives import KL_ESTIMATORS, LOSSES, LossInputs, kept_tokens, objective_stats
+from learner.support import Support, kept_positions, replay_entropy, replay_logprobs
 from learner.errors import LearnerError
 from learner.routing import replayed, replayed_share
 from learner.resume import announce_missing, catch_up, check_still_newest, upload
@@ -128,8 +128,9 @@ def load_policy(s: LearnSettings, resume: checkpoints.CheckpointInfo | None) -> 
     return AutoModelForCausalLM.from_pretrained(str(resume.path if resume else s.model), dtype=torch.float32)
 
 
-def forward_logits(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> torch.Tensor:
-    """Logits (K, V) at the micro-batch's K trainable positions, divided by the sampling temperature.
+def forward_logits(model: torch.nn.Module, mb: MicroBatch, temperature: float | None = None) -> torch.Tensor:
+    """Logits (K, V) at the micro-batch's K trainable positions, divided by the sampling temperature: `temperature`,
+    or (None) the temperature each target was sampled at (`MicroBatch.temperature`).
 
     `use_cache=False` matters: transformers detects packed samples from the position ids only
     when no cache is passed. A packed row asks the LM head for the trainable positions only.
@@ -145,7 +146,9 @@ def forward_logits(model: torch.nn.Module, mb: MicroBatch, temperature: float) -
             out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
                         use_cache=False)
             logits = out.logits.flatten(0, 1)[keep]
-    return logits / temperature
+    if temperature is None and mb.temperature is not None:
+        return logits / mb.temperature[keep].to(logits.dtype)[:, None]
+    return logits / (1.0 if temperature is None else temperature)
 
 
 def waiting_for(store: Store, s: LearnSettings, version: int, found: int) -> str:
@@ -243,6 +246,37 @@ def check_teacher(samples: pa.Table, teacher: str | None) -> None:
                            f"annotate --store ... --run {first['run']} --teacher-model DIR --name {teacher}`")
 
 
+TEMPERATURE_TOLERANCE = 1e-6
+
+
+def check_sampling(samples: pa.Table, guard: float | None) -> pa.Table:
+    """The samples with each one's temperature resolved: its recorded one; `guard` (else 1) where none was recorded
+    (older stores). A sample whose turns were sampled differently, or whose recorded temperature is not `guard`,
+    is refused, saying which and what to do."""
+    if "temperature" not in samples.column_names:
+        return samples
+    varies = samples.filter(pc.fill_null(samples.column("sampling_varies"), False))
+    if varies.num_rows:
+        first = varies.slice(0, 1).to_pylist()[0]
+        raise LearnerError(f"{varies.num_rows} of the step's samples mix sampling parameters across their turns (the "
+                           f"first: rollout {first['rollout_id']}, segment {first['segment_id']} of run {first['run']!r}); "
+                           "the learner trains each sample at one temperature: sample every turn of a segment with the "
+                           "same temperature, top_p, top_k and min_p")
+    recorded = samples.column("temperature")
+    if guard is not None:
+        off = pc.and_(pc.is_valid(recorded), pc.greater(pc.abs(pc.subtract(recorded, guard)), TEMPERATURE_TOLERANCE))
+        wrong = samples.filter(pc.fill_null(off, False))
+        if wrong.num_rows:
+            first = wrong.slice(0, 1).to_pylist()[0]
+            raise LearnerError(f"--temperature {guard:g} does not match what sampled: {wrong.num_rows} of the step's "
+                               f"samples were recorded at temperature {first['temperature']:g} (the first: rollout "
+                               f"{first['rollout_id']} of run {first['run']!r}). The learner trains each sample at its "
+                               "recorded temperature; drop --temperature, or give the one the collectors used")
+    fill = 1.0 if guard is None else guard
+    return samples.set_column(samples.schema.get_field_index("temperature"), "temperature",
+                              pc.fill_null(recorded.cast(pa.float64()), fill))
+
+
 def shard_metrics(samples: pa.Table, version: int) -> dict[str, float]:
     """Reward, advantage and staleness of a step's data (one value per rollout for the first two), and how
     many of its groups had no reward spread (`groups_no_spread`: every rollout of the group got the same
@@ -293,6 +327,18 @@ def rejected_meta(samples: pa.Table, rows: list[int]) -> dict[str, list[list[str
     picked = samples.take(rows)
     return {"rejected": [[r, g] for r, g in zip(picked.column("rollout_id").to_pylist(),
                                                  picked.column("segment_id").to_pylist())]}
+def sampled_logprobs(logits: torch.Tensor, mb: MicroBatch, replay: bool = True) -> tuple[torch.Tensor, Support]:
+    """The policy's logprob of each trainable target (K,) from `forward_logits`' logits, over the support the
+    sampler drew it from where the store recorded one (`learner.support`; all of the vocabulary with `replay`
+    off), and that support: the ratio, the KL estimates and the entropy all use it."""
+    keep = mb.mask.nonzero().squeeze(1)
+    targets = mb.targets[keep]
+    if not replay:
+        return token_logprobs(logits, targets), Support.none(keep.device)
+    support = kept_positions(mb.support_sizes, mb.support_ids, keep)
+    if mb.top_k is not None and mb.top_p is not None:  # truncated calls whose server recorded no support
+        support = support.rebuilt(logits.detach(), mb.top_k[keep], mb.top_p[keep])
+    return replay_logprobs(logits, targets, token_logprobs(logits, targets), support), support
 
 
 def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | None, mb: MicroBatch,
@@ -305,8 +351,8 @@ def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | No
     behaviour, advantages, seq, targets = (mb.behaviour_logprobs[keep], mb.advantages[keep], mb.seq[keep],
                                            mb.targets[keep])
     with autocast():
-        logits = forward_logits(model, mb, s.temperature)
-    logprobs = token_logprobs(logits, targets)
+        logits = forward_logits(model, mb)
+    logprobs, support = sampled_logprobs(logits, mb, s.support_replay)
     inputs = LossInputs(logprobs, behaviour, advantages, seq, samples=int(mb.seq_weight.shape[0]),
                         teacher=mb.teacher_logprobs[keep] if mb.teacher_logprobs is not None else None)
     out = LOSSES[s.loss](inputs, s)
@@ -315,11 +361,12 @@ def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | No
     if s.kl_coef > 0:
         with torch.no_grad(), autocast():
             if reference is not None:
-                ref_logits = forward_logits(reference, mb, s.temperature)
+                ref_logits = forward_logits(reference, mb)
             else:  # LoRA: the base model is the reference
                 with model.disable_adapter():  # type: ignore[operator]
-                    ref_logits = forward_logits(model, mb, s.temperature)
-        kl = KL_ESTIMATORS[s.kl_estimator](logprobs, token_logprobs(ref_logits, targets))
+                    ref_logits = forward_logits(model, mb)
+            ref_logprobs = replay_logprobs(ref_logits, targets, token_logprobs(ref_logits, targets), support)
+        kl = KL_ESTIMATORS[s.kl_estimator](logprobs, ref_logprobs)
         per_token = per_token + s.kl_coef * kl
         kl_value = AGGREGATIONS[s.aggregation](kl.detach(), seq, mb.seq_weight, totals, s).item()
     # IcePop-masked tokens and rejected samples leave the loss (selected out: no gradient, NaN-safe)
@@ -328,9 +375,11 @@ def backward_micro_batch(model: torch.nn.Module, reference: torch.nn.Module | No
     loss = AGGREGATIONS[s.aggregation](per_token, seq, mb.seq_weight, totals, s)
     (loss * grad_scale).backward()
     stats = loss_stats(logprobs, behaviour, torch.ones_like(keep, dtype=torch.bool),
-                       out.clipped_low | out.clipped_high, entropy(logits))
+                       out.clipped_low | out.clipped_high, replay_entropy(logits, support))
+    support_stats = LossStats(replayed_tokens=float(support.positions()))
     rejected_rows = [mb.rows[i] for i in rejected.nonzero().flatten().tolist()]
-    return loss.item(), kl_value, stats + objective_stats(inputs, out, masked, rejected), rejected_rows
+    return (loss.item(), kl_value, stats + objective_stats(inputs, out, masked, rejected) + support_stats,
+            rejected_rows)
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
@@ -428,8 +477,9 @@ def learn(settings: LearnSettings, *,
             started = time.perf_counter()
             check_vocabulary(shard.samples, vocab_size)
             check_teacher(shard.samples, s.teacher)
-            totals = step_totals(shard.samples)
-            batches = pack(shard.samples, s.micro_batch_tokens)
+            samples = check_sampling(shard.samples, s.temperature)
+            totals = step_totals(samples)
+            batches = pack(samples, s.micro_batch_tokens)
             routed = replayed_share(batches)  # None: no sample of the step carries MoE routes
             if not s.replay_routes:  # the learner's own routing: to measure what replay changes
                 batches = [dataclasses.replace(mb, routes=None) for mb in batches]

@@ -57,6 +57,10 @@ SUPPLIABLE: frozenset[str] = frozenset(COLUMNS) - WRITER_COLUMNS - COUNT_COLUMNS
 _ID_FIELDS = ("event_id", "run", "group_id", "rollout_id", "session_id", "segment_id", "reward_name", "teacher")
 _INT_FIELDS = ("turn_index", "policy_version", "group_size", "step", "table_version")
 _LOGPROB_SLACK = 1e-4  # float rounding can push log(1) a hair above zero
+# Sampling support (`support_sizes`, `support_ids`): a kept set of at most this many ids is stored id by id
+# (exact whatever the learner's numerics); a larger one by its size m alone, as "the m most likely tokens".
+# Part of the columns' format: every writer and reader uses this one value (prime-rl keeps 512 ids too).
+SUPPORT_IDS_CAP = 512
 _LOGPROB_LISTS = ("output_logprobs", "teacher_logprobs")
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 _LIST_FIELDS = tuple(ELEMENT)
@@ -103,6 +107,10 @@ class Turn(_Event):
     # mixture-of-experts policies: the experts behind each token (`trajstore.routes`; `turn_columns` fills both)
     routed_experts: Sequence[int] | np.ndarray | None = None
     routed_experts_shape: Sequence[int] | None = None
+    # the kept set of each sampled token when the call sampled from a truncated distribution (CSR:
+    # one size per output token, 0 = not recorded; the ids concatenated), as `sampling_support` packs it
+    support_sizes: TokenList | None = None
+    support_ids: TokenList | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,10 +278,33 @@ def check_record(rec: Mapping[str, Any]) -> list[str]:
         n_mask = _length(mask)
         if n_out is not None and n_mask is not None and n_mask != n_out:
             problems.append(f"output_mask has {n_mask} values but output_ids has {n_out} tokens; they must be equal")
+    problems += _support_problems(get("support_sizes"), get("support_ids"), n_out)
     if kind == "turn" and n_out == 0:
         problems.append("a turn must have at least one output token")
     if get("routed_experts") is not None or get("routed_experts_shape") is not None:
         problems += routes.problems(rec)
+    return problems
+
+
+def _support_problems(sizes: Any, ids: Any, n_out: int | None) -> list[str]:
+    """support_sizes and support_ids come together, one size per output token; the sizes of at most
+    SUPPORT_IDS_CAP sum to the number of ids."""
+    if sizes is None and ids is None:
+        return []
+    if sizes is None or ids is None:
+        return ["support_sizes and support_ids go together: give both (the sampled tokens' kept sets) or neither"]
+    n_sizes, n_ids = _length(sizes), _length(ids)
+    if n_sizes is None or n_ids is None:
+        return []  # not lists: reported with the other list fields
+    problems = []
+    if n_out is not None and n_sizes != n_out:
+        problems.append(f"support_sizes has {n_sizes} values but output_ids has {n_out} tokens; they must be equal")
+    arr, _ = row_array(sizes, "int")
+    if arr is not None and arr.size:
+        stored = int(arr[arr <= SUPPORT_IDS_CAP].sum())
+        if arr.min() < 0 or stored != n_ids:
+            problems.append(f"support_sizes must be >= 0, and those of at most {SUPPORT_IDS_CAP} must sum to the "
+                            f"{n_ids} values of support_ids (they sum to {stored})")
     return problems
 
 

@@ -38,7 +38,8 @@ from trajstore.views import ESTIMATORS, Estimator
 _SCALARS = [f.name for f in EVENT_SCHEMA if not isinstance(f.type, (pa.ListType, pa.MapType))
             and f.name not in ("request", "response", "sampling", "meta", "error")]
 _SAMPLE_COLUMNS = [*_SCALARS, "prompt_ids", "output_ids", "output_logprobs", "output_mask", "consumed",
-                   "routed_experts", "routed_experts_shape"]
+                   "routed_experts", "routed_experts_shape",
+                   "sampling", "support_sizes", "support_ids"]  # how each token was sampled, and from which support
 _TEACHER_COLUMNS = [*_SAMPLE_COLUMNS, "teacher_logprobs"]
 
 
@@ -50,8 +51,10 @@ class Shard:
     advantage (the rollout's, on every segment of it), reward, prompt_tokens, num_tokens,
     trainable_tokens, min_version, max_version, rollout_segments (segments of its rollout,
     so a loss can count the rollout once), routed_experts and routed_experts_shape (a mixture-of-experts
-    policy's routes aligned with tokens, null for dense models; see `trajstore.routes`); with a `teacher`,
-    teacher_logprobs (aligned with
+    policy's routes aligned with tokens, null for dense models; see `trajstore.routes`), temperature,
+    top_p, top_k, min_p, sampling_varies (how its tokens were sampled), support_sizes (aligned with
+    tokens) and support_ids (each sampled token's kept set, CSR-style; see the `samples` view); with a
+    `teacher`, teacher_logprobs (aligned with
     tokens, as the `teacher_logprobs` view has them; null where the sample is not completely
     annotated by that teacher).
     """
@@ -159,7 +162,8 @@ def make_shard(reader: Reader, *, policy_version: int, max_staleness: int, max_r
                    a.{estimator} AS advantage, a.reward, s.prompt_tokens, s.num_tokens,
                    s.trainable_tokens, s.min_version, s.max_version,
                    count(*) OVER (PARTITION BY s.rollout_id) AS rollout_segments,
-                   s.routed_experts, s.routed_experts_shape {teacher_column}
+                   s.routed_experts, s.routed_experts_shape, s.temperature, s.top_p, s.top_k, s.min_p,
+                   s.sampling_varies, s.support_sizes, s.support_ids {teacher_column}
             FROM samples s JOIN advantages a USING (rollout_id) {teacher_join}
             WHERE (s.run, s.group_id) IN (SELECT (run, group_id) FROM _chosen)
             ORDER BY s.first_time, s.rollout_id, s.segment_id

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 INT32_MAX = 2**31 - 1
 # The list columns and what their elements must be.
 ELEMENT = {"prompt_ids": "int", "output_ids": "int", "output_logprobs": "float", "output_mask": "bool",
-           "teacher_logprobs": "float"}
+           "teacher_logprobs": "float", "support_sizes": "int", "support_ids": "int"}
 
 _NOUN = {"int": "integers", "float": "numbers", "bool": "booleans"}
 _INT32_LIST = pa.list_(pa.int32())

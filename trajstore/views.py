@@ -12,6 +12,10 @@ Definitions an RL researcher can rely on:
   with `tokens` as `[num_tokens, layers, top_k]` flattened (`routed_experts_shape`): row i holds the
   experts of the position that predicted token i, -1 where none was recorded (`trajstore.routes`).
   Null unless every turn of the sample carries routes of one `[layers, top_k]`.
+  length. `temperature`, `top_p`, `top_k`, `min_p`: what the sample's turns were sampled with
+  (from each turn's `sampling`; `sampling_varies` when its turns differ). `support_sizes` (aligned
+  with `tokens`: 0 on prompt tokens and wherever no kept set was recorded) and `support_ids` (the
+  kept sets concatenated) carry each sampled token's truncated support, CSR-style.
 - `rollouts`: reward is the sum over reward components (reward_name) of each one's latest
   value, counting rollout-level rewards only (segment rewards are in `samples`); status is
   the latest status event; a rollout is *trainable* when its status is completed or
@@ -110,7 +114,12 @@ VIEWS: dict[str, str] = {
         SELECT event_id, time, run, group_id, rollout_id, session_id, segment_id, turn_index,
                policy_version, prompt_ids, output_ids, output_logprobs, output_mask,
                prompt_tokens, output_tokens, trainable_tokens, finish_reason, sampling,
-               request, response, meta, writer, writer_seq, routed_experts, routed_experts_shape
+               request, response, meta, writer, writer_seq, routed_experts, routed_experts_shape,
+               TRY_CAST(json_extract_string(sampling, '$.temperature') AS DOUBLE) AS temperature,
+               TRY_CAST(json_extract_string(sampling, '$.top_p') AS DOUBLE) AS top_p,
+               TRY_CAST(json_extract_string(sampling, '$.top_k') AS BIGINT) AS top_k,
+               TRY_CAST(json_extract_string(sampling, '$.min_p') AS DOUBLE) AS min_p,
+               support_sizes, support_ids
         FROM events WHERE kind = 'turn'
     """,
     "samples": """
@@ -135,7 +144,14 @@ VIEWS: dict[str, str] = {
                    -- routes only when every turn has them, all of one [layers, top_k] (trajstore.routes)
                    count(routed_experts) = count(*) AND count(DISTINCT routed_experts_shape[2:3]) = 1 AS routed,
                    flatten(list(routed_experts ORDER BY turn_index)) AS all_routes,
-                   any_value(routed_experts_shape[2:3]) AS route_row
+                   any_value(routed_experts_shape[2:3]) AS route_row,
+                   min(temperature) AS temperature, min(top_p) AS top_p, min(top_k) AS top_k, min(min_p) AS min_p,
+                   count(DISTINCT (temperature, top_p, top_k, min_p)) > 1 AS sampling_varies,
+                   flatten(list(list_concat(
+                       list_transform(prompt_ids, lambda x: 0),
+                       coalesce(support_sizes, list_transform(output_ids, lambda x: 0)))
+                       ORDER BY turn_index)) AS support_sizes,
+                   flatten(list(coalesce(support_ids, []::INTEGER[]) ORDER BY turn_index)) AS support_ids
             FROM turns GROUP BY rollout_id, segment_id
         ),
         seg_reward AS (
@@ -152,7 +168,9 @@ VIEWS: dict[str, str] = {
                seg.first_time, seg.last_time, seg_reward.segment_reward,
                CASE WHEN seg.routed THEN seg.all_routes END AS routed_experts,
                CASE WHEN seg.routed THEN list_concat([seg.num_tokens::INTEGER], seg.route_row) END
-                   AS routed_experts_shape
+                   AS routed_experts_shape,
+               seg.temperature, seg.top_p, seg.top_k, seg.min_p, seg.sampling_varies,
+               seg.support_sizes, seg.support_ids
         FROM seg LEFT JOIN seg_reward USING (rollout_id, segment_id)
     """,
     "rollouts": """

@@ -40,10 +40,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from collectors.embedded import kv_batch
 from collectors.embedded.routes import RouteRecorder, joined
-from collectors.embedded.sampling import find_stop, make_generator, processed_logprobs, sample
+from collectors.embedded.sampling import find_stop, kept_sets, make_generator, processed_logprobs, sample
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
 from collectors.model.detokenize import IncrementalText
 from collectors.policy import SamplingParams
+from trajstore.events import SUPPORT_IDS_CAP
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ class Completion:
     policy_version: int
     # mixture-of-experts models: (prompt + output - 1, layers, top_k) experts of each fed token (`.routes`)
     routed_experts: np.ndarray | None = None
+    # truncated draws: each token's kept-set size, and the ids of the sets of at most SUPPORT_IDS_CAP (CSR)
+    support_sizes: list[int] | None = None
+    support_ids: list[int] | None = None
 
 
 @dataclass
@@ -96,6 +100,8 @@ class _Sequence:
     detok: IncrementalText | None = None  # the output's text as it grows, kept only when stop strings are set
     on_token: TokenCallback | None = None  # streaming: called with each token as it is sampled
     routes: list[np.ndarray] = field(default_factory=list)  # MoE: experts of the tokens fed so far
+    support_sizes: list[int] = field(default_factory=list)  # truncated draws: each token's kept-set size ...
+    support_ids: list[int] = field(default_factory=list)  # ... and the ids of those of at most SUPPORT_IDS_CAP
 
     def cancel(self) -> None:
         """Stop generating for a caller that went away; the result, if any, is dropped."""
@@ -422,6 +428,11 @@ class Engine:
         n_top = max((p.logprobs or 0) for p in params)
         top = logprobs.topk(n_top, dim=-1) if n_top else None
         ids_list, chosen_list = ids.tolist(), chosen.tolist()
+        truncated = [r for r, p in enumerate(params) if p.truncated]
+        if truncated:  # the support each token was drawn from, for the learner to renormalize over
+            for r, (size, kept) in zip(truncated, kept_sets(logprobs[truncated], SUPPORT_IDS_CAP)):
+                seqs[r].support_sizes.append(size)
+                seqs[r].support_ids.extend(kept)
         top_values, top_ids = (top.values.tolist(), top.indices.tolist()) if top is not None else ([], [])
         for r, seq in enumerate(seqs):
             seq.output_ids.append(ids_list[r])
@@ -478,5 +489,7 @@ class Engine:
         seq.on_done(Completion(
             prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, logprobs=seq.logprobs,
             top_logprobs=seq.top if seq.params.logprobs else None, text=text, finish_reason=reason,
-            stop_reason=stop_reason, policy_version=seq.version, routed_experts=joined(seq.routes)))
+            stop_reason=stop_reason, policy_version=seq.version, routed_experts=joined(seq.routes),
+            support_sizes=seq.support_sizes if seq.params.truncated else None,
+            support_ids=seq.support_ids if seq.params.truncated else None))
 

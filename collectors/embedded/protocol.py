@@ -25,6 +25,11 @@ protocol.py), so a collector cannot tell the embedded server from vLLM:
   `routed_experts`, which vLLM 0.32 returns only unstreamed), a usage event with empty `choices` when
   asked, then `data: [DONE]`. Text that may still become a stop string, and a token that may be
   the stop token, are held back until the next token shows what they are.
+- sampling support (trajstore's extension): a completion drawn with top_p < 1 or top_k > 0
+  has `choices[].support_sizes` (each sampled token's kept-set size m) and `support_ids` (the
+  kept ids of the sets of at most 512, concatenated: the turn columns of the same names); a
+  stream sends both, for the whole completion, with its last event. vLLM's counterpart is the
+  `sampling_mask` of its token-in/token-out route.
 - errors: `{"error": {"message", "type", "param", "code"}}`, vLLM's current error body.
 
 The logprobs are those of the processed distribution each token was drawn from, i.e. what
@@ -210,6 +215,8 @@ def completion_response(job: CompletionJob, result: Completion, *, model_name: s
         "prompt_token_ids": result.prompt_ids if job.return_token_ids else None,
         "routed_experts": routes.encode(result.routed_experts) if result.routed_experts is not None else None,
     }
+    if result.support_sizes is not None:  # truncated draws: each token's kept set (see the module docstring)
+        choice["support_sizes"], choice["support_ids"] = result.support_sizes, result.support_ids
     n_prompt, n_out = len(result.prompt_ids), len(result.output_ids)
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
@@ -226,12 +233,15 @@ def stream_event(job: CompletionJob, request_id: str, created: int, model_name: 
                  ids: list[int], logprobs: dict[str, Any] | None, *, prompt_ids: list[int] | None = None,
                  finish_reason: str | None = None, stop_reason: str | int | None = None,
                  final: Completion | None = None) -> dict[str, Any]:
-    """One event of a streamed completion (vLLM's CompletionStreamResponse with one choice); the last one
-    (`final`) also carries the completion's `routed_experts` for a MoE model."""
+    """One event of a streamed completion (vLLM's CompletionStreamResponse with one choice). The last one
+    (`final`) also carries the completion's `routed_experts` for a MoE model, and its kept sets
+    (`support_sizes`, `support_ids`) when its draws were truncated."""
     choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
                               "stop_reason": stop_reason}
     if final is not None and final.routed_experts is not None:
         choice["routed_experts"] = routes.encode(final.routed_experts)
+    if final is not None and final.support_sizes is not None:
+        choice["support_sizes"], choice["support_ids"] = final.support_sizes, final.support_ids
     if job.return_token_ids:
         choice["token_ids"] = ids
         if prompt_ids is not None:

@@ -57,6 +57,14 @@ def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
     return torch.log_softmax(x, dim=-1)
 
 
+def kept_sets(logprobs: torch.Tensor, cap: int) -> list[tuple[int, list[int]]]:
+    """Each row's kept set as (size, ids): the ids top-k / top-p left in the processed logprobs (B, V),
+    ascending, or [] when the set holds more than `cap` ids (then it is the `size` most likely ones)."""
+    kept = torch.isfinite(logprobs)
+    counts = kept.sum(dim=-1).tolist()
+    return [(m, kept[r].nonzero().squeeze(1).tolist() if m <= cap else []) for r, m in enumerate(counts)]
+
+
 def sample(logprobs: torch.Tensor, greedy: list[bool], generators: list[torch.Generator | None]) -> torch.Tensor:
     """Draw one token per row of processed logprobs (B, V); returns ids (B,) long.
 

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from trajstore.announcement import MAX_POLICY_VERSION, LoadRequest
+from trajstore.events import SUPPORT_IDS_CAP
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 
@@ -68,6 +69,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
 
+    @property
+    def truncated(self) -> bool:
+        """Draws from a truncated distribution (top-k or top-p): each token's kept set is recorded."""
+        return self.top_k > 0 or self.top_p < 1.0
+
     def as_json(self) -> dict[str, object]:
         return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "top_k": self.top_k, "seed": self.seed, "stop": list(self.stop)}
@@ -90,6 +96,10 @@ class Sample:
     # mixture-of-experts servers: (tokens fed, layers, top_k) int16, the experts of each token of prompt + output
     # as the model's input (vLLM's `routed_experts`); None when the server reports none
     routed_experts: np.ndarray | None = None
+    # truncated draws: each token's kept-set size m, and the kept ids of the sets of m <= SUPPORT_IDS_CAP,
+    # concatenated (the turn's `support_sizes` / `support_ids`); None: no truncation recorded
+    support_sizes: list[int] | None = None
+    support_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,10 @@ class Chunk:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     routed_experts: np.ndarray | None = None  # MoE: the whole stream's routes, on its last chunk (`Sample`'s)
+    # kept sets (as in `Sample`) of the stream's tokens not covered by an earlier chunk's, in token order: a
+    # server may send them with each chunk, as vLLM does, or all with the last one, as the embedded server does
+    support_sizes: list[int] | None = None
+    support_ids: list[int] | None = None
 
 
 @dataclass
@@ -121,8 +135,13 @@ class StreamedSample:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     routed_experts: np.ndarray | None = None
+    support_sizes: list[int] | None = None
+    support_ids: list[int] | None = None
 
     def add(self, chunk: Chunk) -> None:
+        if chunk.support_sizes is not None and chunk.support_ids is not None:
+            self.support_sizes = (self.support_sizes or []) + chunk.support_sizes
+            self.support_ids = (self.support_ids or []) + chunk.support_ids
         self.output_ids.extend(chunk.output_ids)
         self.output_logprobs.extend(chunk.output_logprobs)
         if chunk.top_logprobs is not None:
@@ -139,7 +158,25 @@ class StreamedSample:
         return Sample(prompt_ids=self.prompt_ids, output_ids=self.output_ids, output_logprobs=self.output_logprobs,
                       text=self.text, finish_reason=self.finish_reason or "abort",
                       policy_version=self.policy_version if self.policy_version is not None else -1,
-                      stop_reason=self.stop_reason, top_logprobs=self.top_logprobs, routed_experts=self.routed_experts)
+                      stop_reason=self.stop_reason, top_logprobs=self.top_logprobs, routed_experts=self.routed_experts,
+                      **self._support())
+
+    def _support(self) -> dict[str, list[int] | None]:
+        """The kept sets when the stream brought one for every token; else none (a partial record is no record)."""
+        whole = self.support_sizes is not None and len(self.support_sizes) == len(self.output_ids)
+        return {"support_sizes": self.support_sizes if whole else None,
+                "support_ids": self.support_ids if whole else None}
+
+
+def support_from_sets(sets: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """Kept sets, one per sampled token (vLLM's `sampling_mask`), as (support_sizes, support_ids): the ids of
+    sets of at most SUPPORT_IDS_CAP ids, sorted; a larger set by its size alone (see `trajstore.events`)."""
+    sizes, ids = [], []
+    for kept in sets:
+        sizes.append(len(kept))
+        if len(kept) <= SUPPORT_IDS_CAP:
+            ids.extend(sorted(kept))
+    return sizes, ids
 
 
 @runtime_checkable

@@ -34,7 +34,8 @@ import numpy as np
 from multidict import CIMultiDict
 
 from collectors.errors import CollectorError
-from collectors.policy.contract import Chunk, Sample, SamplingParams
+from collectors.policy.contract import Chunk, Sample, SamplingParams, support_from_sets
+from trajstore.events import SUPPORT_IDS_CAP
 
 
 class PolicyServerError(CollectorError):
@@ -291,6 +292,36 @@ def _tokens(choice: dict[str, Any], url: str,
     return ids, [float(x) for x in logprobs], tops
 
 
+def _support(choice: dict[str, Any], url: str, tokens: int | None) -> tuple[list[int] | None, list[int] | None]:
+    """The choice's kept sets as (support_sizes, support_ids), checked: the embedded server's CSR fields, or
+    vLLM's `sampling_mask` (one list of kept ids per token); (None, None) when the server sent neither.
+    `tokens`: how many sizes there must be (None: a stream's chunk, whose sets may come with a later one)."""
+    def bad(problem: str) -> PolicyServerBadResponse:
+        return PolicyServerBadResponse(f"the policy server at {url} returned {problem}", url=url)
+
+    def ids_list(value: Any) -> bool:
+        return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                               for t in value)
+
+    mask = choice.get("sampling_mask")
+    if mask is not None:
+        if not (isinstance(mask, list) and all(ids_list(kept) for kept in mask)):
+            raise bad(f"a `sampling_mask` that is not a list of lists of token ids: {str(mask)[:200]}")
+        sizes, ids = support_from_sets(mask)
+    else:
+        sizes, ids = choice.get("support_sizes"), choice.get("support_ids")
+        if sizes is None and ids is None:
+            return None, None
+        if not (ids_list(sizes) and ids_list(ids)):
+            raise bad("`support_sizes` and `support_ids` that are not both lists of non-negative integers")
+        if sum(m for m in sizes if m <= SUPPORT_IDS_CAP) != len(ids):
+            raise bad(f"{len(ids)} `support_ids` for kept sets whose sizes of at most {SUPPORT_IDS_CAP} add up to "
+                      f"{sum(m for m in sizes if m <= SUPPORT_IDS_CAP)}")
+    if tokens is not None and len(sizes) != tokens:
+        raise bad(f"kept sets for {len(sizes)} tokens but {tokens} sampled tokens; they must pair up one to one")
+    return sizes, ids
+
+
 def _check_echo(choice: dict[str, Any], prompt_ids: list[int], url: str) -> None:
     echoed = choice.get("prompt_token_ids")
     if echoed is not None and echoed != prompt_ids:
@@ -313,13 +344,15 @@ def parse_completion(body: Any, prompt_ids: list[int], *, policy_version: int, u
     choice = _first_choice(body, url)
     ids, logprobs, tops = _tokens(choice, url, top_logprobs)
     _check_echo(choice, prompt_ids, url)
+    support_sizes, support_ids = _support(choice, url, len(ids))
     text, finish = choice.get("text"), choice.get("finish_reason")
     if not isinstance(text, str) or not isinstance(finish, str):
         raise PolicyServerBadResponse(f"the policy server at {url} returned a choice without `text` or "
                                       f"`finish_reason`: {json.dumps(choice)[:200]}", url=url)
     return Sample(prompt_ids=prompt_ids, output_ids=ids, output_logprobs=logprobs, text=text,
                   finish_reason=finish, policy_version=policy_version, stop_reason=choice.get("stop_reason"),
-                  top_logprobs=tops, routed_experts=routed_experts(choice, url, len(prompt_ids) + len(ids)))
+                  top_logprobs=tops, routed_experts=routed_experts(choice, url, len(prompt_ids) + len(ids)),
+                  support_sizes=support_sizes, support_ids=support_ids)
 
 
 def routed_experts(choice: dict[str, Any], url: str, tokens: int | None = None) -> np.ndarray | None:
@@ -354,9 +387,11 @@ def parse_chunk(event: Any, prompt_ids: list[int], *, policy_version: int, url: 
     ids, logprobs, tops = _tokens(choice, url, top_logprobs)
     _check_echo(choice, prompt_ids, url)
     finish = choice.get("finish_reason")
+    support_sizes, support_ids = _support(choice, url, None)
     return Chunk(output_ids=ids, output_logprobs=logprobs, text=str(choice.get("text") or ""),
                  policy_version=policy_version, top_logprobs=tops, finish_reason=finish,
-                 stop_reason=choice.get("stop_reason"), routed_experts=routed_experts(choice, url))
+                 stop_reason=choice.get("stop_reason"), routed_experts=routed_experts(choice, url),
+                 support_sizes=support_sizes, support_ids=support_ids)
 
 
 def prompt_list(prompt_ids: Sequence[int]) -> list[int]:

@@ -44,6 +44,13 @@ Run vLLM >= 0.10.2 (`return_token_ids`) with `--logprobs-mode processed_logprobs
 vLLM returns logprobs of the raw model output, not of the temperature/top-k/top-p
 distribution the token was drawn from, and no HTTP route reveals the mode, so the client
 cannot check it. `collectors.policy.vllm_server.start_vllm` starts one configured this way.
+
+Sampling support: vLLM 0.32 returns each sampled token's kept set (`sampling_mask`) only on its
+token-in/token-out route and only from its Model Runner V2, which needs Triton; the CPU build's
+Triton has no CPU backend, so it refuses `--return-sampling-mask` ("Model Runner V2 requires
+Triton", tests/cli/test_sampling_replay.py). The response parser maps a `sampling_mask` to the
+turn's support columns wherever one arrives; samples without one are stored with none, and the
+learner rebuilds the support of their truncated tokens from the recorded top_k / top_p.
 """
 
 from __future__ import annotations

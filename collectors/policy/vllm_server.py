@@ -149,7 +149,8 @@ class VLLMServer:
 
 def start_vllm(model_dir: str | Path, *, served_name: str | None = None, port: int | None = None,
                max_model_len: int | None = None, lora_rank: int | None = None, max_queued: int | None = None,
-               dev_mode: bool = True, log_path: str | Path | None = None, timeout_s: float = 600.0) -> VLLMServer:
+               dev_mode: bool = True, log_path: str | Path | None = None, timeout_s: float = 600.0,
+               return_sampling_mask: bool = False) -> VLLMServer:
     """Start vLLM on `model_dir` (see the module docstring) and return once it answers /health.
     `max_model_len` defaults to the checkpoint's context; `dev_mode=False` leaves out the reload and
     weight-version routes (a server nobody may reload)."""
@@ -181,6 +182,9 @@ def start_vllm(model_dir: str | Path, *, served_name: str | None = None, port: i
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if max_queued is not None:
         args += ["--max-num-queued-reqs", str(max_queued)]
+    if return_sampling_mask:  # each sampled token's kept set, on /inference/v1/generate; needs Model Runner V2
+        args += ["--return-sampling-mask"]
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
     log = open(log_path, "wb")  # noqa: SIM115 - closed by VLLMServer.stop
     # its own session (stop() kills the group); SIGTERM when this process dies, however it dies

@@ -243,7 +243,8 @@ class Capture:
             segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
             prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
             output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
-            request=body, response=response, meta=meta, **sample_routes(sample, len(plan.prompt_ids)))])
+            request=body, response=response, meta=meta, support_sizes=sample.support_sizes,
+            support_ids=sample.support_ids, **sample_routes(sample, len(plan.prompt_ids)))])
         sampled_text = body_text + renderer.decode(sample.output_ids[len(text_ids(sample)):])
         record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)
         prefill = (req.messages[-1].get("content") or "") if req.continue_final else ""
