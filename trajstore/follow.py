@@ -31,11 +31,12 @@ from trajstore.schema import EVENT_SCHEMA
 
 MAX_CHUNKS = 8
 
-# What polls read: everything but the token lists (MoE routes the largest of them) and the raw request/response JSON.
+# What polls read: everything but the per-token lists (tokens, logprobs, MoE routes, kept sets, a teacher's
+# scores) and the raw request/response JSON.
 POLL_COLUMNS: tuple[str, ...] = tuple(
     name for name in EVENT_SCHEMA.names
     if name not in ("prompt_ids", "output_ids", "output_logprobs", "output_mask", "request", "response", "sampling",
-                    "routed_experts", "routed_experts_shape")
+                    "routed_experts", "routed_experts_shape", "support_sizes", "support_ids", "teacher_logprobs")
 )
 
 
