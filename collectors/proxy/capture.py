@@ -13,8 +13,8 @@ call through, holding its session's lock:
 4. decode and parse the reply, build the protocol response;
 5. append the turn event (exact prompt delta, sampled ids, logprobs, policy version) and wait
    until it is durable; only then advance the session and answer the agent (a stream's last
-   event is sent after the append). Concurrent calls' events share one append
-   (`collectors.proxy.appender`).
+   event is sent after the append). Concurrent calls' events share one append, written by a
+   commit thread off the event loop (`collectors.proxy.appender`).
 
 A failure at any step leaves the session as it was and writes nothing: no partial event. A
 streamed call whose agent disconnects mid-stream closes the upstream stream (the policy server
@@ -52,7 +52,7 @@ from typing import Any
 
 from collectors.errors import CollectorError
 from collectors.policy import PolicyClient, Sample, StreamedSample
-from collectors.proxy.appender import BatchAppender
+from collectors.proxy.appender import BatchAppender, CommitWaits
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
@@ -152,8 +152,14 @@ class Capture:
         self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="proxy-render")
 
     def close(self) -> None:
-        """Stop the render threads (the app's cleanup; calls in flight have finished by then)."""
+        """Stop the render and commit threads (the app's cleanup; calls in flight have finished by then)."""
         self._render_pool.shutdown(wait=False, cancel_futures=True)
+        self._appender.close()
+
+    @property
+    def commit_waits(self) -> CommitWaits:
+        """How long appends waited to be durable (GET /stats `commit_wait`)."""
+        return self._appender.waits
 
     async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest
                         ) -> tuple[list[Message], str, str, TurnPlan]:
