@@ -60,6 +60,7 @@ from collectors.proxy.segmenter import SessionState, TurnPlan, plan_turn, record
 from collectors.proxy.sessions import Registry, Rollout, SessionSlot
 from collectors.proxy.streaming import ReplyStream, TextStream
 from collectors.proxy.upstream import OUTAGE_WAIT_S, Upstream
+from collectors.proxy.waits import WaitHistogram
 from collectors.proxy.wire import WireProtocol, stream_body
 from trajstore import InvalidEventError, Reward, Status, Turn, Writer, new_id
 from trajstore.schema import TERMINAL_STATUSES
@@ -84,6 +85,7 @@ class ProxyStats:
     rollouts_opened: int = 0
     rollouts_closed: int = 0
     upstream: Upstream | None = None  # its outage and cancellation counters
+    durable_wait: WaitHistogram = field(default_factory=WaitHistogram)  # per turn: append asked -> durable
 
     def as_json(self, open_rollouts: int) -> dict[str, Any]:
         return {"requests": self.requests, "turns": self.turns, "streamed": self.streamed,
@@ -92,6 +94,7 @@ class ProxyStats:
                 "retokenize_mismatches": self.retokenize_mismatches, "upstream_failures": self.upstream_failures,
                 "errors": {str(k): v for k, v in sorted(self.errors.items())},
                 "upstream": self.upstream.as_json() if self.upstream is not None else {},
+                "durable_wait": self.durable_wait.as_json(),
                 "rollouts": {"open": open_rollouts, "opened": self.rollouts_opened, "closed": self.rollouts_closed}}
 
 
@@ -231,12 +234,14 @@ class Capture:
                 "forks_in_session": sum(state.forks.values()) + (plan.fork is not None)}
         sampling = {**req.sampling_for(prep.max_tokens).as_json(), "requested_max_tokens": req.max_tokens}
         rollout = prep.rollout
+        asked = time.perf_counter()
         await self._append([Turn(
             run=rollout.run, group_id=rollout.group_id, rollout_id=rollout.rollout_id, session_id=prep.session,
             segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
             prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
             output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
             request=body, response=response, meta=meta)])
+        self.stats.durable_wait.observe(time.perf_counter() - asked)
         sampled_text = body_text + renderer.decode(sample.output_ids[len(text_ids(sample)):])
         record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)
         prefill = (req.messages[-1].get("content") or "") if req.continue_final else ""
