@@ -19,7 +19,7 @@ token-exact `turn` event (`collectors.proxy.capture`). Routes:
     GET  /stats                         counters: turns, forks by reason, histories by how they were
                                         reconciled, streams the agent left, errors, rollouts, calls
                                         waiting for an unreachable policy server (`upstream`), and how
-                                        long appends waited to be durable (`commit_wait`, ms)
+                                        long turns waited to be durable (`durable_wait`, ms)
     GET  /health
 
 Point an SDK at one rollout with what `POST /rollouts` returned (see `collectors.proxy.sessions` for
@@ -343,15 +343,9 @@ async def get_rollout(request: web.Request) -> web.Response:
     return web.json_response(_owned_rollout(request).summary())
 
 
-def local_stats(app: web.Application, *, samples: bool = False) -> dict[str, Any]:
-    """This process's /stats; `samples`: with the recent commit waits, for merging across workers."""
-    capture = app[STATE].capture
-    return {**capture.stats.as_json(capture.registry.open_count),
-            "commit_wait": capture.commit_waits.as_json(samples=samples)}
-
-
 async def stats(request: web.Request) -> web.Response:
-    return web.json_response(local_stats(request.app))
+    capture = request.app[STATE].capture
+    return web.json_response(capture.stats.as_json(capture.registry.open_count))
 
 
 async def health(request: web.Request) -> web.Response:

@@ -52,7 +52,7 @@ from typing import Any
 
 from collectors.errors import CollectorError
 from collectors.policy import PolicyClient, Sample, StreamedSample
-from collectors.proxy.appender import BatchAppender, CommitWaits
+from collectors.proxy.appender import BatchAppender
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
@@ -158,11 +158,6 @@ class Capture:
         """Stop the render and commit threads (the app's cleanup; calls in flight have finished by then)."""
         self._render_pool.shutdown(wait=False, cancel_futures=True)
         self._appender.close()
-
-    @property
-    def commit_waits(self) -> CommitWaits:
-        """How long appends waited to be durable (GET /stats `commit_wait`)."""
-        return self._appender.waits
 
     async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest
                         ) -> tuple[list[Message], str, str, TurnPlan]:
