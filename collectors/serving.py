@@ -33,7 +33,7 @@ import re
 import signal
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -234,15 +234,37 @@ async def start_app(app: web.Application, host: str = "127.0.0.1", port: int = 0
 
     `cancel_on_disconnect`: a handler whose caller went away is cancelled (for a stateless app, such
     as the policy server: it stops sampling a request nobody waits for)."""
-    app[HOST_RULE] = HostRule.for_bound(host)
-    app.middlewares.append(_guard)  # last: innermost, so the app's own middleware renders a refusal
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=cancel_on_disconnect)
-    await runner.setup()
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    await web.SockSite(runner, sock).start()
+    runner = await _start_on(app, host, [sock], cancel_on_disconnect=cancel_on_disconnect)
     return runner, f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
+
+
+async def _start_on(app: web.Application, host: str, socks: Sequence[socket.socket], *,
+                    cancel_on_disconnect: bool = False, middlewares: Sequence[Any] = ()) -> web.AppRunner:
+    """Serve `app` on sockets already bound to `host` (see `start_app`); `middlewares` run inside the guard."""
+    app[HOST_RULE] = HostRule.for_bound(host)
+    app.middlewares.append(_guard)  # last: innermost, so the app's own middleware renders a refusal
+    app.middlewares.extend(middlewares)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=cancel_on_disconnect)
+    await runner.setup()
+    for sock in socks:
+        await web.SockSite(runner, sock).start()
+    return runner
+
+
+def serve_sockets(app: web.Application, host: str, socks: Sequence[socket.socket], started: Callable[[], None], *,
+                  middlewares: Sequence[Any] = ()) -> None:
+    """Serve `app` on listening sockets bound to `host` (shared with other processes: a proxy's workers) until
+    SIGINT or SIGTERM; `started()` once it serves."""
+
+    async def start() -> tuple[web.AppRunner, str]:
+        runner = await _start_on(app, host, socks, middlewares=middlewares)
+        started()
+        return runner, ""
+
+    run_until_interrupted(start, None)
 
 
 @contextmanager
@@ -263,19 +285,21 @@ def app_in_thread(start: Start, *, name: str, timeout: float = 60) -> Iterator[t
         loop.close()
 
 
-def run_until_interrupted(start: Start, banner: Callable[[web.AppRunner, str], str]) -> None:
-    """Serve in the foreground, print `banner(runner, url)`, stop cleanly on Ctrl-C or SIGTERM (`kill PID`):
-    the app's cleanup runs either way (the proxy's store writer seals what it appended)."""
+def run_until_interrupted(start: Start, banner: Callable[[web.AppRunner, str], str] | None) -> None:
+    """Serve in the foreground, print `banner(runner, url)` (unless None), stop cleanly on Ctrl-C or SIGTERM
+    (`kill PID`): the app's cleanup runs either way (the proxy's store writer seals what it appended)."""
 
     async def main() -> None:
         runner, url = await start()
         stop, loop = asyncio.Event(), asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        print(banner(runner, url), flush=True)
+        if banner is not None:
+            print(banner(runner, url), flush=True)
         try:
             await stop.wait()
-            print("stopping: finishing the requests in flight", flush=True)
+            if banner is not None:
+                print("stopping: finishing the requests in flight", flush=True)
         finally:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
