@@ -346,10 +346,15 @@ def session_turns(s: int, lo: int, hi: int) -> int:
     return lo + (s * 7919) % (hi - lo + 1)
 
 
-async def open_rollouts(http: aiohttp.ClientSession, proxy: str, n: int) -> list[str]:
-    async def one() -> str:
+BASE_URLS = False  # --base-urls: each session calls its rollout's own base URL (with --workers: its worker's port)
+
+
+async def open_rollouts(http: aiohttp.ClientSession, proxy: str, n: int) -> list[tuple[str, str]]:
+    """(api_key, the URL its calls go to) per rollout: the proxy's address, or with --base-urls the rollout's."""
+    async def one() -> tuple[str, str]:
         async with http.post(proxy + "/rollouts", json={"group_id": "bench"}) as resp:
-            return (await resp.json())["api_key"]
+            body = await resp.json()
+            return body["api_key"], body["base_urls"]["openai"].removesuffix("/v1") if BASE_URLS else proxy
     return list(await asyncio.gather(*(one() for _ in range(n))))
 
 
@@ -367,15 +372,17 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
     headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=600)) as http:
-        keys = await open_rollouts(http, proxy, sessions + (hog is not None))
+        opened = await open_rollouts(http, proxy, sessions + (hog is not None))
+        keys = [key for key, _ in opened]
+        urls = [base if proxied else url for _, base in opened]
         before = await stats_waits(http, proxy)
         route = "/v1/chat/completions"
         done = asyncio.Event()
 
-        async def call(body: bytes, key: str | None, record: bool) -> None:
+        async def call(body: bytes, key: str | None, record: bool, to: str = url) -> None:
             t0 = time.perf_counter()
             first = None
-            async with http.post(url + route, data=body,
+            async with http.post(to + route, data=body,
                                  headers={**headers, **({"Authorization": f"Bearer {key}"} if key else {})}) as resp:
                 if stream and resp.status == 200:
                     async for raw in resp.content:
@@ -393,11 +400,11 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
             await asyncio.sleep(spread_s * s / sessions)
             bodies = load.stream_bodies if stream else load.bodies
             for t in range(session_turns(s, *turns)):
-                await call(bodies[t], keys[s] if proxied else None, True)
+                await call(bodies[t], keys[s] if proxied else None, True, urls[s])
 
         async def hogging() -> None:
             while not done.is_set():
-                await call(hog, keys[-1], False)
+                await call(hog, keys[-1], False, urls[-1])
 
         cpu0 = tree_cpu_seconds(pid) if pid else 0.0
         t0 = time.perf_counter()
@@ -537,10 +544,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="rounds per row (default 1)")
     ap.add_argument("--workers", type=int, help="passed to `trajstore proxy --workers N` when it has that option")
     ap.add_argument("--only", choices=["cpu", "throughput", "hog"], nargs="+", help="run only these tables")
+    ap.add_argument("--base-urls", action="store_true",
+                    help="each session calls its rollout's base URL (with --workers: straight to its worker's own "
+                         "port) instead of the proxy's address with the key (forwarded to the owning worker)")
     ap.add_argument("--quick", action="store_true",
                     help="bounded smoke run: 4-8 calls per session, contexts 8000 32000, 16 / 48 sessions, "
                          "300 ms upstream, a 2 MB body")
     args = ap.parse_args()
+    global BASE_URLS
+    BASE_URLS = args.base_urls
     if args.quick:
         args.turns, args.contexts, args.sessions, args.upstream_ms = [4, 8], [8000, 32000], [16, 48], 300.0
         args.cpu_sessions, args.hog_sessions, args.hog_mb = 16, 8, 2.0
