@@ -257,14 +257,19 @@ async def _start_on(app: web.Application, host: str, socks: Sequence[socket.sock
 def serve_sockets(app: web.Application, host: str, socks: Sequence[socket.socket], started: Callable[[], None], *,
                   middlewares: Sequence[Any] = ()) -> None:
     """Serve `app` on listening sockets bound to `host` (shared with other processes: a proxy's workers) until
-    SIGINT or SIGTERM; `started()` once it serves."""
+    SIGINT or SIGTERM, calling `started()` once it serves. Further signals during the cleanup are ignored:
+    a supervisor's SIGTERM after the terminal's SIGINT must not cut the store's sealing short."""
 
-    async def start() -> tuple[web.AppRunner, str]:
+    async def main() -> None:
         runner = await _start_on(app, host, socks, middlewares=middlewares)
+        stop, loop = asyncio.Event(), asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
         started()
-        return runner, ""
+        await stop.wait()
+        await runner.cleanup()
 
-    run_until_interrupted(start, None)
+    asyncio.run(main())
 
 
 @contextmanager
@@ -285,21 +290,19 @@ def app_in_thread(start: Start, *, name: str, timeout: float = 60) -> Iterator[t
         loop.close()
 
 
-def run_until_interrupted(start: Start, banner: Callable[[web.AppRunner, str], str] | None) -> None:
-    """Serve in the foreground, print `banner(runner, url)` (unless None), stop cleanly on Ctrl-C or SIGTERM
-    (`kill PID`): the app's cleanup runs either way (the proxy's store writer seals what it appended)."""
+def run_until_interrupted(start: Start, banner: Callable[[web.AppRunner, str], str]) -> None:
+    """Serve in the foreground, print `banner(runner, url)`, stop cleanly on Ctrl-C or SIGTERM (`kill PID`):
+    the app's cleanup runs either way (the proxy's store writer seals what it appended)."""
 
     async def main() -> None:
         runner, url = await start()
         stop, loop = asyncio.Event(), asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        if banner is not None:
-            print(banner(runner, url), flush=True)
+        print(banner(runner, url), flush=True)
         try:
             await stop.wait()
-            if banner is not None:
-                print("stopping: finishing the requests in flight", flush=True)
+            print("stopping: finishing the requests in flight", flush=True)
         finally:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)

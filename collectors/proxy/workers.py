@@ -49,8 +49,8 @@ from collectors.proxy.waits import percentile_ms
 
 log = logging.getLogger(__name__)
 WORKER_KEY = re.compile(rf"^{re.escape(KEY_PREFIX)}w(\d+)g(\d+)-")
-HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade",
-                         "proxy-connection", "te", "trailer"})
+HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "upgrade",
+                         "proxy-connection", "te", "trailer"})  # `Host` goes along: base URLs are built from it
 PEER_TIMEOUT_S = 2.0  # a worker that cannot answer /health or /stats in this long is shown as down
 
 
@@ -336,13 +336,14 @@ def run_workers(client_factory: Callable[[], PolicyClient], store_location: str,
             fd = ready_fds.pop(pid, None)
             if index is None:
                 continue
-            if fd is not None:  # it never served: a bad store or model, not a crash to recover from
+            if fd is not None:
                 os.close(fd)
-                log.error("worker %d exited before it served (status %d); stopping the proxy", index, status)
+            if stopping:
+                continue
+            if fd is not None:  # it never served: a bad store or model, not a crash to recover from
+                log.error("worker %d exited before it served (%s); stopping the proxy", index, _how(status))
                 failed = True
                 stop(signal.SIGTERM, None)
-                continue
-            if stopping:
                 continue
             generation[index] += 1
             log.warning("worker %d (pid %d) stopped (%s); its rollouts are gone and their keys refused; starting it "
