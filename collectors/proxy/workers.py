@@ -298,8 +298,9 @@ def run_workers(client_factory: Callable[[], PolicyClient], store_location: str,
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 _serve_worker(client_factory, store_location, config, info, shared, own[index], write_end)
-            except BaseException:  # noqa: BLE001 - a worker's failure is its exit status
-                log.exception("worker %d failed", index)
+            except Exception as exc:  # noqa: BLE001 - a worker's failure is its exit status and one line of log
+                log.error("worker %d stopped: %s: %s", index, type(exc).__name__, exc)
+                log.debug("worker %d's failure", index, exc_info=True)
                 code = 1
             finally:
                 os._exit(code)

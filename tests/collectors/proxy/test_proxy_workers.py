@@ -110,3 +110,13 @@ def test_a_killed_worker_loses_no_answered_turn_and_its_rollouts_are_refused(two
     assert restarted[0]["pid"] != victim["pid"] and restarted[0]["status"] == "ok"
     fresh = call(url + "/rollouts", {"group_id": "g2"}).body  # the proxy takes new rollouts on both workers
     assert chat(url, fresh["api_key"], "new").status == 200
+
+
+def test_workers_that_cannot_start_stop_the_proxy_with_the_reason(server: RunningServer, tiny_model: Path,
+                                                                   tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    proc = proxy_process(server, tiny_model, tmp_path / "a-file" / "store", free_port(), "--workers", "2")
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 1, output
+    assert "exited before it served" in output and "Traceback" not in output
+    assert "a-file" in output  # the store path that could not be opened
