@@ -294,13 +294,18 @@ async def open_rollout(request: web.Request) -> web.Response:
         meta=_optional(body, "meta", lambda v: isinstance(v, dict), "a JSON object"))
     origin = f"{request.scheme}://{request.host}"
     if WORKER in request.app:  # one of `--workers N`: the agent talks to this worker's own port, no hop
-        worker = request.app[WORKER]
-        worker.board.set(worker.index, capture.registry.open_count)
-        origin = str(request.url.with_port(worker.port).origin())
+        _count_open(request.app)
+        origin = str(request.url.with_port(request.app[WORKER].port).origin())
     return web.json_response({
         "rollout_id": rollout.rollout_id, "group_id": rollout.group_id, "run": rollout.run, "api_key": rollout.key,
         "base_urls": {"openai": f"{origin}/r/{rollout.key}/v1", "anthropic": f"{origin}/r/{rollout.key}"},
         "session_header": SESSION_HEADER}, status=201)
+
+
+def _count_open(app: web.Application) -> None:
+    """A worker of `--workers N` tells the others how many rollouts it holds (new ones go to the least loaded)."""
+    if WORKER in app:
+        app[WORKER].board.set(app[WORKER].index, app[STATE].capture.registry.open_count)
 
 
 def _owned_rollout(request: web.Request) -> Rollout:
@@ -342,8 +347,7 @@ async def close_rollout(request: web.Request) -> web.Response:
         rollout, status=status, rewards={k: float(v) for k, v in rewards.items()},
         error=_optional(body, "error", lambda v: isinstance(v, str), "a string"),
         meta=_optional(body, "meta", lambda v: isinstance(v, dict), "a JSON object"))
-    if WORKER in request.app:
-        request.app[WORKER].board.set(request.app[WORKER].index, request.app[STATE].capture.registry.open_count)
+    _count_open(request.app)
     return web.json_response(summary)
 
 

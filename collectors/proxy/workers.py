@@ -146,7 +146,8 @@ async def route_to_owner(request: web.Request, handler: Any) -> web.StreamRespon
 async def forward(request: web.Request, index: int) -> web.StreamResponse:
     """Send the request to worker `index` and stream its answer back unchanged (SSE included)."""
     me = request.app[WORKER]
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+    # the body as read is already decoded (aiohttp undoes a Content-Encoding): it goes on as plain bytes
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}}
     body = await request.read()
     url = me.url(index) + str(request.rel_url)
     for attempt in (1, 2):  # a pooled connection to a worker that died is stale: the retry opens a fresh one,
