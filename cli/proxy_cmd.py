@@ -32,7 +32,7 @@ from cli.options import seal_interval_option, store_option
 @click.option("--default-max-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Sampled tokens when a call sets no max_tokens (never past the context).")
 @click.option("--writer", help="Store writer name, unique per process and machine (default: proxy-HOST-PID-SPOOLID, "
-                              "unique across machines whatever their hostnames).")
+                              "unique across machines whatever their hostnames; with --workers N: NAME-w<index>).")
 @seal_interval_option(60.0)  # ProxyConfig's: its module loads the proxy, too heavy for --help
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes serving the proxy, one store writer each (use up to the cores you have). Each rollout "
