@@ -346,15 +346,11 @@ def session_turns(s: int, lo: int, hi: int) -> int:
     return lo + (s * 7919) % (hi - lo + 1)
 
 
-BASE_URLS = False  # --base-urls: each session calls its rollout's own base URL (with --workers: its worker's port)
-
-
 async def open_rollouts(http: aiohttp.ClientSession, proxy: str, n: int) -> list[tuple[str, str]]:
-    """(api_key, the URL its calls go to) per rollout: the proxy's address, or with --base-urls the rollout's."""
-    async def one() -> tuple[str, str]:
+    async def one() -> tuple[str, str]:  # (key, where its calls go)
         async with http.post(proxy + "/rollouts", json={"group_id": "bench"}) as resp:
-            body = await resp.json()
-            return body["api_key"], body["base_urls"]["openai"].removesuffix("/v1") if BASE_URLS else proxy
+            body, own = await resp.json(), os.environ.get("PROXY_AGENTS_BASE_URLS") == "1"  # its base URL, not --port
+            return body["api_key"], body["base_urls"]["openai"].removesuffix("/v1") if own else proxy
     return list(await asyncio.gather(*(one() for _ in range(n))))
 
 
@@ -372,14 +368,13 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
     headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=600)) as http:
-        opened = await open_rollouts(http, proxy, sessions + (hog is not None))
-        keys = [key for key, _ in opened]
-        urls = [base if proxied else url for _, base in opened]
+        keys, bases = zip(*await open_rollouts(http, proxy, sessions + (hog is not None)))
+        urls = [base if proxied else url for base in bases]
         before = await stats_waits(http, proxy)
         route = "/v1/chat/completions"
         done = asyncio.Event()
 
-        async def call(body: bytes, key: str | None, record: bool, to: str = url) -> None:
+        async def call(body: bytes, key: str | None, record: bool, to: str) -> None:
             t0 = time.perf_counter()
             first = None
             async with http.post(to + route, data=body,
@@ -544,15 +539,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="rounds per row (default 1)")
     ap.add_argument("--workers", type=int, help="passed to `trajstore proxy --workers N` when it has that option")
     ap.add_argument("--only", choices=["cpu", "throughput", "hog"], nargs="+", help="run only these tables")
-    ap.add_argument("--base-urls", action="store_true",
-                    help="each session calls its rollout's base URL (with --workers: straight to its worker's own "
-                         "port) instead of the proxy's address with the key (forwarded to the owning worker)")
     ap.add_argument("--quick", action="store_true",
                     help="bounded smoke run: 4-8 calls per session, contexts 8000 32000, 16 / 48 sessions, "
                          "300 ms upstream, a 2 MB body")
     args = ap.parse_args()
-    global BASE_URLS
-    BASE_URLS = args.base_urls
     if args.quick:
         args.turns, args.contexts, args.sessions, args.upstream_ms = [4, 8], [8000, 32000], [16, 48], 300.0
         args.cpu_sessions, args.hog_sessions, args.hog_mb = 16, 8, 2.0
