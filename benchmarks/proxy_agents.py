@@ -419,9 +419,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 def wait_pct(counts: list[int], q: float) -> str:
+    if not counts:  # a proxy without the durable_wait histogram in /stats
+        return "-"
     from collectors.proxy.waits import percentile_ms
 
-    got = percentile_ms(counts, q) if counts else None
+    got = percentile_ms(counts, q)
     return f"{got:.2f}" if got is not None else "-"
 
 
