@@ -266,7 +266,7 @@ def free_port() -> int:
 
 def proxy_has_workers() -> bool:
     out = subprocess.run([*TRAJSTORE, "proxy", "--help"], capture_output=True, text=True, timeout=120,
-                         check=False).stdout
+                         check=False, cwd=tempfile.gettempdir()).stdout
     return "--workers" in out
 
 
@@ -276,7 +276,9 @@ def start_proxy(model_dir: str, store: str, upstream: str, workers: int | None, 
     cmd = [*TRAJSTORE, "proxy", "--upstream", upstream, "--model", model_dir, "--store", store, "--port", str(port), "--model-name", MODEL, "--max-model-len", str(1 << 22)]
     if workers:
         cmd += ["--workers", str(workers)]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    # cwd: `python -c` imports from its working directory first; PYTHONPATH alone says which tree is measured
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=log.parent)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -421,9 +423,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 def wait_pct(counts: list[int], q: float) -> str:
+    if not counts:  # a proxy without the durable_wait histogram in /stats
+        return "-"
     from collectors.proxy.waits import percentile_ms
 
-    got = percentile_ms(counts, q) if counts else None
+    got = percentile_ms(counts, q)
     return f"{got:.2f}" if got is not None else "-"
 
 

@@ -54,6 +54,7 @@ from collectors.errors import CollectorError
 from collectors.policy import PolicyClient, Sample, StreamedSample
 from collectors.proxy.appender import BatchAppender
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
+from collectors.proxy.extend import Extender
 from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.segmenter import SessionState, TurnPlan, plan_turn, record_turn
@@ -153,6 +154,7 @@ class Capture:
         self.stats = ProxyStats(upstream=self.upstream)
         self._appender = BatchAppender(writer.append)  # concurrent turns share one append and its fsync
         self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="proxy-render")
+        self._extender = Extender(renderer)  # a call that extends its session's last renders only what is new
 
     def close(self) -> None:
         """Stop the render and commit threads (the app's cleanup; calls in flight have finished by then)."""
@@ -168,7 +170,8 @@ class Capture:
 
     def _render(self, state: SessionState, req: ChatRequest) -> tuple[list[Message], str, str, TurnPlan]:
         messages, history = reconcile(req.messages, state.answered)
-        prompt_text = self.renderer.prompt_text(req, messages)
+        last_prompt = state.held.prompt_text if state.held is not None else None
+        prompt_text = self._extender.prompt_text(req, messages, history, state.answered, last_prompt)
         return messages, history, prompt_text, plan_turn(state, prompt_text, self.renderer.encode, new_id)
 
     async def _append(self, events: list[Any]) -> None:
@@ -241,7 +244,7 @@ class Capture:
         record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)
         prefill = (req.messages[-1].get("content") or "") if req.continue_final else ""
         state.answered = Answered(
-            messages=req.messages, prompt_messages=prep.messages, continue_final=req.continue_final,
+            messages=req.messages, prompt_messages=prep.messages, continue_final=req.continue_final, tools=req.tools,
             reply=reply_message(prefill + reply.content, reply.reasoning, [(c.name, c.arguments)
                                                                           for c in reply.tool_calls]),
             sampled={"role": "assistant", "content": prefill + body_text})
