@@ -32,14 +32,19 @@ from cli.options import seal_interval_option, store_option
 @click.option("--default-max-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Sampled tokens when a call sets no max_tokens (never past the context).")
 @click.option("--writer", help="Store writer name, unique per process and machine (default: proxy-HOST-PID-SPOOLID, "
-                              "unique across machines whatever their hostnames).")
+                              "unique across machines whatever their hostnames; with --workers N: NAME-w<index>).")
 @click.option("--tool-format", type=click.Choice(["hermes", "llama3", "harmony"]),
               help="How replies write tool calls and reasoning: hermes (Qwen2.5 / Hermes call blocks), llama3 (Llama 3 "
                    "JSON calls), harmony (gpt-oss channels). Default: read from the model's chat template.")
 @seal_interval_option(60.0)  # ProxyConfig's: its module loads the proxy, too heavy for --help
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes serving the proxy, one store writer each (use up to the cores you have). Each rollout "
+                   "stays on one worker: its base URLs point at that worker's own port; calls on --port with another "
+                   "worker's key are forwarded. /stats and /health cover every worker.")
 def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, run: str, upstream_kind: str,
           upstream_model: str | None, policy_version: int, model_names: tuple[str, ...], max_model_len: int | None,
-          default_max_tokens: int, writer: str | None, tool_format: str | None, seal_interval: float) -> None:
+          default_max_tokens: int, writer: str | None, tool_format: str | None, seal_interval: float,
+          workers: int) -> None:
     """Capture proxy: OpenAI and Anthropic chat APIs in front of a policy server, every call stored exactly.
 
     Open a rollout, then point any SDK or agent CLI at its base URL and key; each call is
@@ -68,4 +73,9 @@ def proxy(upstream: str, model_dir: str, store_loc: str, host: str, port: int, r
     config = ProxyConfig(model_dir=model_dir, run=run, writer=writer, model_names=model_names,
                          max_model_len=max_model_len, default_max_tokens=default_max_tokens,
                          seal_interval=seal_interval, tool_format=tool_format)
-    run_proxy(client, store_loc, config, host=host, port=port)
+    if workers > 1:
+        from collectors.proxy.workers import run_workers
+
+        run_workers(client, store_loc, config, host=host, port=port, workers=workers)
+    else:
+        run_proxy(client, store_loc, config, host=host, port=port)

@@ -33,7 +33,7 @@ import re
 import signal
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -234,15 +234,42 @@ async def start_app(app: web.Application, host: str = "127.0.0.1", port: int = 0
 
     `cancel_on_disconnect`: a handler whose caller went away is cancelled (for a stateless app, such
     as the policy server: it stops sampling a request nobody waits for)."""
-    app[HOST_RULE] = HostRule.for_bound(host)
-    app.middlewares.append(_guard)  # last: innermost, so the app's own middleware renders a refusal
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=cancel_on_disconnect)
-    await runner.setup()
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    await web.SockSite(runner, sock).start()
+    runner = await _start_on(app, host, [sock], cancel_on_disconnect=cancel_on_disconnect)
     return runner, f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
+
+
+async def _start_on(app: web.Application, host: str, socks: Sequence[socket.socket], *,
+                    cancel_on_disconnect: bool = False, middlewares: Sequence[Any] = ()) -> web.AppRunner:
+    """Serve `app` on sockets already bound to `host` (see `start_app`); `middlewares` run inside the guard."""
+    app[HOST_RULE] = HostRule.for_bound(host)
+    app.middlewares.append(_guard)  # last: innermost, so the app's own middleware renders a refusal
+    app.middlewares.extend(middlewares)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=cancel_on_disconnect)
+    await runner.setup()
+    for sock in socks:
+        await web.SockSite(runner, sock).start()
+    return runner
+
+
+def serve_sockets(app: web.Application, host: str, socks: Sequence[socket.socket], started: Callable[[], None], *,
+                  middlewares: Sequence[Any] = ()) -> None:
+    """Serve `app` on listening sockets bound to `host` (shared with other processes: a proxy's workers) until
+    SIGINT or SIGTERM, calling `started()` once it serves. Further signals during the cleanup are ignored:
+    a supervisor's SIGTERM after the terminal's SIGINT must not cut the store's sealing short."""
+
+    async def main() -> None:
+        runner = await _start_on(app, host, socks, middlewares=middlewares)
+        stop, loop = asyncio.Event(), asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        started()
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(main())
 
 
 @contextmanager

@@ -131,6 +131,21 @@ class SegmentWriter:
             self.sync()
             self._file.close()
 
+    def abandon(self, keep_bytes: int) -> None:
+        """After a failed write or sync: cut what was not acknowledged (best effort: the disk may refuse even
+        that) and close without the end-of-stream marker, so no reader or recovery takes a refused batch for
+        a stored one."""
+        try:
+            self._file.truncate(keep_bytes)
+            self.sync()
+        except OSError:
+            pass
+        finally:
+            try:
+                self._file.close()
+            except OSError:  # its buffer could not be flushed: those bytes were refused anyway
+                pass
+
 
 @dataclass
 class Batch:

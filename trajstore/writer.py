@@ -341,13 +341,18 @@ class Writer:
             self._check_open()
             with self._state:
                 pending, self._pending = self._pending, []
+            segment = None
             try:
                 segment = self._open_segment(pending[0][1])
+                acknowledged = segment.bytes_written
                 for batch, first, last in pending:
                     segment.write(batch, first, last)
                 segment.sync()
             except BaseException as exc:
                 self._failed = exc
+                if segment is not None:  # none of these events may reappear: cut them from the segment
+                    segment.abandon(acknowledged)
+                    self._segment = None
                 raise WriterClosedError(
                     f"writer {self.name!r} could not write its segment ({exc}); events from seq "
                     f"{pending[0][1]} on were not acknowledged. Reopen the writer to recover."

@@ -9,6 +9,9 @@ protocol.py), so a collector cannot tell the embedded server from vLLM:
   list), `stop_token_ids`, `ignore_eos`, `logprobs` (N <= 20), `return_token_ids`,
   `skip_special_tokens`, `include_stop_str_in_output`, `model`, `stream` with
   `stream_options.include_usage`; other fields are ignored, as vLLM ignores unknown ones.
+  One field vLLM does not have: `return_prompt_token_ids: false` leaves the prompt's ids out of
+  a `return_token_ids` answer (the caller sent them and knows them: an 80k-token prompt echoed
+  back is half a megabyte of JSON per call); `usage.prompt_tokens` still counts them.
   `n` > 1, `echo`, `best_of`, `use_beam_search` and lists of prompts are refused with a 400
   that says what to send instead.
 - response: `choices[].text`, `finish_reason` (stop | length), `stop_reason` (the stop string
@@ -84,6 +87,7 @@ class CompletionJob:
     model: str | None
     stream: bool = False
     include_usage: bool = False
+    echo_prompt: bool = True  # with return_token_ids: the prompt's ids come back too (`return_prompt_token_ids`)
 
 
 def _is_int(v: Any) -> bool:
@@ -146,7 +150,7 @@ def parse_completion_request(body: Any) -> CompletionJob:
     stop_ids = get("stop_token_ids", lambda v: isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v), [],
                    "a list of token ids")
     flags = {name: get(name, lambda v: isinstance(v, bool), default, "true or false")
-             for name, default in (("return_token_ids", False), ("ignore_eos", False),
+             for name, default in (("return_token_ids", False), ("return_prompt_token_ids", True), ("ignore_eos", False),
                                    ("skip_special_tokens", True), ("include_stop_str_in_output", False))}
     model = get("model", lambda v: isinstance(v, str), None, "a string")
     stream = get("stream", lambda v: isinstance(v, bool), False, "true or false")
@@ -159,7 +163,8 @@ def parse_completion_request(body: Any) -> CompletionJob:
         skip_special_tokens=flags["skip_special_tokens"],
         include_stop_str_in_output=flags["include_stop_str_in_output"])
     return CompletionJob(prompt=prompt, params=params, return_token_ids=flags["return_token_ids"], model=model,
-                         stream=stream, include_usage=bool(options.get("include_usage")))
+                         stream=stream, include_usage=bool(options.get("include_usage")),
+                         echo_prompt=flags["return_prompt_token_ids"])
 
 
 def check_prompt(prompt_ids: list[int], params: SamplingParams, *, vocab_size: int, max_model_len: int) -> None:
@@ -212,7 +217,7 @@ def completion_response(job: CompletionJob, result: Completion, *, model_name: s
         "stop_reason": result.stop_reason,
         "token_ids": result.output_ids if job.return_token_ids else None,
         "prompt_logprobs": None,
-        "prompt_token_ids": result.prompt_ids if job.return_token_ids else None,
+        "prompt_token_ids": result.prompt_ids if job.return_token_ids and job.echo_prompt else None,
         "routed_experts": routes.encode(result.routed_experts) if result.routed_experts is not None else None,
     }
     if result.support_sizes is not None:  # truncated draws: each token's kept set (see the module docstring)
@@ -244,7 +249,7 @@ def stream_event(job: CompletionJob, request_id: str, created: int, model_name: 
         choice["support_sizes"], choice["support_ids"] = final.support_sizes, final.support_ids
     if job.return_token_ids:
         choice["token_ids"] = ids
-        if prompt_ids is not None:
+        if prompt_ids is not None and job.echo_prompt:
             choice["prompt_token_ids"] = prompt_ids
     return {"id": request_id, "object": "text_completion", "created": created, "model": model_name,
             "choices": [choice], "policy_version": version}

@@ -65,12 +65,13 @@ class EmbeddedClient:
                        session_id: str | None = None) -> Sample:
         ids, loads = prompt_list(prompt_ids), self._loads
         try:
-            reply = await self._http.call("POST", "/v1/completions", body=completion_body(ids, sampling, self._model),
-                                          headers=session_headers(session_id))
+            # the embedded server need not echo the prompt back (`return_prompt_token_ids`): it counts it in `usage`
+            body = completion_body(ids, sampling, self._model, echo_prompt=False)
+            reply = await self._http.call("POST", "/v1/completions", body=body, headers=session_headers(session_id))
         except PolicyServerUnreachable:
             self._lost = True
             raise
-        body = self._http.json(reply, "/v1/completions")
+        body = await self._http.parsed(reply, "/v1/completions")
         version = self._version(body, reply.headers, loads)
         return parse_completion(body, ids, policy_version=version, url=self.base_url,
                                 top_logprobs=bool(sampling.logprobs))
@@ -78,7 +79,7 @@ class EmbeddedClient:
     async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                      session_id: str | None = None) -> AsyncIterator[Chunk]:
         ids, loads = prompt_list(prompt_ids), self._loads
-        body = {**completion_body(ids, sampling, self._model), "stream": True}
+        body = {**completion_body(ids, sampling, self._model, echo_prompt=False), "stream": True}
         try:
             async for head, event in self._http.events("/v1/completions", body=body,
                                                        headers=session_headers(session_id)):

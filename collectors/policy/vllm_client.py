@@ -164,7 +164,7 @@ class VLLMClient:
     async def _post_completion(self, body: dict[str, Any], session_id: str | None) -> Any:
         reply = await self._http.call("POST", "/v1/completions", body=body, headers=session_headers(session_id),
                                       retry_unavailable=True)
-        return self._http.json(reply, "/v1/completions")
+        return await self._http.parsed(reply, "/v1/completions")
 
     def _sample(self, body: Any, ids: list[int], model: str | None, version: int, sampling: SamplingParams) -> Sample:
         self._check_model(body, model)

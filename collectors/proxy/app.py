@@ -18,7 +18,8 @@ token-exact `turn` event (`collectors.proxy.capture`). Routes:
     GET|HEAD /, /r/{key}                 200 (agents such as Claude Code probe their base URL)
     GET  /stats                         counters: turns, forks by reason, histories by how they were
                                         reconciled, streams the agent left, errors, rollouts, calls
-                                        waiting for an unreachable policy server (`upstream`)
+                                        waiting for an unreachable policy server (`upstream`), and how
+                                        long turns waited to be durable (`durable_wait`, ms)
     GET  /health
 
 Point an SDK at one rollout with what `POST /rollouts` returned (see `collectors.proxy.sessions` for
@@ -47,6 +48,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -66,6 +68,7 @@ from collectors.proxy.render import ChatRenderer
 from collectors.proxy.sessions import Rollout
 from collectors.proxy.upstream import OUTAGE_WAIT_S
 from collectors.proxy.wire import WIRES, AnthropicMessages, OpenAIChat, WireProtocol
+from collectors.proxy.workers import WORKER, WorkerInfo, worker_key_prefix
 from collectors.serving import (
     BadRequest,
     ClientGone,
@@ -295,10 +298,19 @@ async def open_rollout(request: web.Request) -> web.Response:
                              f"an integer from 1 to {MAX_GROUP_SIZE}"),
         meta=_optional(body, "meta", lambda v: isinstance(v, dict), "a JSON object"))
     origin = f"{request.scheme}://{request.host}"
+    if WORKER in request.app:  # one of `--workers N`: the agent talks to this worker's own port, no hop
+        _count_open(request.app)
+        origin = str(request.url.with_port(request.app[WORKER].port).origin())
     return web.json_response({
         "rollout_id": rollout.rollout_id, "group_id": rollout.group_id, "run": rollout.run, "api_key": rollout.key,
         "base_urls": {"openai": f"{origin}/r/{rollout.key}/v1", "anthropic": f"{origin}/r/{rollout.key}"},
         "session_header": SESSION_HEADER}, status=201)
+
+
+def _count_open(app: web.Application) -> None:
+    """A worker of `--workers N` tells the others how many rollouts it holds (new ones go to the least loaded)."""
+    if WORKER in app:
+        app[WORKER].board.set(app[WORKER].index, app[STATE].capture.registry.open_count)
 
 
 def _owned_rollout(request: web.Request) -> Rollout:
@@ -340,6 +352,7 @@ async def close_rollout(request: web.Request) -> web.Response:
         rollout, status=status, rewards={k: float(v) for k, v in rewards.items()},
         error=_optional(body, "error", lambda v: isinstance(v, str), "a string"),
         meta=_optional(body, "meta", lambda v: isinstance(v, dict), "a JSON object"))
+    _count_open(request.app)
     return web.json_response(summary)
 
 
@@ -353,6 +366,10 @@ async def stats(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    if WORKER in request.app:  # this worker alone (the shared address merges every worker's)
+        w = request.app[WORKER]
+        return web.json_response({"status": "ok", "worker": {"index": w.index, "generation": w.generation,
+                                                             "pid": os.getpid(), "port": w.port}})
     return web.json_response({"status": "ok"})
 
 
@@ -361,8 +378,10 @@ async def base_url(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "service": "trajstore capture proxy"})
 
 
-def create_app(client_factory: Callable[[], PolicyClient], store: Store, config: ProxyConfig) -> web.Application:
-    """The proxy's aiohttp app; the upstream client is made inside the serving event loop."""
+def create_app(client_factory: Callable[[], PolicyClient], store: Store, config: ProxyConfig, *,
+               worker: WorkerInfo | None = None) -> web.Application:
+    """The proxy's aiohttp app; the upstream client is made inside the serving event loop. `worker`: this
+    process is one of `proxy --workers N` (`collectors.proxy.workers`)."""
     from transformers import AutoTokenizer
 
     config.check()
@@ -370,6 +389,8 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
     max_len = config.max_model_len or int(json.loads((Path(config.model_dir) / "config.json").read_text())
                                           ["max_position_embeddings"])
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
+    if worker is not None:
+        app[WORKER] = worker
 
     async def startup(app: web.Application) -> None:
         client = client_factory()
@@ -377,6 +398,8 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
         capture = Capture(client, renderer, writer, run=config.run, max_model_len=max_len,
                           default_max_tokens=config.default_max_tokens, stored=store.holds_rollout,
                           upstream_wait_s=config.upstream_wait_s)
+        if worker is not None:
+            capture.registry.key_prefix = worker_key_prefix(worker.index, worker.generation)
         names = [*config.model_names, *await _served_names(client)]
         app[STATE] = ProxyState(capture, config, names)
 

@@ -13,8 +13,8 @@ call through, holding its session's lock:
 4. decode and parse the reply, build the protocol response;
 5. append the turn event (exact prompt delta, sampled ids, logprobs, policy version) and wait
    until it is durable; only then advance the session and answer the agent (a stream's last
-   event is sent after the append). Concurrent calls' events share one append
-   (`collectors.proxy.appender`).
+   event is sent after the append). Concurrent calls' events share one append, written by a
+   commit thread off the event loop (`collectors.proxy.appender`).
 
 A failure at any step leaves the session as it was and writes nothing: no partial event. A
 streamed call whose agent disconnects mid-stream closes the upstream stream (the policy server
@@ -54,12 +54,14 @@ from collectors.errors import CollectorError
 from collectors.policy import PolicyClient, Sample, StreamedSample
 from collectors.proxy.appender import BatchAppender
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
+from collectors.proxy.extend import Extender
 from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.segmenter import SessionState, TurnPlan, plan_turn, record_turn
 from collectors.proxy.sessions import Registry, Rollout, SessionSlot
 from collectors.proxy.streaming import TextStream, reply_stream
 from collectors.proxy.upstream import OUTAGE_WAIT_S, Upstream
+from collectors.proxy.waits import WaitHistogram
 from collectors.proxy.wire import WireProtocol, stream_body
 from trajstore import InvalidEventError, Reward, Status, Turn, Writer, new_id, routes
 from trajstore.schema import TERMINAL_STATUSES
@@ -97,6 +99,7 @@ class ProxyStats:
     rollouts_opened: int = 0
     rollouts_closed: int = 0
     upstream: Upstream | None = None  # its outage and cancellation counters
+    durable_wait: WaitHistogram = field(default_factory=WaitHistogram)  # per turn: append asked -> durable
 
     def as_json(self, open_rollouts: int) -> dict[str, Any]:
         return {"requests": self.requests, "turns": self.turns, "streamed": self.streamed,
@@ -105,6 +108,7 @@ class ProxyStats:
                 "retokenize_mismatches": self.retokenize_mismatches, "upstream_failures": self.upstream_failures,
                 "errors": {str(k): v for k, v in sorted(self.errors.items())},
                 "upstream": self.upstream.as_json() if self.upstream is not None else {},
+                "durable_wait": self.durable_wait.as_json(),
                 "rollouts": {"open": open_rollouts, "opened": self.rollouts_opened, "closed": self.rollouts_closed}}
 
 
@@ -163,10 +167,12 @@ class Capture:
         self.stats = ProxyStats(upstream=self.upstream)
         self._appender = BatchAppender(writer.append)  # concurrent turns share one append and its fsync
         self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="proxy-render")
+        self._extender = Extender(renderer)  # a call that extends its session's last renders only what is new
 
     def close(self) -> None:
-        """Stop the render threads (the app's cleanup; calls in flight have finished by then)."""
+        """Stop the render and commit threads (the app's cleanup; calls in flight have finished by then)."""
         self._render_pool.shutdown(wait=False, cancel_futures=True)
+        self._appender.close()
 
     async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest
                         ) -> tuple[list[Message], str, str, TurnPlan]:
@@ -177,7 +183,8 @@ class Capture:
 
     def _render(self, state: SessionState, req: ChatRequest) -> tuple[list[Message], str, str, TurnPlan]:
         messages, history = reconcile(req.messages, state.answered)
-        prompt_text = self.renderer.prompt_text(req, messages)
+        last_prompt = state.held.prompt_text if state.held is not None else None
+        prompt_text = self._extender.prompt_text(req, messages, history, state.answered, last_prompt)
         return messages, history, prompt_text, plan_turn(state, prompt_text, self.renderer.encode, new_id)
 
     async def _append(self, events: list[Any]) -> None:
@@ -238,6 +245,7 @@ class Capture:
                 "forks_in_session": sum(state.forks.values()) + (plan.fork is not None)}
         sampling = {**req.sampling_for(prep.max_tokens).as_json(), "requested_max_tokens": req.max_tokens}
         rollout = prep.rollout
+        asked = time.perf_counter()
         await self._append([Turn(
             run=rollout.run, group_id=rollout.group_id, rollout_id=rollout.rollout_id, session_id=prep.session,
             segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
@@ -245,13 +253,14 @@ class Capture:
             output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
             request=body, response=response, meta=meta, support_sizes=sample.support_sizes,
             support_ids=sample.support_ids, **sample_routes(sample, len(plan.prompt_ids)))])
+        self.stats.durable_wait.observe(time.perf_counter() - asked)
         sampled_text = body_text + renderer.decode(sample.output_ids[len(text_ids(sample)):])
         record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)
         prefill = (req.messages[-1].get("content") or "") if req.continue_final else ""
         answered = reply_message(prefill + reply.content, reply.reasoning, [(c.name, c.arguments)
                                                                            for c in reply.tool_calls])
         state.answered = Answered(
-            messages=req.messages, prompt_messages=prep.messages, continue_final=req.continue_final,
+            messages=req.messages, prompt_messages=prep.messages, continue_final=req.continue_final, tools=req.tools,
             reply=answered, sampled=renderer.sampled_message(prefill + body_text, answered))
         rollout.tally.add(prep.session, reply.finish, len(sample.output_ids), sample.policy_version)
         stats = self.stats

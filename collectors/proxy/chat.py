@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
@@ -153,6 +155,36 @@ def start_request(body: Any) -> tuple[Problems, str]:
     return problems, model
 
 
+# An agent sends the same tool list on every call, and checking a JSON Schema against its metaschema costs
+# milliseconds per tool (more than rendering a long history): each distinct schema is checked once, keyed by its
+# canonical JSON text. Bounded, so that a caller inventing schemas cannot grow it without end.
+_SCHEMA_CHECKS: OrderedDict[bytes, str | None] = OrderedDict()
+SCHEMA_CACHE_SIZE = 4096
+
+
+def schema_problem(schema: dict[str, Any]) -> str | None:
+    """What makes `schema` an invalid JSON Schema (None: valid); each distinct schema is checked once."""
+    try:
+        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):  # what orjson cannot write (integers past 64 bits): uncached
+        return _check_schema(schema)
+    if key in _SCHEMA_CHECKS:
+        _SCHEMA_CHECKS.move_to_end(key)
+        return _SCHEMA_CHECKS[key]
+    problem = _SCHEMA_CHECKS[key] = _check_schema(schema)
+    if len(_SCHEMA_CHECKS) > SCHEMA_CACHE_SIZE:
+        _SCHEMA_CHECKS.popitem(last=False)
+    return problem
+
+
+def _check_schema(schema: dict[str, Any]) -> str | None:
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        return f"{exc.message} (at {'/'.join(map(str, exc.path)) or 'the top level'})"
+    return None
+
+
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
@@ -173,11 +205,9 @@ def template_tool(name: Any, description: Any, schema: Any, problems: Problems, 
             problems.add(param, f"{param}.{schema_field} must describe an object (\"type\": \"object\"), "
                                 f"got type {schema.get('type')!r}")
         else:
-            try:
-                validator_for(schema).check_schema(schema)
-            except SchemaError as exc:
-                problems.add(param, f"{param}.{schema_field} is not a valid JSON Schema: {exc.message} "
-                                    f"(at {'/'.join(map(str, exc.path)) or 'the top level'})")
+            problem = schema_problem(schema)
+            if problem is not None:
+                problems.add(param, f"{param}.{schema_field} is not a valid JSON Schema: {problem}")
         function["parameters"] = schema
     return {"type": "function", "function": function}
 

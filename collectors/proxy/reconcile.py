@@ -57,6 +57,7 @@ class Answered:
     reply: Message  # the reply as the agent was answered (an assistant prefill included)
     sampled: Message  # the reply exactly as sampled: {"role": "assistant", "content": raw text}
     continue_final: bool  # the last call continued an assistant prefill (its last message)
+    tools: list[dict[str, Any]] | None = None  # the tools it was rendered with
 
 
 def _words(text: Any) -> str:

@@ -75,8 +75,8 @@ class ChatRenderer:
             return self._backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-                generation_prompt: bool, continue_final: bool = False) -> str:
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+               generation_prompt: bool, continue_final: bool = False) -> str:
         try:
             return self.tokenizer.apply_chat_template(
                 messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt,
@@ -86,7 +86,7 @@ class ChatRenderer:
 
     def prompt_text(self, req: ChatRequest, messages: list[dict[str, Any]] | None = None) -> str:
         """The prompt of `req`, rendering `messages` in place of its own when given (reconciled ones)."""
-        return self._render(req.messages if messages is None else messages, req.tools,
+        return self.render(req.messages if messages is None else messages, req.tools,
                             generation_prompt=not req.continue_final, continue_final=req.continue_final)
 
     def check_fits(self, req: ChatRequest, max_model_len: int) -> None:

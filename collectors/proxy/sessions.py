@@ -112,7 +112,8 @@ def _unauthorized(message: str) -> ChatError:
 class Registry:
     """Open rollouts by key and by id."""
 
-    def __init__(self) -> None:
+    def __init__(self, key_prefix: str = KEY_PREFIX) -> None:
+        self.key_prefix = key_prefix  # a worker of `proxy --workers N` names itself in its keys
         self.by_key: dict[str, Rollout] = {}
         self.by_id: dict[str, Rollout] = {}
 
@@ -126,8 +127,8 @@ class Registry:
             state = "closed" if self.by_id[rollout_id].closed else "open"
             raise ChatError(f"rollout {rollout_id!r} already exists ({state}); rollout ids are never reused: "
                             "leave rollout_id out to get a fresh one", status=409, kind="conflict", param="rollout_id")
-        rollout = Rollout(run=run, group_id=group_id, rollout_id=rollout_id, key=KEY_PREFIX + secrets.token_hex(16),
-                          group_size=group_size, meta=meta)
+        rollout = Rollout(run=run, group_id=group_id, rollout_id=rollout_id,
+                          key=self.key_prefix + secrets.token_hex(16), group_size=group_size, meta=meta)
         self.by_key[rollout.key] = self.by_id[rollout_id] = rollout
         return rollout
 

@@ -122,6 +122,30 @@ def test_appended_events_read_back_exactly(store: trajstore.Store) -> None:
     assert [r["writer_seq"] for r in got] == list(range(8))
 
 
+def test_a_failed_fsync_refuses_the_batch_and_leaves_none_of_it_behind(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full or failing disk: the append raises, its events never show up (not live, not after recovery,
+    not sealed), and the failed writer closes without raising; the next epoch goes on from the acknowledged."""
+    store = trajstore.open_store(tmp_path / "store")
+    writer = store.writer("full-w")
+    writer.append(rollout("kept"))
+
+    def refuse(self: wal.SegmentWriter) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(wal.SegmentWriter, "sync", refuse)
+        with pytest.raises(trajstore.WriterClosedError, match="No space left on device"):
+            writer.append(rollout("refused"))
+        assert {r["rollout_id"] for r in rows(store)} == {"kept"}
+        writer.close()  # nothing to seal or close that could fail again
+    with store.writer("full-w") as again:
+        assert again.append(rollout("next")).first_seq == 4
+    got = rows(store)
+    assert [r["rollout_id"] for r in got] == ["kept"] * 4 + ["next"] * 4
+    assert [r["writer_seq"] for r in got] == list(range(8))
+
+
 # ------------------------------------------------------------------ torn tails
 
 

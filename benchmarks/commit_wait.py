@@ -1,0 +1,94 @@
+"""The proxy's group commit alone: how long a turn waits to be durable while the event loop is busy.
+
+S sessions on one event loop, as in the proxy: each waits for its "upstream" (`--upstream-ms`), spends
+`--loop-ms` of CPU on the loop (what rendering, parsing and answering cost there), then appends one
+turn event (a few hundred prompt and output ids with logprobs, a 2 kB request) through
+`collectors.proxy.appender.BatchAppender` to a real store writer (fsync'd) in a temporary directory,
+and records the wait. `--appender FILE` loads another implementation of `BatchAppender` (e.g. an
+earlier version: `git show REV:collectors/proxy/appender.py > /tmp/old.py`) to compare in one run;
+the implementations take turns, `--repeats` rounds each.
+
+    python benchmarks/commit_wait.py                               # 32 sessions, ~1 minute
+    python benchmarks/commit_wait.py --appender /tmp/old.py --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import tempfile
+import time
+from typing import Any
+
+from collectors.proxy import appender as current
+from trajstore import Turn, open_store
+
+
+def turn(session: int, index: int) -> Turn:
+    return Turn(run="bench", group_id="g", rollout_id=f"r{session}", session_id="main", segment_id=f"s{session}",
+                turn_index=index, policy_version=0, prompt_ids=list(range(300)), output_ids=list(range(256)),
+                output_logprobs=[-0.1] * 256, finish_reason="stop", sampling={}, request={"m": "x" * 2000},
+                response={"id": f"r{session}-{index}"}, meta={})
+
+
+def spin(ms: float) -> None:
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+async def one_round(module: Any, args: argparse.Namespace, directory: str) -> list[float]:
+    waits: list[float] = []
+    with open_store(directory).writer("bench") as writer:
+        appender = module.BatchAppender(writer.append)
+
+        async def session(s: int) -> None:
+            await asyncio.sleep(s * args.upstream_ms / 1e3 / args.sessions)  # starts spread over one upstream time
+            for i in range(args.turns):
+                await asyncio.sleep(args.upstream_ms / 1e3)
+                spin(args.loop_ms)
+                t0 = time.perf_counter()
+                await appender.append([turn(s, i)])
+                waits.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(session(s) for s in range(args.sessions)))
+        if hasattr(appender, "close"):
+            appender.close()
+    return sorted(waits)
+
+
+def load(path: str) -> Any:
+    spec = importlib.util.spec_from_file_location("other_appender", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sessions", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=12, help="turns per session (default 12)")
+    ap.add_argument("--upstream-ms", type=float, default=300.0, help="each turn's wait for its upstream (300)")
+    ap.add_argument("--loop-ms", type=float, default=3.0, help="CPU each turn spends on the event loop (3)")
+    ap.add_argument("--appender", help="a file defining another BatchAppender, measured beside this one")
+    ap.add_argument("--repeats", type=int, default=1)
+    args = ap.parse_args()
+    modules = [("this appender", current)] + ([(f"--appender {args.appender}", load(args.appender))]
+                                              if args.appender else [])
+    print(f"{args.sessions} sessions x {args.turns} turns, upstream {args.upstream_ms:g} ms, {args.loop_ms:g} ms of "
+          f"loop CPU per turn; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
+    print(f"  {'appender':<40} {'turns':>6} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8}")
+    for _ in range(args.repeats):
+        for name, module in modules:
+            with tempfile.TemporaryDirectory(prefix="commit-wait-") as d:
+                w = asyncio.run(one_round(module, args, d))
+            at = [1e3 * w[min(len(w) - 1, int(q * len(w)))] for q in (0.5, 0.9, 0.99)]
+            print(f"  {name:<40} {len(w):>6} {at[0]:>8.2f} {at[1]:>8.2f} {at[2]:>8.2f}", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,607 @@
+"""Capture proxy at agent scale: long tool-using sessions resent whole on every call, many at once.
+
+The workload is shaped like coding agents' traces: a session is 20-40 calls (`--turns`); each
+call resends the whole conversation so far: a system prompt and a dozen tool schemas, the task,
+then every earlier reply (a short text and one tool call) with its tool result. The history
+grows evenly to its context size (`--contexts`, default 8k / 32k / 80k tokens of this model's
+tokenizer) at the 40th call. Every request body is built and serialized once before the clock
+starts and sent as bytes, so the load generator's own CPU stays small.
+
+Three processes: the load generator (this one, aiohttp), `trajstore proxy` (the real command,
+its own process, `--workers N` passed through), and a fake policy server that answers at once
+or after a fixed delay (`--upstream-ms`):
+
+- POST /v1/completions   what the proxy calls: vLLM's completions from token ids, the request read
+                         by the embedded server's own parser (so every option it takes is honoured)
+                         and answered in its JSON, streamed too; the reply is always the same text
+                         and tool call, the one the next request's history holds;
+- POST /v1/chat/completions  what the direct rounds call with the very same bodies (the agent
+                         talking to an OpenAI-compatible server with no proxy): the body is decoded,
+                         as any server would, and the same reply is answered.
+
+Proxy and direct rounds alternate in one run. Printed side by side:
+
+1. proxy CPU per turn (the proxy's processes' own CPU time from /proc, divided by the turns
+   answered) for each context size, upstream answering at once, `--cpu-sessions` sessions;
+2. throughput through the proxy as % of direct, and the added p50 / p99 latency, at each of
+   `--sessions` (default 32 / 96 / 192) with the upstream taking `--upstream-ms` (1000), at
+   `--throughput-context` (32k);
+3. per turn, the wait for the durable commit (median / p99, from the proxy's GET /stats
+   `durable_wait` histogram, read before and after each round);
+4. other sessions' time to first token (streamed) while one session sends a `--hog-mb` (7) MB
+   body, against the same sessions' baseline without it.
+
+Every turn the proxy answered must be in its store afterwards (read back once the proxy has
+stopped; the run fails otherwise).
+
+    python benchmarks/proxy_agents.py                     # all four tables (~10 minutes on 2 cores)
+    python benchmarks/proxy_agents.py --quick             # a bounded smoke run (~2 minutes)
+    python benchmarks/proxy_agents.py --only cpu --contexts 8000 80000
+    python benchmarks/proxy_agents.py --workers 2         # `trajstore proxy --workers 2`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach for the Hub
+
+import aiohttp  # noqa: E402
+
+MODEL = "bench"
+SAID = "I will read the next file."
+CALL = {"name": "read_file", "arguments": {"path": "src/app.py"}}
+REPLY = f"{SAID}\n<tool_call>\n{json.dumps(CALL)}\n</tool_call>"  # what the fake policy always samples
+WORDS = ["def", "return", "self", "value", "index", "error", "request", "result", "config", "buffer", "stream", "token",
+         "session", "segment", "append", "import", "from", "class", "async", "await", "with", "open", "path", "read",
+         "write", "lock", "event", "store", "table", "batch", "commit", "fsync"]
+
+
+# ---------------------------------------------------------------- the workload (built before the clock starts)
+
+
+def tool_schemas() -> list[dict[str, Any]]:
+    """A dozen function tools with nested JSON schemas, about the size of a coding agent's."""
+    tools = []
+    for i, name in enumerate(["read_file", "write_file", "edit_file", "list_dir", "grep", "glob", "bash", "web_fetch",
+                              "todo_write", "task", "notebook_edit", "ask_user"]):
+        props: dict[str, Any] = {
+            "path": {"type": "string", "description": f"Absolute path of the file {name} works on."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 100000, "description": "How many lines at most."},
+            "options": {"type": "object", "properties": {
+                "mode": {"type": "string", "enum": ["fast", "exact", "regex", "literal"]},
+                "flags": {"type": "array", "items": {"type": "string"}, "maxItems": 8}},
+                "additionalProperties": False}}
+        for j in range(i % 4):
+            props[f"extra_{j}"] = {"type": "boolean", "description": f"Extra switch {j} of {name}."}
+        tools.append({"type": "function", "function": {
+            "name": name, "description": f"Tool {name}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(40)),
+            "parameters": {"type": "object", "properties": props, "required": ["path"]}}})
+    return tools
+
+
+def filler(rng: random.Random, chars: int) -> str:
+    """Code-like text of about `chars` characters."""
+    lines, size = [], 0
+    while size < chars:
+        line = "    " * rng.randrange(4) + " ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 12)))
+        lines.append(line)
+        size += len(line) + 1
+    return "\n".join(lines)
+
+
+@dataclass
+class Workload:
+    """One context size: the serialized body of every call index, and the tokens of the longest prompt."""
+
+    context: int
+    bodies: list[bytes]  # call t resends the system prompt, the task and t replies with their tool results
+    stream_bodies: list[bytes]
+    last_prompt_tokens: int = 0
+
+
+def build_workload(tok: Any, context: int, max_turns: int, max_tokens: int, seed: int = 0) -> Workload:
+    rng = random.Random(seed)
+    sample = filler(rng, 20000)
+    chars_per_token = len(sample) / len(tok.encode(sample, add_special_tokens=False))
+    tools = tool_schemas()
+    system = "You are a coding agent. Use the tools to inspect and change the repository.\n" + filler(
+        rng, int(0.1 * context * chars_per_token))
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system},
+                                      {"role": "user", "content": "Fix the failing test in src/app.py."}]
+    base = len(tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)) \
+        / chars_per_token
+    step_chars = max(1, int((context - base) / max_turns * chars_per_token))
+    bodies, streams = [], []
+    for t in range(max_turns):
+        if t:
+            messages.append({"role": "assistant", "content": SAID, "tool_calls": [{
+                "id": f"call_{t}", "type": "function",
+                "function": {"name": CALL["name"], "arguments": json.dumps(CALL["arguments"])}}]})
+            messages.append({"role": "tool", "tool_call_id": f"call_{t}", "content": filler(rng, step_chars)})
+        body = {"model": MODEL, "messages": messages, "tools": tools, "max_tokens": max_tokens}
+        bodies.append(json.dumps(body).encode())
+        streams.append(json.dumps({**body, "stream": True}).encode())
+    last = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    return Workload(context, bodies, streams, len(tok.encode(last, add_special_tokens=False)))
+
+
+def hog_body(megabytes: float, max_tokens: int) -> bytes:
+    """One call whose conversation is `megabytes` of text: a rollout pasting a huge file or log."""
+    rng = random.Random(7)
+    big = filler(rng, int(megabytes * 1e6))
+    return json.dumps({"model": MODEL, "max_tokens": max_tokens, "stream": True, "messages": [
+        {"role": "user", "content": "Summarize this log:\n" + big}]}).encode()
+
+
+# ---------------------------------------------------------------- the fake policy server (its own process)
+
+
+def upstream_app(model_dir: str) -> Any:
+    from aiohttp import web
+    from transformers import AutoTokenizer
+
+    from collectors.embedded.engine import Completion
+    from collectors.embedded.protocol import (
+        RequestError,
+        completion_response,
+        parse_completion_request,
+        stream_event,
+    )
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok.encode(REPLY, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+    logprobs = [-0.5 - 0.01 * i for i in range(len(ids))]
+    texts = {t: tok.decode([t], skip_special_tokens=False) for t in ids}
+    delay = {"s": 0.0, "first_token_s": 0.01, "token_s": 0.0005}
+    chat_answer = {"object": "chat.completion", "model": MODEL, "created": 0, "choices": [{
+        "index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": SAID, "tool_calls": [{
+            "id": "call_x", "type": "function",
+            "function": {"name": CALL["name"], "arguments": json.dumps(CALL["arguments"])}}]}}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": len(ids), "total_tokens": len(ids)}}
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        try:
+            job = parse_completion_request(json.loads(await request.read()))
+        except RequestError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        prompt = list(job.prompt) if isinstance(job.prompt, list) else tok.encode(job.prompt)
+        if job.stream:
+            return await stream(request, job, prompt)
+        await asyncio.sleep(delay["s"])
+        result = Completion(prompt_ids=prompt, output_ids=ids, logprobs=logprobs, top_logprobs=None,
+                            text=REPLY, finish_reason="stop", stop_reason=None, policy_version=0)
+        return web.json_response(completion_response(job, result, model_name=MODEL, decode_one=texts.__getitem__),
+                                 headers={"X-Policy-Version": "0"})
+
+    async def stream(request: web.Request, job: Any, prompt: list[int]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Policy-Version": "0"})
+        await resp.prepare(request)
+        await asyncio.sleep(delay["first_token_s"])
+        for i, token in enumerate(ids):
+            if i:
+                await asyncio.sleep(delay["token_s"])
+            last = i == len(ids) - 1
+            lp = {"token_logprobs": [logprobs[i]], "tokens": [texts[token]], "text_offset": [0],
+                  "top_logprobs": [{texts[token]: logprobs[i]}]} if job.params.logprobs is not None else None
+            event = stream_event(job, "cmpl-bench", 0, MODEL, 0, "" if last else texts[token], [token], lp,
+                                 prompt_ids=prompt if i == 0 else None, finish_reason="stop" if last else None)
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def chat(request: web.Request) -> web.Response:
+        json.loads(await request.read())  # what any server does with the body
+        await asyncio.sleep(delay["s"])
+        return web.json_response(chat_answer)
+
+    async def delay_route(request: web.Request) -> web.Response:
+        delay.update(await request.json())
+        return web.json_response(delay)
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    app = web.Application(client_max_size=256 << 20)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/bench/delay", delay_route)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", lambda r: web.json_response({"status": "ok", "policy_version": 0}))
+    return app
+
+
+def serve_upstream(model_dir: str, conn: Connection) -> None:
+    from aiohttp import web
+
+    async def main() -> None:
+        runner = web.AppRunner(upstream_app(model_dir), access_log=None)
+        await runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(runner, sock, backlog=2048).start()
+        conn.send(f"http://127.0.0.1:{sock.getsockname()[1]}")
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # until told to stop
+        await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def start_upstream(model_dir: str) -> tuple[mp.Process, Connection, str]:
+    parent, child = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=serve_upstream, args=(model_dir, child), daemon=True)
+    proc.start()
+    if not parent.poll(120):
+        raise RuntimeError("the fake policy server did not start within 120 s")
+    return proc, parent, parent.recv()
+
+
+# ---------------------------------------------------------------- the proxy: the real `trajstore proxy` command
+
+
+TRAJSTORE = [sys.executable, "-c", "from cli.main import main; main()"]  # the `trajstore` command, this Python
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proxy_has_workers() -> bool:
+    out = subprocess.run([*TRAJSTORE, "proxy", "--help"], capture_output=True, text=True, timeout=120,
+                         check=False, cwd=tempfile.gettempdir()).stdout
+    return "--workers" in out
+
+
+def start_proxy(model_dir: str, store: str, upstream: str, workers: int | None, log: Path) -> tuple[subprocess.Popen,
+                                                                                                     str]:
+    port = free_port()
+    cmd = [*TRAJSTORE, "proxy", "--upstream", upstream, "--model", model_dir, "--store", store, "--port", str(port), "--model-name", MODEL, "--max-model-len", str(1 << 22)]
+    if workers:
+        cmd += ["--workers", str(workers)]
+    # cwd: `python -c` imports from its working directory first; PYTHONPATH alone says which tree is measured
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=log.parent)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"trajstore proxy exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc, url
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("trajstore proxy did not listen within 180 s")
+
+
+def stop_proxy(proc: subprocess.Popen) -> None:
+    """SIGINT, as Ctrl-C: the proxy closes its writer, which seals its log into the table."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise RuntimeError("trajstore proxy did not stop within 120 s of SIGINT") from None
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and all its descendants, live ones (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry)] = fields
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            total += int(stats[p][11]) + int(stats[p][12])
+        todo += children.get(p, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- load generation (this process)
+
+
+@dataclass
+class Round:
+    latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    proxy_cpu: float = 0.0
+    waits: list[int] = field(default_factory=list)  # the durable-wait histogram's counts during the round
+
+    @property
+    def turns(self) -> int:
+        return len(self.latencies)
+
+    @property
+    def rate(self) -> float:
+        return self.turns / self.seconds
+
+
+def session_turns(s: int, lo: int, hi: int) -> int:
+    return lo + (s * 7919) % (hi - lo + 1)
+
+
+async def open_rollouts(http: aiohttp.ClientSession, proxy: str, n: int) -> list[tuple[str, str]]:
+    async def one() -> tuple[str, str]:  # (key, where its calls go)
+        async with http.post(proxy + "/rollouts", json={"group_id": "bench"}) as resp:
+            body, own = await resp.json(), os.environ.get("PROXY_AGENTS_BASE_URLS") == "1"  # its base URL, not --port
+            return body["api_key"], body["base_urls"]["openai"].removesuffix("/v1") if own else proxy
+    return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+async def stats_waits(http: aiohttp.ClientSession, proxy: str) -> list[int]:
+    async with http.get(proxy + "/stats") as resp:
+        return (await resp.json()).get("durable_wait", {}).get("counts", [])
+
+
+async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, int], *, proxy: str, proxied: bool,
+                    stream: bool = False, spread_s: float = 0.0, hog: bytes | None = None,
+                    pid: int | None = None) -> Round:
+    """`sessions` sessions, each its calls one after another; `hog`: one more session sending that body
+    over and over until the others are done (its own calls are not counted)."""
+    rnd = Round()
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=600)) as http:
+        keys, bases = zip(*await open_rollouts(http, proxy, sessions + (hog is not None)))
+        urls = [base if proxied else url for base in bases]
+        before = await stats_waits(http, proxy)
+        route = "/v1/chat/completions"
+        done = asyncio.Event()
+
+        async def call(body: bytes, key: str | None, record: bool, to: str) -> None:
+            t0 = time.perf_counter()
+            first = None
+            async with http.post(to + route, data=body,
+                                 headers={**headers, **({"Authorization": f"Bearer {key}"} if key else {})}) as resp:
+                if stream and resp.status == 200:
+                    async for raw in resp.content:
+                        if first is None and raw.startswith(b"data: {") and b'"content":"' in raw.replace(b" ", b""):
+                            first = time.perf_counter() - t0
+                reply = await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"{route} answered {resp.status}: {reply[:300]!r}")
+            if record:
+                rnd.latencies.append(time.perf_counter() - t0)
+                if first is not None:
+                    rnd.ttfts.append(first)
+
+        async def session(s: int) -> None:
+            await asyncio.sleep(spread_s * s / sessions)
+            bodies = load.stream_bodies if stream else load.bodies
+            for t in range(session_turns(s, *turns)):
+                await call(bodies[t], keys[s] if proxied else None, True, urls[s])
+
+        async def hogging() -> None:
+            while not done.is_set():
+                await call(hog, keys[-1], False, urls[-1])
+
+        cpu0 = tree_cpu_seconds(pid) if pid else 0.0
+        t0 = time.perf_counter()
+        hogger = asyncio.create_task(hogging()) if hog is not None else None
+        await asyncio.gather(*(session(s) for s in range(sessions)))
+        rnd.seconds = time.perf_counter() - t0
+        rnd.proxy_cpu = tree_cpu_seconds(pid) - cpu0 if pid else 0.0
+        done.set()
+        if hogger is not None:
+            await hogger
+        after = await stats_waits(http, proxy)
+        rnd.waits = [a - b for a, b in zip(after, before)] if before else after
+    return rnd
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def wait_pct(counts: list[int], q: float) -> str:
+    if not counts:  # a proxy without the durable_wait histogram in /stats
+        return "-"
+    from collectors.proxy.waits import percentile_ms
+
+    got = percentile_ms(counts, q)
+    return f"{got:.2f}" if got is not None else "-"
+
+
+async def proxy_stats(proxy: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http, http.get(proxy + "/stats") as resp:
+        return await resp.json()
+
+
+async def set_delay(upstream: str, **delays: float) -> None:
+    async with aiohttp.ClientSession() as http, http.post(upstream + "/bench/delay", json=delays) as resp:
+        resp.raise_for_status()
+
+
+# ---------------------------------------------------------------- the four tables
+
+
+def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: str, proxy: str, pid: int) -> int:
+    asyncio.run(set_delay(upstream, s=0.0))
+    print(f"\n1. proxy CPU per turn: {args.cpu_sessions} sessions of {args.turns[0]}-{args.turns[1]} calls, upstream "
+          f"answering at once; load average {os.getloadavg()[0]:.1f}")
+    print(f"  {'context':>8} {'last prompt':>11} {'turns':>6} {'proxy CPU ms/turn':>18} {'turns/s':>8} "
+          f"{'durable wait p50 / p99 ms':>26}")
+    answered, per_turn = 0, {}
+    for context, load in loads.items():
+        rounds = [asyncio.run(run_round(proxy, load, args.cpu_sessions, tuple(args.turns), proxy=proxy, proxied=True,
+                                        pid=pid)) for _ in range(args.repeats)]
+        turns = sum(r.turns for r in rounds)
+        answered += turns
+        cpu = 1000 * sum(r.proxy_cpu for r in rounds) / turns
+        per_turn[context] = cpu
+        waits = [sum(c) for c in zip(*(r.waits for r in rounds))]
+        print(f"  {context:>8,} {load.last_prompt_tokens:>11,} {turns:>6} {cpu:>18.2f} "
+              f"{statistics.median(r.rate for r in rounds):>8.1f} "
+              f"{wait_pct(waits, 0.5):>12} / {wait_pct(waits, 0.99):<10}")
+    if len(per_turn) > 1:
+        lo, hi = min(per_turn.values()), max(per_turn.values())
+        print(f"  target: <= 3 ms per turn, flat within 25% -> max {hi:.2f} ms "
+              f"({'met' if hi <= 3 else 'MISSED'}), spread {hi / lo - 1:+.0%} ({'met' if hi <= 1.25 * lo else 'MISSED'})")
+    return answered
+
+
+def table_throughput(args: argparse.Namespace, load: Workload, upstream: str, proxy: str, pid: int) -> int:
+    asyncio.run(set_delay(upstream, s=args.upstream_ms / 1000))
+    spread = args.upstream_ms / 1000
+    print(f"\n2./3. throughput and durable commit: {load.context:,}-token contexts, upstream {args.upstream_ms:g} ms, "
+          f"session starts spread over one upstream time; load average {os.getloadavg()[0]:.1f}")
+    print(f"  {'sessions':>8} {'path':<7} {'turns':>6} {'p50 ms':>8} {'p99 ms':>8} {'turns/s':>8} {'vs direct':>9} "
+          f"{'added p50':>10} {'added p99':>10} {'CPU ms/turn':>11} {'durable wait p50 / p99 ms':>26}")
+    answered = 0
+    for c in args.sessions:
+        got: dict[str, list[Round]] = {"direct": [], "proxy": []}
+        for _ in range(args.repeats):  # the paths take turns, so a busy moment of the machine hits both alike
+            got["direct"].append(asyncio.run(run_round(upstream, load, c, tuple(args.turns), proxy=proxy,
+                                                       proxied=False, spread_s=spread)))
+            got["proxy"].append(asyncio.run(run_round(proxy, load, c, tuple(args.turns), proxy=proxy, proxied=True,
+                                                      spread_s=spread, pid=pid)))
+        answered += sum(r.turns for r in got["proxy"])
+        base = None
+        for name, rounds in got.items():
+            lat = [x for r in rounds for x in r.latencies]
+            p50, p99, rate = 1000 * pct(lat, 0.5), 1000 * pct(lat, 0.99), statistics.median(r.rate for r in rounds)
+            line = f"  {c:>8} {name:<7} {len(lat):>6} {p50:>8.1f} {p99:>8.1f} {rate:>8.1f}"
+            if base is None:
+                base = (p50, p99, rate)
+                print(line)
+                continue
+            turns = sum(r.turns for r in rounds)
+            waits = [sum(x) for x in zip(*(r.waits for r in rounds))]
+            print(f"{line} {rate / base[2]:>9.1%} {p50 - base[0]:>+8.1f}ms {p99 - base[1]:>+8.1f}ms "
+                  f"{1000 * sum(r.proxy_cpu for r in rounds) / turns:>11.2f} "
+                  f"{wait_pct(waits, 0.5):>12} / {wait_pct(waits, 0.99):<10}")
+    print("  targets: >= 97% of direct at 96 sessions, >= 90% at 192 (1 s upstream); durable wait p50 <= 1 ms and "
+          "p99 <= 20 ms at 32 sessions")
+    return answered
+
+
+def table_hog(args: argparse.Namespace, load: Workload, upstream: str, proxy: str, pid: int) -> int:
+    asyncio.run(set_delay(upstream, s=0.0, first_token_s=0.02, token_s=0.002))
+    hog = hog_body(args.hog_mb, 8)
+    print(f"\n4. time to first token (streamed) of {args.hog_sessions} sessions ({load.context:,}-token contexts, "
+          f"first upstream token after 20 ms), without and with one more session sending a {len(hog) / 1e6:.1f} MB "
+          f"body over and over; load average {os.getloadavg()[0]:.1f}")
+    print(f"  {'round':<12} {'turns':>6} {'TTFT p50 ms':>12} {'p99 ms':>8} {'added p99':>10}")
+    answered, base = 0, None
+    spread = 0.05
+    for name, body in (("baseline", None), (f"{args.hog_mb:g} MB body", hog)) * args.repeats:
+        rnd = asyncio.run(run_round(proxy, load, args.hog_sessions, tuple(args.turns), proxy=proxy, proxied=True,
+                                    stream=True, spread_s=spread, hog=body, pid=pid))
+        answered += rnd.turns
+        p50, p99 = 1000 * pct(rnd.ttfts, 0.5), 1000 * pct(rnd.ttfts, 0.99)
+        added = "" if body is None or base is None else f"{p99 - base:>+8.1f}ms"
+        base = p99 if body is None else base
+        print(f"  {name:<12} {rnd.turns:>6} {p50:>12.1f} {p99:>8.1f} {added:>10}")
+    print("  target: other sessions' p99 time to first token at most 50 ms above their baseline")
+    return answered
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[8000, 32000, 80000],
+                    help="context sizes in tokens reached at the 40th call (default 8000 32000 80000)")
+    ap.add_argument("--turns", type=int, nargs=2, default=[20, 40], metavar=("MIN", "MAX"),
+                    help="calls per session, spread evenly over MIN..MAX (default 20 40)")
+    ap.add_argument("--cpu-sessions", type=int, default=32, help="sessions of the CPU-per-turn table (default 32)")
+    ap.add_argument("--sessions", type=int, nargs="+", default=[32, 96, 192],
+                    help="concurrent sessions of the throughput table (default 32 96 192)")
+    ap.add_argument("--throughput-context", type=int, default=32000, help="context of the throughput table (32000)")
+    ap.add_argument("--upstream-ms", type=float, default=1000.0,
+                    help="the upstream's fixed response time in the throughput table (default 1000)")
+    ap.add_argument("--hog-mb", type=float, default=7.0, help="the huge body's size in MB (default 7)")
+    ap.add_argument("--hog-sessions", type=int, default=32, help="sessions measured beside the huge body (32)")
+    ap.add_argument("--max-tokens", type=int, default=256, help="max_tokens of every call (default 256)")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds per row (default 1)")
+    ap.add_argument("--workers", type=int, help="passed to `trajstore proxy --workers N` when it has that option")
+    ap.add_argument("--only", choices=["cpu", "throughput", "hog"], nargs="+", help="run only these tables")
+    ap.add_argument("--quick", action="store_true",
+                    help="bounded smoke run: 4-8 calls per session, contexts 8000 32000, 16 / 48 sessions, "
+                         "300 ms upstream, a 2 MB body")
+    args = ap.parse_args()
+    if args.quick:
+        args.turns, args.contexts, args.sessions, args.upstream_ms = [4, 8], [8000, 32000], [16, 48], 300.0
+        args.cpu_sessions, args.hog_sessions, args.hog_mb = 16, 8, 2.0
+    if args.turns[0] < 1 or args.turns[1] < args.turns[0]:
+        ap.error("--turns MIN MAX needs 1 <= MIN <= MAX")
+    only = set(args.only or ["cpu", "throughput", "hog"])
+    if args.workers and not proxy_has_workers():
+        print(f"note: this `trajstore proxy` has no --workers option yet; --workers {args.workers} is ignored and "
+              "one proxy process serves")
+        args.workers = None
+
+    from transformers import AutoTokenizer
+
+    from collectors.model.build import ModelSize, init_model
+    from trajstore import open_store
+
+    with tempfile.TemporaryDirectory(prefix="proxy-agents-") as tmp:
+        model_dir = str(Path(tmp) / "model")
+        init_model(model_dir, ModelSize(), seed=0)
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        contexts = sorted(set(args.contexts) | ({args.throughput_context} if "throughput" in only else set())
+                          | ({min(args.contexts)} if "hog" in only else set()))
+        if args.quick:
+            args.throughput_context = 8000
+        loads = {c: build_workload(tok, c, 40 if not args.quick else args.turns[1], args.max_tokens) for c in contexts}
+        print(f"workload: sessions of {args.turns[0]}-{args.turns[1]} calls, each resending the whole history (a "
+              f"system prompt, {len(tool_schemas())} tool schemas, one tool call and its result per earlier call); "
+              "bodies prebuilt; every reply is one text and tool call")
+        print(f"machine: {os.cpu_count()} CPU cores shared by the load generator, the proxy and the fake upstream; "
+              f"load average {os.getloadavg()[0]:.1f} at start")
+        up_proc, up_conn, upstream = start_upstream(model_dir)
+        store = str(Path(tmp) / "store")
+        proxy_proc, proxy = start_proxy(model_dir, store, upstream, args.workers, Path(tmp) / "proxy.log")
+        print(f"proxy: `trajstore proxy{f' --workers {args.workers}' if args.workers else ''}` (pid {proxy_proc.pid})")
+        answered = 0
+        try:  # the tables; then what the proxy counted: every turn should continue its segment (no forks)
+            if "cpu" in only:
+                answered += table_cpu(args, {c: loads[c] for c in sorted(args.contexts)}, upstream, proxy,
+                                      proxy_proc.pid)
+            if "throughput" in only:
+                answered += table_throughput(args, loads[args.throughput_context], upstream, proxy, proxy_proc.pid)
+            if "hog" in only:
+                answered += table_hog(args, loads[min(args.contexts)], upstream, proxy, proxy_proc.pid)
+            counted = asyncio.run(proxy_stats(proxy))
+            print(f"\nproxy /stats: turns {counted['turns']}, histories {counted['history']}, forks {counted['forks']}")
+        finally:
+            stop_proxy(proxy_proc)
+            up_conn.send("stop")
+            up_proc.join(30)
+        stored = open_store(store).query("SELECT count(*) AS n FROM events WHERE kind = 'turn'").to_pylist()[0]["n"]
+        print(f"\nstore: {stored} turn events read back after the proxy stopped; {answered} counted calls answered "
+              "(plus the huge-body calls)")
+        if stored < answered:
+            raise SystemExit(f"the store holds {stored} turns but {answered} calls were answered")
+
+
+if __name__ == "__main__":
+    main()
