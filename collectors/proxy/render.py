@@ -33,6 +33,12 @@ from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
 from collectors.model.toolcalls import check_format, detect_format, parse_output
 
 
+# The Rust tokenizer's `encode` holds the GIL for its whole run (about a second per MB of text here), so a
+# render thread tokenizing a huge prompt would stop the event loop all the same; `encode_batch` lets other
+# threads run meanwhile and gives the same ids, at a small fixed cost that only pays for long texts.
+GIL_FREE_CHARS = 1 << 16
+
+
 def text_ids(sample: Sample) -> list[int]:
     """The sampled ids a reply's text comes from: all but the stop token that ended the sample."""
     ids = list(sample.output_ids)
@@ -66,6 +72,8 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         if self._backend is not None:
+            if len(text) > GIL_FREE_CHARS:  # the same ids; `encode` would hold the GIL, the event loop's too
+                return self._backend.encode_batch([text], add_special_tokens=False)[0].ids
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 

@@ -140,3 +140,29 @@ def test_a_huge_prompt_is_written_to_the_policy_server_off_the_event_loop(roomy:
     assert not big_done_first
     assert health.status == 200 and other.status == 200, other.body
     assert reply.status in (200, 400, 502), reply.body  # the upstream's context is smaller than the proxy's
+
+
+def test_a_long_text_is_tokenized_while_other_threads_run(tiny_model: Path) -> None:
+    """The tokenizer's `encode` holds the GIL for its whole run (seconds for a multi-MB prompt): a render thread
+    would then hold the event loop all the same. Long texts go through the call that lets other threads run."""
+    from transformers import AutoTokenizer
+
+    from collectors.proxy.render import ChatRenderer
+
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model))
+    text = "word and more words, def f(x): return x\n" * 50_000  # 2 MB
+    started, ids = threading.Event(), []
+
+    def tokenize() -> None:
+        started.set()
+        ids.append(renderer.encode(text))
+
+    worker = threading.Thread(target=tokenize)
+    worker.start()
+    started.wait()
+    turns = 0  # times this thread ran while the other tokenized
+    while worker.is_alive():
+        turns += 1
+        threading.Event().wait(0.001)
+    assert turns > 20, f"this thread ran {turns} time(s) while the text was tokenized: the GIL was held"
+    assert ids == [renderer.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids]
