@@ -27,6 +27,7 @@ import logging
 import threading
 from typing import Any
 
+from collectors.model.toolcalls import THINK_CLOSE, THINK_OPEN, render_call
 from collectors.proxy.chat import ChatError, ChatRequest, Message
 from collectors.proxy.reconcile import EXACT, RESERIALIZED, Answered
 from collectors.proxy.render import ChatRenderer
@@ -94,10 +95,10 @@ def extension(renderer: ChatRenderer, last_prompt: str, window: list[Message],
 def _probe(renderer: ChatRenderer, *, drop_tools: bool) -> bool:
     """Whether every probe conversation renders, call by call, exactly as its last prompt plus what is new
     (rendered without the tools, with `drop_tools`)."""
-    call = '<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>'
+    call = render_call("read", {"path": "a.py"})
     tools = [{"type": "function", "function": {"name": "read", "description": "Read a file.", "parameters": {
         "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
-    sampled = [f"Let me look.\n{call}", call, "Done: the bug is fixed.", "<think>\nhm\n</think>\n\nIt works."]
+    sampled = [f"Let me look.\n{call}", call, "Done: the bug is fixed.", f"{THINK_OPEN}\nhm\n{THINK_CLOSE}\n\nIt works."]
     news: list[list[Message]] = [
         [{"role": "tool", "content": "def f():\n    return 1"}],
         [{"role": "tool", "content": "one"}, {"role": "tool", "content": "two"}],
