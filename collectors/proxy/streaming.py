@@ -24,10 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from collectors.model.detokenize import IncrementalText
 from collectors.proxy.chat import ChatReply
 from collectors.model.toolcalls import CALL_OPEN, THINK_CLOSE, THINK_OPEN, ToolCall
+from collectors.policy import Chunk
+
+if TYPE_CHECKING:
+    from collectors.proxy.chat import ChatRequest
+    from collectors.proxy.render import ChatRenderer
 
 Event = tuple[str, str] | tuple[str, int, ToolCall]  # ("reasoning" | "content", text) or ("tool_call", index, call)
 
@@ -121,3 +127,17 @@ class ReplyStream:
                 self.sent[kind] = value
         events.extend(("tool_call", i, call) for i, call in enumerate(reply.tool_calls))
         return events
+
+
+class LocalPieces:
+    """A stream's pieces parsed here: `TextStream` then `ReplyStream` (the proxy's own renderer)."""
+
+    def __init__(self, renderer: ChatRenderer, req: ChatRequest) -> None:
+        self.texts = TextStream(renderer.decode, renderer.special_ids, req.sampling.stop)
+        self.reply = ReplyStream(parse_tools=req.parse_tools and bool(req.tools))
+
+    async def feed(self, chunk: Chunk) -> list[Event]:
+        return self.reply.feed(self.texts.push(chunk.output_ids))
+
+    async def finish(self, reply: ChatReply) -> list[Event]:
+        return self.reply.finish(reply)
