@@ -26,8 +26,11 @@ _DEFAULT = ModelSize()
 @click.option("--tie-embeddings", is_flag=True,
               help="One matrix for the input embedding and the LM head (vLLM can then hot-reload it only as LoRA).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the tokenizer corpus and the weights.")
+@click.option("--family", type=click.Choice(["hermes", "llama3", "harmony"]), default="hermes", show_default=True,
+              help="Chat format of the tokenizer and template: hermes (Qwen2.5 <tool_call>), llama3 (Llama 3.1 JSON "
+                   "calls, <|python_tag|>), harmony (gpt-oss channels, calls to functions.NAME).")
 def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, heads: int, kv_heads: int,
-               intermediate_size: int, max_positions: int, tie_embeddings: bool, seed: int) -> None:
+               intermediate_size: int, max_positions: int, tie_embeddings: bool, seed: int, family: str) -> None:
     """Create a small random Qwen2 model with a trained BPE tokenizer and chat template.
 
     The directory is a Hugging Face checkpoint that transformers and vLLM load offline. The
@@ -43,8 +46,8 @@ def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, h
 
     size = ModelSize(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
                      intermediate_size=intermediate_size, max_positions=max_positions, tie_embeddings=tie_embeddings)
-    result = build(directory, size, seed=seed)
-    click.echo(f"wrote {result.path}: Qwen2 with {result.parameters:,} parameters, {result.vocab_size} tokens, "
+    result = build(directory, size, seed=seed, family=family)
+    click.echo(f"wrote {result.path}: {family} chat format, Qwen2 with {result.parameters:,} parameters, {result.vocab_size} tokens, "
                f"{layers} layers, hidden {hidden_size}, context {max_positions}")
     for warning in result.warnings:
         click.echo(f"warning: vLLM (CPU) cannot use this model as is: {warning}", err=True)

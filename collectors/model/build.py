@@ -36,7 +36,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from collectors.model.chat_template import CHAT_TEMPLATE
+from collectors.model.families import family as named_family
 
 ROPE_THETA = 10000.0
 
@@ -89,8 +89,13 @@ class InitModelResult:
     warnings: tuple[str, ...] = ()  # what vLLM could not do with this model (ModelSize.vllm_problems)
 
 
-def init_model(path: str | Path, size: ModelSize = ModelSize(), seed: int = 0, overwrite: bool = False) -> InitModelResult:
-    """Build, initialize and save a random Qwen2 model and its tokenizer into `path`."""
+def init_model(path: str | Path, size: ModelSize = ModelSize(), seed: int = 0, overwrite: bool = False,
+               family: str = "hermes") -> InitModelResult:
+    """Build, initialize and save a random Qwen2 model and its tokenizer into `path`.
+
+    `family` (`collectors.model.families`: hermes, llama3, harmony) picks the tokenizer's control
+    tokens, chat template and stop tokens; the network is a Qwen2 whatever the family (a chat
+    format is the tokenizer's and template's business, and vLLM's CPU backend serves Qwen2)."""
     # imported here: the CLI reads ModelSize's defaults, and `trajstore --help` should not load torch
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -103,31 +108,32 @@ def init_model(path: str | Path, size: ModelSize = ModelSize(), seed: int = 0, o
     path = Path(path)
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise FileExistsError(f"{path} exists and is not empty; choose a new directory (or pass overwrite=True)")
-    tokenizer = train_tokenizer(size.vocab_size, seed=seed)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")}
+    spec = named_family(family)
+    tokenizer = train_tokenizer(size.vocab_size, seed=seed, family=family)
+    first = tokenizer.convert_tokens_to_ids(spec.bos or spec.pad)
+    eos, pad = tokenizer.convert_tokens_to_ids(spec.eos), tokenizer.convert_tokens_to_ids(spec.pad)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=size.hidden_size, intermediate_size=size.intermediate_size,
         num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
         max_position_embeddings=size.max_positions, tie_word_embeddings=size.tie_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
-        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+        bos_token_id=first, eos_token_id=eos, pad_token_id=pad,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     model.generation_config = GenerationConfig(
-        bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"],
-        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
+        bos_token_id=first, pad_token_id=pad, eos_token_id=[tokenizer.convert_tokens_to_ids(t) for t in spec.stops],
     )
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    _add_compat_keys(path)
+    _add_compat_keys(path, spec.template)
     return InitModelResult(path=path, parameters=sum(p.numel() for p in model.parameters()),
                            vocab_size=len(tokenizer), config=json.loads((path / "config.json").read_text()),
                            warnings=tuple(size.vllm_problems()))
 
 
-def _add_compat_keys(path: Path) -> None:
+def _add_compat_keys(path: Path, template: str) -> None:
     """Write the keys older loaders read beside the ones transformers 5 writes (see module doc)."""
     cfg_file = path / "config.json"
     cfg = json.loads(cfg_file.read_text())
@@ -139,5 +145,5 @@ def _add_compat_keys(path: Path) -> None:
     tok["tokenizer_class"] = "PreTrainedTokenizerFast"
     if isinstance(tok.get("extra_special_tokens"), list):  # transformers 4 reads a list only under this name
         tok["additional_special_tokens"] = tok.pop("extra_special_tokens")
-    tok["chat_template"] = CHAT_TEMPLATE
+    tok["chat_template"] = template
     tok_file.write_text(json.dumps(tok, indent=2, ensure_ascii=False) + "\n")

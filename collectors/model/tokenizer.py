@@ -26,14 +26,14 @@ from collections.abc import Iterator
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from collectors.model.chat_template import CHAT_TEMPLATE
+from collectors.model.families import FAMILIES, family as named_family
 from collectors.model.toolcalls import render_call
 
-# ChatML control tokens are special (skipped when decoding with skip_special_tokens);
-# the tool and reasoning markers are plain added tokens, as in Qwen2.5/Qwen3, so they stay
-# in decoded text where tool-call and reasoning parsers look for them.
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-MARKUP_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+# Hermes (the default family): ChatML control tokens are special (skipped when decoding with
+# skip_special_tokens); the tool and reasoning markers are plain added tokens, as in
+# Qwen2.5/Qwen3, so they stay in decoded text where tool-call and reasoning parsers look for them.
+SPECIAL_TOKENS = FAMILIES["hermes"].special
+MARKUP_TOKENS = FAMILIES["hermes"].markup
 
 # Qwen2's pre-tokenizer split: contractions, words, single digits, punctuation runs, newlines.
 QWEN2_SPLIT = (
@@ -175,9 +175,11 @@ def generated_corpus(seed: int = 0, documents: int = 2000) -> Iterator[str]:
         yield rng.choice(_MAKERS)(rng)
 
 
-def train_tokenizer(vocab_size: int = 4096, seed: int = 0) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE of exactly `vocab_size` entries (special tokens included)."""
-    reserved = len(SPECIAL_TOKENS) + len(MARKUP_TOKENS)
+def train_tokenizer(vocab_size: int = 4096, seed: int = 0, family: str = "hermes") -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE of exactly `vocab_size` entries (special tokens included), with the control
+    tokens and chat template of `family` (`collectors.model.families`)."""
+    spec = named_family(family)
+    reserved = len(spec.special) + len(spec.markup)
     if vocab_size < 256 + reserved + 1:
         raise ValueError(f"vocab_size {vocab_size} is too small: a byte-level BPE needs 256 byte tokens, "
                          f"{reserved} special tokens and at least one merge; use at least {256 + reserved + 1}")
@@ -194,10 +196,11 @@ def train_tokenizer(vocab_size: int = 4096, seed: int = 0) -> PreTrainedTokenize
     if tok.get_vocab_size() != vocab_size - reserved:
         raise ValueError(f"the generated corpus only supports {tok.get_vocab_size() + reserved} tokens, "
                          f"fewer than vocab_size {vocab_size}; choose a smaller --vocab-size")
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.special])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in spec.markup])
+    named = {spec.eos, spec.pad, spec.bos}
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None, bos_token=None,
-        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
-        chat_template=CHAT_TEMPLATE, model_max_length=1 << 20, clean_up_tokenization_spaces=False,
+        tokenizer_object=tok, eos_token=spec.eos, pad_token=spec.pad, unk_token=None, bos_token=spec.bos,
+        additional_special_tokens=[t for t in spec.special if t not in named or t == spec.eos],
+        chat_template=spec.template, model_max_length=1 << 20, clean_up_tokenization_spaces=False,
     )
