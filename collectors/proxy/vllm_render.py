@@ -38,7 +38,7 @@ import dataclasses
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from collectors.errors import CollectorError
@@ -214,18 +214,19 @@ class DerenderPieces:
     them, tool calls gathered and sent whole at the end. The newest token waits for the next chunk while it may
     be the stop token that ends the reply (never derendered, as on the non-streamed path)."""
 
-    def __init__(self, routes: VLLMRoutes, plan: RenderedPlan, special_ids: set[int]) -> None:
-        self.routes, self.plan, self.special = routes, plan, special_ids
+    def __init__(self, post: Callable[[str, dict[str, Any]], Awaitable[Any]], model: str | None, plan: RenderedPlan,
+                 special_ids: set[int]) -> None:
+        self.post, self.model, self.plan, self.special = post, model, plan, special_ids
         self.state: dict[str, Any] | None = None
         self.pending: list[int] = []
         self.sent = ReplyStream(parse_tools=False)  # what was sent: its `finish` sends the rest of a reply
         self.calls: dict[int, list[str]] = {}  # index -> [name, arguments so far]
 
     async def _derender(self, ids: list[int], finish: str | None) -> list[Event]:
-        body = {"stream": True, "model": self.routes.model, "chat_request": self.plan.chat_request,
+        body = {"stream": True, "model": self.model, "chat_request": self.plan.chat_request,
                 "prompt_token_ids": self.plan.full_ids[-PROMPT_TAIL:], "stream_state": self.state,
                 "generate_chunk": {"choices": [{"index": 0, "token_ids": ids, "finish_reason": finish}]}}
-        answer = await self.routes.post(DERENDER, {k: v for k, v in body.items() if v is not None})
+        answer = await self.post(DERENDER, {k: v for k, v in body.items() if v is not None})
         self.state = answer.get("stream_state")
         events: list[Event] = []
         for choice in (answer.get("chunk") or {}).get("choices") or []:
@@ -268,13 +269,23 @@ class VLLMCapture(Capture):
         super().__init__(*args, **kwargs)
         self.routes = routes
 
+    async def _post(self, route: str, body: dict[str, Any]) -> Any:
+        """POST to vLLM's render or derender route, waiting out an outage as sampling does; a failure is a 502
+        that names it (a call vLLM refuses, a 400 that says why)."""
+        try:
+            return await self.upstream.call(lambda: self.routes.post(route, body))
+        except ChatError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unreachable or failing vLLM is a 502 that names it
+            raise self._failed(exc) from exc
+
     async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest, body: Any = None
                         ) -> tuple[list[Message], str, str, TurnPlan]:
         self.renderer.check_fits(req, self.max_model_len)
         messages, history = reconcile(req.messages, state.answered)
         request = chat_body(req, messages, body, self.routes.model)
         async with rollout.renders:
-            rendered = await self.upstream.call(lambda: self.routes.post(RENDER, request))
+            rendered = await self._post(RENDER, request)
         ids = rendered.get("token_ids") if isinstance(rendered, dict) else None
         if not isinstance(ids, list) or not ids:
             raise ChatError(f"vLLM at {self.routes.base_url} rendered no token ids: {str(rendered)[:200]}",
@@ -306,14 +317,14 @@ class VLLMCapture(Capture):
 
     def _pieces(self, prep: Prepared) -> DerenderPieces:
         assert isinstance(prep.plan, RenderedPlan)
-        return DerenderPieces(self.routes, prep.plan, self.renderer.special_ids)
+        return DerenderPieces(self._post, self.routes.model, prep.plan, self.renderer.special_ids)
 
     async def _derendered(self, prep: Prepared, ids: list[int], sample: Sample) -> tuple[str, str | None,
                                                                                           list[tuple[str, str]]]:
         assert isinstance(prep.plan, RenderedPlan)
         if not ids:  # the reply is its stop token alone: nothing to parse (vLLM refuses empty outputs)
             return "", None, []
-        answer = await self.routes.post(DERENDER, {
+        answer = await self._post(DERENDER, {
             "model": self.routes.model, "chat_request": prep.plan.chat_request,
             "prompt_token_ids": prep.plan.full_ids[-PROMPT_TAIL:], "prompt_tokens": len(prep.plan.full_ids),
             "generate_response": {"choices": [{"index": 0, "token_ids": ids, "finish_reason": sample.finish_reason,
