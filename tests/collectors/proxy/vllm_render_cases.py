@@ -178,7 +178,9 @@ def anthropic_tool_loop(h: Harness, family: Family) -> dict[str, Any]:
 
 
 def rewritten_history_forks(h: Harness, family: Family) -> None:
-    """An agent that edits the model's call rewrote history: a new segment (fan-out), reason history_rewrite."""
+    """An agent that edits the model's call rewrote history: nothing is reconciled and a new segment starts (the
+    fan-out) with the whole prompt; its reason is template_drift, as the proxy's own path names a prompt that
+    extends the last prompt but not the reply sampled after it."""
     rollout = h.open()
     c = openai_client(rollout)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Add one."}]
@@ -190,8 +192,8 @@ def rewritten_history_forks(h: Harness, family: Family) -> None:
     messages += [edited, {"role": "tool", "tool_call_id": call.id, "content": "8"}]
     c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=8)
     m = metas(h, rollout)
-    assert m[1]["fork"] == "history_rewrite" and m[1]["segment_id"] != m[0]["segment_id"]
-    assert m[1]["previous_segment"] == m[0]["segment_id"]
+    assert (m[1]["history"], m[1]["fork"], m[1]["turn_index"]) == ("rewritten", "template_drift", 0), m
+    assert m[1]["segment_id"] != m[0]["segment_id"] and m[1]["previous_segment"] == m[0]["segment_id"]
     assert_exact(h, rollout["rollout_id"])
 
 
