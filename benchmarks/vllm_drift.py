@@ -39,7 +39,13 @@ from tests.collectors.proxy.vllm_render_cases import (
     Family,
     RecordingVLLM,
 )
-from tests.collectors.proxy_harness import MODEL, Harness, anthropic_client, openai_client, running_proxy
+from tests.collectors.proxy_harness import (
+    MODEL,
+    Harness,
+    anthropic_client,
+    openai_client,
+    running_proxy,
+)
 
 
 def openai_episode(h: Harness, family: Family, seed: int) -> str:

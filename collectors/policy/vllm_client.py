@@ -71,7 +71,12 @@ from collectors.policy.http import (
     prompt_list,
     session_headers,
 )
-from collectors.policy.vllm_generate import GENERATE_ROUTE, generate_body, parse_generate, parse_generate_chunk
+from collectors.policy.vllm_generate import (
+    GENERATE_ROUTE,
+    generate_body,
+    parse_generate,
+    parse_generate_chunk,
+)
 
 Reload = Literal["weights", "follow", "lora"]
 Api = Literal["completions", "generate"]

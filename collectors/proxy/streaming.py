@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from collectors.model.detokenize import IncrementalText
-from collectors.proxy.chat import ChatReply
 from collectors.model.toolcalls import CALL_OPEN, THINK_CLOSE, THINK_OPEN, ToolCall
 from collectors.policy import Chunk
+from collectors.proxy.chat import ChatReply
 
 if TYPE_CHECKING:
     from collectors.proxy.chat import ChatRequest

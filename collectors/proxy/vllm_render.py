@@ -34,6 +34,7 @@ rest, as on the proxy's own path (`plan_rendered`).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import json
@@ -57,7 +58,12 @@ from collectors.proxy.capture import Capture, Prepared
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.reconcile import reconcile
 from collectors.proxy.render import text_ids
-from collectors.proxy.segmenter import HISTORY_REWRITE, TEMPLATE_DRIFT, SessionState, TurnPlan
+from collectors.proxy.segmenter import (
+    HISTORY_REWRITE,
+    TEMPLATE_DRIFT,
+    SessionState,
+    TurnPlan,
+)
 from collectors.proxy.sessions import Rollout
 from collectors.proxy.streaming import Event, ReplyStream
 from trajstore import new_id
@@ -282,14 +288,23 @@ class VLLMCapture(Capture):
     async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest, body: Any = None
                         ) -> tuple[list[Message], str, str, TurnPlan]:
         self.renderer.check_fits(req, self.max_model_len)
-        messages, history = reconcile(req.messages, state.answered)
-        request = chat_body(req, messages, body, self.routes.model)
+        # reconciling, decoding and planning a long conversation take long: the render threads do them, as on the
+        # proxy's own path; vLLM renders meanwhile
+        loop = asyncio.get_running_loop()
         async with rollout.renders:
+            messages, history = await loop.run_in_executor(self._render_pool, reconcile, req.messages, state.answered)
+            request = chat_body(req, messages, body, self.routes.model)
             rendered = await self._post(RENDER, request)
-        ids = rendered.get("token_ids") if isinstance(rendered, dict) else None
-        if not isinstance(ids, list) or not ids:
-            raise ChatError(f"vLLM at {self.routes.base_url} rendered no token ids: {str(rendered)[:200]}",
-                            status=502, kind="upstream")
+            ids = rendered.get("token_ids") if isinstance(rendered, dict) else None
+            if not isinstance(ids, list) or not ids:
+                raise ChatError(f"vLLM at {self.routes.base_url} rendered no token ids: {str(rendered)[:200]}",
+                                status=502, kind="upstream")
+            prompt_text, plan = await loop.run_in_executor(self._render_pool, self._plan, state, request, rendered,
+                                                           ids)
+        return messages, history, prompt_text, plan
+
+    def _plan(self, state: SessionState, request: dict[str, Any], rendered: dict[str, Any],
+              ids: list[int]) -> tuple[str, RenderedPlan]:
         params = rendered.get("sampling_params") or {}
         extra = {k: rendered[k] for k in ("reasoning_ended", "reasoning_parser_kwargs") if rendered.get(k) is not None}
         if params.get("structured_outputs"):
@@ -298,9 +313,8 @@ class VLLMCapture(Capture):
         parse_with = {k: v for k, v in request.items() if k in ("model", "tools", "tool_choice")}
         parse_with["messages"] = [{"role": "user", "content": ""}]
         prompt_text = self.renderer.decode(ids)
-        plan = plan_rendered(state, prompt_text, ids, self.renderer.decode, self.renderer.encode, new_id,
-                             sampling_extra=extra, chat_request=parse_with)
-        return messages, history, prompt_text, plan
+        return prompt_text, plan_rendered(state, prompt_text, ids, self.renderer.decode, self.renderer.encode, new_id,
+                                          sampling_extra=extra, chat_request=parse_with)
 
     def _extra(self, prep: Prepared) -> dict[str, Any]:
         return prep.plan.sampling_extra if isinstance(prep.plan, RenderedPlan) else {}

@@ -13,8 +13,17 @@ import openai
 import pytest
 
 from collectors.embedded.app import RunningServer
-from collectors.policy import EmbeddedClient, PolicyServerBadResponse, SamplingParams, VLLMClient
-from collectors.policy.vllm_generate import generate_body, parse_generate, parse_generate_chunk
+from collectors.policy import (
+    EmbeddedClient,
+    PolicyServerBadResponse,
+    SamplingParams,
+    VLLMClient,
+)
+from collectors.policy.vllm_generate import (
+    generate_body,
+    parse_generate,
+    parse_generate_chunk,
+)
 from collectors.policy.vllm_server import _parser_problem, render_args
 from collectors.proxy.chat import ChatRequest
 from collectors.proxy.segmenter import Held, SessionState
@@ -159,3 +168,19 @@ def test_an_unreachable_vllm_is_a_502_that_says_so(tiny_model: Path, tmp_path: P
             c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         assert err.value.status_code == 502 and "cannot connect" in err.value.message, err.value.message
         assert h.count() == 0
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--upstream", "http://127.0.0.1:9", "--render", "vllm", "--tool-call-parser", "hermes"],
+     "pass them with --render vllm and no --upstream"),
+    (["--tool-call-parser", "hermes"], "pass them with --render vllm and no --upstream"),
+    ([], "--upstream URL is required"),
+])
+def test_the_command_says_which_settings_go_together(args: list[str], says: str, tiny_model: Path,
+                                                     tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    result = CliRunner().invoke(main, ["proxy", "--model", str(tiny_model), "--store", str(tmp_path / "s"), *args])
+    assert result.exit_code == 2 and says in result.output, result.output

@@ -35,3 +35,7 @@ def test_anthropic_tool_loop_streamed_call(h: Harness) -> None:
 
 def test_a_rewritten_call_forks(h: Harness) -> None:
     cases.rewritten_history_forks(h, cases.LLAMA3)
+
+
+def test_responses_tool_loop_streamed_answer(h: Harness) -> None:
+    cases.responses_tool_loop(h, cases.LLAMA3)

@@ -22,8 +22,21 @@ import pytest
 
 from collectors.model.build import ModelSize, init_model
 from collectors.policy import Chunk, Sample, SamplingParams, StreamedSample, VLLMClient
-from collectors.policy.vllm_server import VLLMServer, VLLMUnavailable, cpu_problem, start_vllm, vllm_python
-from tests.collectors.proxy_harness import MODEL, Harness, anthropic_client, assert_exact, openai_client, running_proxy
+from collectors.policy.vllm_server import (
+    VLLMServer,
+    VLLMUnavailable,
+    cpu_problem,
+    start_vllm,
+    vllm_python,
+)
+from tests.collectors.proxy_harness import (
+    MODEL,
+    Harness,
+    anthropic_client,
+    assert_exact,
+    openai_client,
+    running_proxy,
+)
 
 SIZE = ModelSize(vocab_size=2048, hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128,
                  max_positions=2048)
@@ -144,7 +157,7 @@ def openai_tool_loop(h: Harness, family: Family, *, stream: bool = False) -> dic
         assert [t.logprob for t in choice.logprobs.content] == h.upstream.calls[-1][1].output_logprobs
         messages += [choice.message.model_dump(exclude_none=True),
                      {"role": "tool", "tool_call_id": call.id, "content": "2"}]
-    request = dict(model=MODEL, messages=messages, tools=TOOLS, max_tokens=24, extra_body=family.structured(ANSWER))
+    request = {"model": MODEL, "messages": messages, "tools": TOOLS, "max_tokens": 24, "extra_body": family.structured(ANSWER)}
     if stream:
         with c.chat.completions.stream(**request) as events:
             pieces = [e.delta for e in events if e.type == "content.delta"]
@@ -166,7 +179,7 @@ def anthropic_tool_loop(h: Harness, family: Family) -> dict[str, Any]:
                            extra_body=family.structured(family.call)) as events:
         first = events.get_final_message()
     assert first.stop_reason == "tool_use", first
-    use = [b for b in first.content if b.type == "tool_use"][0]
+    use = next(b for b in first.content if b.type == "tool_use")
     assert use.name == "add" and use.input["a"] in (1, 2)
     messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "2"}]}]
@@ -197,3 +210,22 @@ def rewritten_history_forks(h: Harness, family: Family) -> None:
     assert_exact(h, rollout["rollout_id"])
 
 
+
+
+def responses_tool_loop(h: Harness, family: Family) -> dict[str, Any]:
+    """A call of `add` and a streamed answer through the openai SDK's Responses API."""
+    rollout = h.open()
+    c = openai_client(rollout)
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    first = c.responses.create(model=MODEL, input="Add one to one.", tools=tools, max_output_tokens=48,
+                               extra_body=family.structured(family.call))
+    (fc,) = [o for o in first.output if o.type == "function_call"]
+    assert fc.name == "add" and json.loads(fc.arguments)["a"] in (1, 2)
+    history = [{"role": "user", "content": "Add one to one."}, *[o.model_dump(exclude_none=True) for o in first.output],
+               {"type": "function_call_output", "call_id": fc.call_id, "output": "2"}]
+    with c.responses.stream(model=MODEL, input=history, tools=tools, max_output_tokens=24,
+                            extra_body=family.structured(ANSWER)) as events:
+        final = events.get_final_response()
+    assert final.output_text.startswith("The answer is ")
+    one_segment(h, rollout, 2)
+    return rollout
