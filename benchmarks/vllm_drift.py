@@ -8,7 +8,8 @@ family run a real SDK tool loop, alternating the openai SDK (Chat Completions) a
 anthropic SDK (Messages): two calls of a tool, then an answer, each turn sampled at
 temperature 1 with its own seed. A random model writes no tool call by itself, so each call
 asks vLLM for one with `structured_outputs` (a regular expression of the family's call
-format), as any vLLM client can; the stop token that ends each reply is the model's own draw.
+format), as any vLLM client can; the stop token that ends each reply is the model's own draw
+among the family's stop tokens (`--template-stop-only`: the one its template writes after a reply).
 
 Reported per family, from the store: the share of episodes whose turns are all in one segment,
 the share of replies whose text re-tokenizes to the sampled ids (`meta.output_retokenizes`),
@@ -16,6 +17,7 @@ and the forks by reason.
 
     python benchmarks/vllm_drift.py                 # 10 episodes per family, ~6 minutes on 2 loaded cores
     python benchmarks/vllm_drift.py --episodes 4 --family hermes
+    python benchmarks/vllm_drift.py --template-stop-only     # each model's only stop token is its template's
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from tests.collectors.proxy.vllm_render_cases import (
     TOOLS,
     Family,
     RecordingVLLM,
+    one_stop,
 )
 from tests.collectors.proxy_harness import (
     MODEL,
@@ -80,9 +83,11 @@ def anthropic_episode(h: Harness, family: Family, seed: int) -> str:
     return str(rollout["rollout_id"])
 
 
-def measure(family: Family, episodes: int, work: Path) -> dict[str, Any]:
+def measure(family: Family, episodes: int, work: Path, template_stop_only: bool) -> dict[str, Any]:
     model = work / family.name
     init_model(model, SIZE, seed=0, family=family.name)
+    if template_stop_only:
+        one_stop(model, family.end)
     server = start_vllm(model, served_name=MODEL, render=True, tool_call_parser=family.parser,
                         log_path=work / f"vllm-{family.name}.log")
     try:
@@ -102,13 +107,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--family", choices=["hermes", "llama3"], action="append")
+    parser.add_argument("--template-stop-only", action="store_true",
+                        help="the model's only stop token is the one its template writes after a reply")
     args = parser.parse_args()
     families = [f for f in (HERMES, LLAMA3) if f.name in (args.family or ["hermes", "llama3"])]
     print("| family (vLLM parser) | episodes in one segment | replies re-tokenizing to the sampled ids | forks |")
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for family in families:
-            r = measure(family, args.episodes, Path(tmp))
+            r = measure(family, args.episodes, Path(tmp), args.template_stop_only)
             print(f"| {r['family']} ({r['parser']}) | {r['one_segment']}/{r['episodes']} "
                   f"({r['one_segment'] / r['episodes']:.0%}) | {r['retokenize']}/{r['replies']} "
                   f"({r['retokenize'] / r['replies']:.0%}) | {r['forks'] or 'none'} |", flush=True)
