@@ -115,16 +115,19 @@ def render_args(tool_call_parser: str | None, reasoning_parser: str | None) -> l
     return args
 
 
-# vllm/entrypoints/launchers/launcher.py, validate_api_server_args (0.32.0)
-_BAD_PARSER = re.compile(r"invalid (tool call|reasoning) parser: (\S+) \(chose from \{ ?([^}]*?) ?\}\)")
+# how vLLM 0.32 refuses a parser name it does not have: vllm/entrypoints/launchers/launcher.py,
+# validate_api_server_args (tool-call parsers), and its reasoning parser registry (reasoning parsers)
+_BAD_PARSER = (re.compile(r"invalid (tool call) parser: (\S+) \(chose from \{ ?([^}]*?) ?\}\)"),
+               re.compile(r"(Reasoning) parser '([^']+)' not found\. Available parsers: ([^\"'\n]*)"))
 
 
 def _parser_problem(log_tail: str) -> str | None:
     """The clear error for a vLLM that refused to start on a parser name it does not have, from its log."""
-    found = _BAD_PARSER.search(log_tail)
+    found = next((m for m in (p.search(log_tail) for p in _BAD_PARSER) if m), None)
     if found is None:
         return None
     kind, name, names = found.groups()
+    kind = kind.lower()
     option = "--tool-call-parser" if kind == "tool call" else "--reasoning-parser"
     return (f"vLLM {VLLM_VERSION} has no {kind} parser {name!r} ({option}); its names are: "
             f"{', '.join(sorted(n.strip() for n in names.split(',') if n.strip()))}")

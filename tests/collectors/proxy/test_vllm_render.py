@@ -137,6 +137,9 @@ def test_vllm_options_and_their_errors() -> None:
     log = "KeyError: 'invalid tool call parser: nope (chose from { llama3_json,hermes })'"
     assert _parser_problem(log) == ("vLLM 0.32.0 has no tool call parser 'nope' (--tool-call-parser); its names are: "
                                     "hermes, llama3_json")
+    log = ("KeyError: \"Reasoning parser 'nope' not found. Available parsers: qwen3, deepseek_r1\"\n")
+    assert _parser_problem(log) == ("vLLM 0.32.0 has no reasoning parser 'nope' (--reasoning-parser); its names are: "
+                                    "deepseek_r1, qwen3")
     assert _parser_problem("something else") is None
     assert "--enable-scale-out" in (routes_problem("u", 403, "Scale-out endpoints are disabled. Restart") or "")
     assert "vLLM 0.32 or later" in (routes_problem("u", 404, "Not Found") or "")
