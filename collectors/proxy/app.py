@@ -101,6 +101,7 @@ class ProxyConfig:
     seal_interval: float = 60.0  # seconds before appended turns are sealed (visible to other machines)
     upstream_wait_s: float = OUTAGE_WAIT_S  # how long a call waits for an unreachable policy server
     tool_format: str | None = None  # hermes | llama3 | harmony; None: read from the chat template
+    render: str = "local"  # local: the proxy's chat template and parser; vllm: vLLM's (collectors.proxy.vllm_render)
 
     def check(self) -> None:
         """Raise ValueError naming every problem at once."""
@@ -122,6 +123,8 @@ class ProxyConfig:
             out.append(f"default_max_tokens must be at least 1, got {self.default_max_tokens}")
         if not 0 <= self.upstream_wait_s < float("inf"):
             out.append(f"upstream_wait_s must be zero or a positive number of seconds, got {self.upstream_wait_s}")
+        if self.render not in ("local", "vllm"):
+            out.append(f"render must be 'local' or 'vllm', got {self.render!r}")
         if not 0 < self.seal_interval < float("inf"):
             out.append(f"seal_interval must be a positive number of seconds, got {self.seal_interval}")
         return out
@@ -394,10 +397,14 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
 
     async def startup(app: web.Application) -> None:
         client = client_factory()
+        kind: Any = Capture
+        if config.render == "vllm":  # vLLM renders, samples and parses (checked before anything is opened)
+            from collectors.proxy.vllm_render import vllm_capture
+            kind = await vllm_capture(client)
         writer = store.writer(config.writer or store.unique_writer_name("proxy-"), seal_interval=config.seal_interval)
-        capture = Capture(client, renderer, writer, run=config.run, max_model_len=max_len,
-                          default_max_tokens=config.default_max_tokens, stored=store.holds_rollout,
-                          upstream_wait_s=config.upstream_wait_s)
+        capture = kind(client, renderer, writer, run=config.run, max_model_len=max_len,
+                       default_max_tokens=config.default_max_tokens, stored=store.holds_rollout,
+                       upstream_wait_s=config.upstream_wait_s)
         if worker is not None:
             capture.registry.key_prefix = worker_key_prefix(worker.index, worker.generation)
         names = [*config.model_names, *await _served_names(client)]

@@ -44,14 +44,14 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.errors import CollectorError
-from collectors.policy import PolicyClient, Sample, StreamedSample
+from collectors.policy import Chunk, PolicyClient, Sample, StreamedSample
 from collectors.proxy.appender import BatchAppender
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.extend import Extender
@@ -59,7 +59,7 @@ from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.segmenter import SessionState, TurnPlan, plan_turn, record_turn
 from collectors.proxy.sessions import Registry, Rollout, SessionSlot
-from collectors.proxy.streaming import TextStream, reply_stream
+from collectors.proxy.streaming import LocalPieces
 from collectors.proxy.upstream import OUTAGE_WAIT_S, Upstream
 from collectors.proxy.waits import WaitHistogram
 from collectors.proxy.wire import WireProtocol, stream_body
@@ -174,9 +174,10 @@ class Capture:
         self._render_pool.shutdown(wait=False, cancel_futures=True)
         self._appender.close()
 
-    async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest
+    async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest, body: Any = None
                         ) -> tuple[list[Message], str, str, TurnPlan]:
-        """`req` reconciled with `state`, rendered and planned: on a render thread (see the module docstring)."""
+        """`req` (sent as `body`) reconciled with `state`, rendered and planned: on a render thread (see the
+        module docstring)."""
         self.renderer.check_fits(req, self.max_model_len)
         async with rollout.renders:
             return await asyncio.get_running_loop().run_in_executor(self._render_pool, self._render, state, req)
@@ -205,11 +206,11 @@ class Capture:
         return min(req.max_tokens or self.default_max_tokens, room)
 
     async def _prepare(self, rollout: Rollout, session: str, slot: SessionSlot, req: ChatRequest,
-                       wire: WireProtocol) -> Prepared:
+                       wire: WireProtocol, body: Any) -> Prepared:
         if rollout.closed:
             raise ChatError(f"rollout {rollout.rollout_id} was closed while this call waited", status=401,
                             kind="authentication")
-        messages, history, prompt_text, plan = await self._rendered(rollout, slot.state, req)
+        messages, history, prompt_text, plan = await self._rendered(rollout, slot.state, req, body)
         return Prepared(rollout, session, slot, req, wire, messages, history, prompt_text, plan,
                         self._max_tokens(req, len(plan.full_ids)), _hex_id(wire.reply_prefix), int(time.time()))
 
@@ -225,8 +226,9 @@ class Capture:
         return ChatError(f"the policy server at {self.client.base_url} aborted the request (shutting down?)",
                          status=502, kind="upstream")
 
-    def _reply(self, prep: Prepared, sample: Sample) -> tuple[ChatReply, dict[str, Any], str]:
-        """The parsed reply, its response body (as stored), and the text it was parsed from."""
+    async def _reply(self, prep: Prepared, sample: Sample, pieces: Any = None) -> tuple[ChatReply, dict[str, Any], str]:
+        """The parsed reply, its response body (as stored), and the text it was parsed from (`pieces`: what a
+        stream sent, from `_pieces`)."""
         renderer, req = self.renderer, prep.req
         body_ids = text_ids(sample)  # the output, less the stop token that ended it
         body_text = renderer.decode(body_ids)  # decoded once: the reply, the drift check and the stats read it
@@ -285,22 +287,35 @@ class Capture:
         Returns the reply and its response body in `wire`'s protocol (as stored)."""
         slot = rollout.session(session)
         async with slot.lock:
-            prep = await self._prepare(rollout, session, slot, req, wire)
+            prep = await self._prepare(rollout, session, slot, req, wire, body)
             if req.max_tokens == 0:
                 empty = self._empty(prep)
                 return empty, wire.response(empty, req.options)
             try:
                 async with self.upstream.cancellable(rollout.rollout_id):
-                    sample = await self.upstream.call(lambda: self.client.complete(
-                        prep.plan.full_ids, req.sampling_for(prep.max_tokens),
-                        session_id=f"{rollout.rollout_id}/{session}"))
+                    sample = await self.upstream.call(lambda: self._complete(prep))
             except Exception as exc:  # noqa: BLE001 - any upstream failure becomes a 502 that names it
                 raise self._failed(exc) from exc
             if sample.finish_reason == "abort":  # ids, logprobs and the echoed prompt are checked by the client
                 raise self._failed(self._aborted())
-            reply, response, body_text = self._reply(prep, sample)
+            reply, response, body_text = await self._reply(prep, sample)
             await self._store(prep, sample, reply, response, body_text, body)
         return reply, response
+
+    def _complete(self, prep: Prepared) -> Awaitable[Sample]:
+        """The upstream sample of a call (a hook: `collectors.proxy.vllm_render` sends more)."""
+        return self.client.complete(prep.plan.full_ids, prep.req.sampling_for(prep.max_tokens),
+                                    session_id=f"{prep.rollout.rollout_id}/{prep.session}")
+
+    def _stream_upstream(self, prep: Prepared) -> AsyncIterator[Chunk]:
+        """The upstream stream of a call (a hook, as `_complete`)."""
+        return self.client.stream(prep.plan.full_ids, prep.req.sampling_for(prep.max_tokens),
+                                  session_id=f"{prep.rollout.rollout_id}/{prep.session}")
+
+    def _pieces(self, prep: Prepared) -> Any:
+        """What turns a stream's chunks into the reply's pieces as they are sampled: `await feed(chunk)` ->
+        events, `await finish(reply)` -> the rest (a hook: `collectors.proxy.vllm_render` asks vLLM)."""
+        return LocalPieces(self.renderer, prep.req)
 
     async def stream_turn(self, rollout: Rollout, session: str, req: ChatRequest, body: Any,
                           wire: WireProtocol) -> AsyncIterator[bytes]:
@@ -311,7 +326,7 @@ class Capture:
         upstream request and stores nothing."""
         slot = rollout.session(session)
         async with slot.lock:
-            prep = await self._prepare(rollout, session, slot, req, wire)
+            prep = await self._prepare(rollout, session, slot, req, wire, body)
             if req.max_tokens == 0:
                 yield stream_body(wire, self._empty(prep), req.options)
                 return
@@ -343,18 +358,15 @@ class Capture:
         """The steps of a streamed call as the upstream samples; the last one after the turn is durable."""
         renderer, req = self.renderer, prep.req
         joined = StreamedSample(prep.plan.full_ids)
-        texts = TextStream(renderer.decode, renderer.special_ids, req.sampling.stop)
-        pieces = reply_stream(renderer.format, req.parse_tools and bool(req.tools))
+        pieces = self._pieces(prep)
         logprobs = bool(req.options.get("logprobs"))
-        upstream = self.upstream.stream(lambda: self.client.stream(
-            prep.plan.full_ids, req.sampling_for(prep.max_tokens),
-            session_id=f"{prep.rollout.rollout_id}/{prep.session}"))
+        upstream = self.upstream.stream(lambda: self._stream_upstream(prep))
         try:
             async with self.upstream.cancellable(prep.rollout.rollout_id), aclosing(upstream) as chunks:
                 async for chunk in chunks:
                     first = joined.policy_version is None
                     joined.add(chunk)
-                    events = pieces.feed(texts.push(chunk.output_ids))
+                    events = await pieces.feed(chunk)
                     tokens = ([renderer.decode([t]) for t in chunk.output_ids], chunk.output_logprobs,
                               chunk.top_logprobs) if logprobs and chunk.output_ids else None
                     if events or tokens or first:  # the first token starts the stream
@@ -366,8 +378,8 @@ class Capture:
         sample = joined.sample()
         if sample.finish_reason == "abort":
             raise self._failed(self._aborted())
-        reply, response, body_text = self._reply(prep, sample)
-        rest = pieces.finish(reply)
+        reply, response, body_text = await self._reply(prep, sample, pieces)
+        rest = await pieces.finish(reply)
         await self._store(prep, sample, reply, response, body_text, body)
         yield Step(sample.policy_version, rest, None, reply)
 

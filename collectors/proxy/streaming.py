@@ -28,10 +28,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from collectors.model.detokenize import IncrementalText
-from collectors.proxy.chat import ChatReply
 from collectors.model.toolcalls import CALL_OPEN, PYTHON_TAG, THINK_CLOSE, THINK_OPEN, ToolCall
+from collectors.policy import Chunk
+from collectors.proxy.chat import ChatReply
+
+if TYPE_CHECKING:
+    from collectors.proxy.chat import ChatRequest
+    from collectors.proxy.render import ChatRenderer
 
 Event = tuple[str, str] | tuple[str, int, ToolCall]  # ("reasoning" | "content", text) or ("tool_call", index, call)
 
@@ -160,3 +166,17 @@ def reply_stream(fmt: str, parse_tools: bool) -> ReplyStream:
     """The stream of a reply in tool-call format `fmt` (`collectors.model.toolcalls.FORMATS`)."""
     kind = {"llama3": Llama3Stream, "harmony": HarmonyStream}.get(fmt, ReplyStream)
     return kind(parse_tools=parse_tools)
+
+
+class LocalPieces:
+    """A stream's pieces parsed here: `TextStream` then the format's `ReplyStream` (the proxy's own renderer)."""
+
+    def __init__(self, renderer: ChatRenderer, req: ChatRequest) -> None:
+        self.texts = TextStream(renderer.decode, renderer.special_ids, req.sampling.stop)
+        self.reply = reply_stream(renderer.format, req.parse_tools and bool(req.tools))
+
+    async def feed(self, chunk: Chunk) -> list[Event]:
+        return self.reply.feed(self.texts.push(chunk.output_ids))
+
+    async def finish(self, reply: ChatReply) -> list[Event]:
+        return self.reply.finish(reply)
