@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajstore import ids
+from trajstore import ids, versions
 from trajstore.errors import InvalidEventError
 from trajstore.schema import (
     COLUMNS,
@@ -100,6 +100,9 @@ class Turn(_Event):
     sampling: Mapping[str, Any] | None = None
     request: Any = None
     response: Any = None
+    # when the weights changed during the call: where each version's tokens begin (`trajstore.versions`)
+    output_version_starts: Sequence[int] | None = None
+    output_version_values: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,6 +272,8 @@ def check_record(rec: Mapping[str, Any]) -> list[str]:
             problems.append(f"output_mask has {n_mask} values but output_ids has {n_out} tokens; they must be equal")
     if kind == "turn" and n_out == 0:
         problems.append("a turn must have at least one output token")
+    if get(versions.STARTS) is not None or get(versions.VALUES) is not None:
+        problems += versions.span_problems(rec)
     return problems
 
 

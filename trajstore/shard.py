@@ -37,7 +37,8 @@ from trajstore.views import ESTIMATORS, Estimator
 # Step 2 needs scalars only; step 3 the token lists too, never the request/response JSON (training needs none of it).
 _SCALARS = [f.name for f in EVENT_SCHEMA if not isinstance(f.type, (pa.ListType, pa.MapType))
             and f.name not in ("request", "response", "sampling", "meta", "error")]
-_SAMPLE_COLUMNS = [*_SCALARS, "prompt_ids", "output_ids", "output_logprobs", "output_mask", "consumed"]
+_SAMPLE_COLUMNS = [*_SCALARS, "prompt_ids", "output_ids", "output_logprobs", "output_mask", "consumed",
+                   "output_version_values"]  # a sample's newest version (`max_version`)
 _TEACHER_COLUMNS = [*_SAMPLE_COLUMNS, "teacher_logprobs"]
 
 

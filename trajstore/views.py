@@ -3,11 +3,15 @@
 Definitions an RL researcher can rely on:
 
 - `events`: every event once per event_id (the first written wins).
+- `turns`: model calls; `output_versions` holds the policy version that sampled each output
+  token (from the run-length `output_version_starts`/`output_version_values`, all
+  `policy_version` when they are null: one version, as every turn stored before them).
 - `samples`: one row per segment; `tokens` concatenates each turn's prompt delta and output
   in turn order; `loss_mask` is false on every prompt / tool-observation token and follows
   `output_mask` (all true when null) on sampled tokens; `logprobs` holds the behaviour
   logprob of each sampled token and 0 on prompt tokens. The three lists always have equal
-  length.
+  length. `min_version` is the oldest version that sampled a token of it (a turn's
+  `policy_version`: versions only go up within a call), `max_version` the newest.
 - `rollouts`: reward is the sum over reward components (reward_name) of each one's latest
   value, counting rollout-level rewards only (segment rewards are in `samples`); status is
   the latest status event; a rollout is *trainable* when its status is completed or
@@ -45,6 +49,8 @@ Definitions an RL researcher can rely on:
 from __future__ import annotations
 
 from typing import Literal, get_args
+
+from trajstore.versions import NEWEST_VERSION_SQL, OUTPUT_VERSIONS_SQL
 
 GRPO_EPS = 1e-6
 
@@ -99,14 +105,16 @@ VIEWS: dict[str, str] = {
         SELECT * FROM _raw
         QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY time, writer, writer_seq) = 1
     """,
-    "turns": """
+    "turns": f"""
         SELECT event_id, time, run, group_id, rollout_id, session_id, segment_id, turn_index,
                policy_version, prompt_ids, output_ids, output_logprobs, output_mask,
                prompt_tokens, output_tokens, trainable_tokens, finish_reason, sampling,
-               request, response, meta, writer, writer_seq
+               request, response, meta, writer, writer_seq,
+               output_version_starts, output_version_values,
+               {OUTPUT_VERSIONS_SQL} AS output_versions
         FROM events WHERE kind = 'turn'
     """,
-    "samples": """
+    "samples": f"""
         WITH seg AS (
             SELECT rollout_id, segment_id,
                    any_value(run) AS run, any_value(group_id) AS group_id,
@@ -123,7 +131,7 @@ VIEWS: dict[str, str] = {
                    sum(prompt_tokens + output_tokens)::BIGINT AS num_tokens,
                    sum(trainable_tokens)::BIGINT AS trainable_tokens,
                    count(*) AS turns,
-                   min(policy_version) AS min_version, max(policy_version) AS max_version,
+                   min(policy_version) AS min_version, max({NEWEST_VERSION_SQL}) AS max_version,
                    min(time) AS first_time, max(time) AS last_time
             FROM turns GROUP BY rollout_id, segment_id
         ),
@@ -141,14 +149,14 @@ VIEWS: dict[str, str] = {
                seg.first_time, seg.last_time, seg_reward.segment_reward
         FROM seg LEFT JOIN seg_reward USING (rollout_id, segment_id)
     """,
-    "rollouts": """
+    "rollouts": f"""
         WITH t AS (
             SELECT rollout_id, count(*) AS turns, count(DISTINCT segment_id) AS segments,
                    count(DISTINCT coalesce(session_id, '')) AS sessions,
                    sum(prompt_tokens + output_tokens)::BIGINT AS tokens,
                    sum(output_tokens)::BIGINT AS output_tokens,
                    sum(trainable_tokens)::BIGINT AS trainable_tokens,
-                   min(policy_version) AS min_version, max(policy_version) AS max_version
+                   min(policy_version) AS min_version, max({NEWEST_VERSION_SQL}) AS max_version
             FROM turns GROUP BY rollout_id
         ),
         r AS (
