@@ -15,9 +15,12 @@ protocol.py), so a collector cannot tell the embedded server from vLLM:
   or stop token id; null for EOS), `logprobs.{tokens, token_logprobs, top_logprobs,
   text_offset}` (top_logprobs holds the sampled token plus the top N, values clamped at
   -9999.0 as vLLM does), `token_ids` and `prompt_token_ids` (with `return_token_ids`),
-  `usage`, plus `policy_version`, the checkpoint version that sampled every output token.
+  `usage`, plus `policy_version`, the checkpoint version that sampled the first output token,
+  and `choices[].weight_versions` (vLLM's spans: `{version, start, end}`, output tokens
+  [start, end) sampled by that version; more than one when a reload landed during the call).
 - stream (vLLM's CompletionStreamResponse): one `data:` event per sampled token with its
-  `text` delta, `token_ids`, `logprobs` and `policy_version` (`prompt_token_ids` on the first),
+  `text` delta, `token_ids`, `logprobs` and `policy_version`, the version that sampled its tokens
+  (`prompt_token_ids` on the first),
   the last with `finish_reason` and `stop_reason`, a usage event with empty `choices` when
   asked, then `data: [DONE]`. Text that may still become a stop string, and a token that may be
   the stop token, are held back until the next token shows what they are.
@@ -38,6 +41,7 @@ from typing import Any
 from collectors.embedded.engine import Completion
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
+from collectors.policy.versions import span_list
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 REFUSED = {
@@ -203,6 +207,7 @@ def completion_response(job: CompletionJob, result: Completion, *, model_name: s
         "token_ids": result.output_ids if job.return_token_ids else None,
         "prompt_logprobs": None,
         "prompt_token_ids": result.prompt_ids if job.return_token_ids else None,
+        "weight_versions": span_list(result.version_starts, result.version_values, len(result.output_ids)),
     }
     n_prompt, n_out = len(result.prompt_ids), len(result.output_ids)
     return {

@@ -230,7 +230,8 @@ class Capture:
             segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
             prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
             output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
-            request=body, response=response, meta=meta)])
+            request=body, response=response, meta=meta, output_version_starts=sample.version_starts,
+            output_version_values=sample.version_values)])
         sampled_text = body_text + renderer.decode(sample.output_ids[len(text_ids(sample)):])
         record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)
         prefill = (req.messages[-1].get("content") or "") if req.continue_final else ""
