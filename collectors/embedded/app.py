@@ -198,7 +198,7 @@ async def _stream(request: web.Request, engine: Engine, job: CompletionJob, prom
             async for item in tokens:
                 if isinstance(item, Completion):
                     rest = item.text[len(sent_text):] if item.text.startswith(sent_text) else ""
-                    await send(item.version_values[-1], rest, item)  # the last tokens' version
+                    await send(item.spans()[1][-1], rest, item)  # the last tokens' version
                     if job.include_usage:
                         await response.write(_sse(usage_event(request_id, created, model_name, len(prompt_ids),
                                                               len(item.output_ids))))

@@ -66,7 +66,11 @@ class Completion:
     stop_reason: str | int | None  # the stop string or stop token id; None for EOS and length
     policy_version: int
     version_starts: list[int] = field(default_factory=lambda: [0])
-    version_values: list[int] = field(default_factory=list)
+    version_values: list[int] = field(default_factory=list)  # empty: [policy_version]
+
+    def spans(self) -> tuple[list[int], list[int]]:
+        """(starts, versions) of the version spans over `output_ids`."""
+        return (self.version_starts, self.version_values) if self.version_values else ([0], [self.policy_version])
 
 
 @dataclass

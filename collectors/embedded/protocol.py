@@ -207,7 +207,7 @@ def completion_response(job: CompletionJob, result: Completion, *, model_name: s
         "token_ids": result.output_ids if job.return_token_ids else None,
         "prompt_logprobs": None,
         "prompt_token_ids": result.prompt_ids if job.return_token_ids else None,
-        "weight_versions": span_list(result.version_starts, result.version_values, len(result.output_ids)),
+        "weight_versions": span_list(*result.spans(), len(result.output_ids)),
     }
     n_prompt, n_out = len(result.prompt_ids), len(result.output_ids)
     return {
