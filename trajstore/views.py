@@ -36,7 +36,7 @@ Definitions an RL researcher can rely on:
   `batch` = r - mean over the run's trainable rollouts in view (a shard takes the mean
   over its own rollouts: the training batch). Groups of one get 0 for grpo and rloo.
 - `token_ledger`: every generated (sampled) token, per run and the policy version that sampled
-  it, in exactly one column, so `generated = trained + waiting + stale + discarded` holds as an
+  it (per token: a turn whose weights changed mid-call counts each span under its version), in exactly one column, so `generated = trained + waiting + stale + discarded` holds as an
   equality. A rollout's trainable tokens are *trained* once a checkpoint consumed it; else
   *stale* when the run's newest checkpoint announces a `max_staleness` its oldest tokens are
   past; else *waiting* (trainable, not consumed yet). `discarded` = `masked` (sampled tokens
@@ -98,6 +98,17 @@ _CHECKPOINT_COLUMNS = f"""
     {_learner_int('groups_per_version', 1)} AS groups_per_version,
     {_learner_int('max_staleness', 0)} AS max_staleness,
     CASE WHEN json_type(meta, '$.settings') = 'OBJECT' THEN json_extract(meta, '$.settings')::VARCHAR END AS settings
+"""
+
+# Turns whose weights changed mid-call, one row per version span: its generated and trainable tokens.
+_SPAN_TOKENS = """
+    SELECT rollout_id, output_version_values[k] AS version, hi - lo AS generated,
+           CASE WHEN output_mask IS NULL THEN hi - lo
+                ELSE len(list_filter(output_mask[lo + 1:hi], lambda m: m)) END AS trainable
+    FROM (SELECT rollout_id, output_mask, output_version_values, k, output_version_starts[k] AS lo,
+                 coalesce(output_version_starts[k + 1], output_tokens) AS hi
+          FROM (SELECT *, unnest(range(1, len(output_version_starts) + 1)) AS k
+                FROM turns WHERE output_version_starts IS NOT NULL))
 """
 
 VIEWS: dict[str, str] = {
@@ -243,7 +254,7 @@ VIEWS: dict[str, str] = {
         SELECT run, policy_version AS version, step, unnest(consumed) AS rollout_id
         FROM events WHERE kind = 'checkpoint' AND consumed IS NOT NULL
     """,
-    "token_ledger": """
+    "token_ledger": f"""
         WITH head AS (
             SELECT run, max(version) AS head,
                    arg_max(TRY_CAST(json_extract_string(meta, '$.max_staleness') AS BIGINT), version)
@@ -261,9 +272,12 @@ VIEWS: dict[str, str] = {
             LEFT JOIN (SELECT DISTINCT run, rollout_id FROM consumed) c USING (run, rollout_id)
             LEFT JOIN head h USING (run)),
         t AS (
-            SELECT rollout_id, policy_version AS version, sum(output_tokens)::BIGINT AS generated,
-                   sum(trainable_tokens)::BIGINT AS trainable
-            FROM turns GROUP BY rollout_id, policy_version),
+            SELECT rollout_id, version, sum(generated)::BIGINT AS generated, sum(trainable)::BIGINT AS trainable
+            FROM (SELECT rollout_id, policy_version AS version, output_tokens AS generated,
+                         trainable_tokens AS trainable
+                  FROM turns WHERE output_version_starts IS NULL
+                  UNION ALL {_SPAN_TOKENS})
+            GROUP BY rollout_id, version),
         by_fate AS (
             SELECT f.run, t.version, f.fate, sum(t.generated) AS generated, sum(t.trainable) AS trainable
             FROM t JOIN fate f USING (rollout_id) GROUP BY ALL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,8 @@ def test_bad_spans_are_refused_with_what_is_wrong(starts: list, values: list | N
 
 def test_turns_show_one_version_per_token_and_samples_span_oldest_to_newest(store: trajstore.Store) -> None:
     with store.writer("w") as writer:
-        writer.append([turn("r1", 3, 5, starts=[0, 2, 4], values=[3, 4, 6]),
+        writer.append([replace(turn("r1", 3, 5, starts=[0, 2, 4], values=[3, 4, 6]),
+                               output_mask=[True, True, False, True, False]),
                        turn("r1", 6, 2, turn_index=1),
                        turn("r2", 5, 3), *rollout_done("r1"), *rollout_done("r2")])
         for sealed in (False, True):
@@ -65,6 +67,9 @@ def test_turns_show_one_version_per_token_and_samples_span_oldest_to_newest(stor
                                   "ORDER BY rollout_id").to_pylist()
             assert samples == [{"rollout_id": "r1", "min_version": 3, "max_version": 6},
                                {"rollout_id": "r2", "min_version": 5, "max_version": 5}]
+            ledger = store.query("SELECT version, generated, waiting FROM token_ledger ORDER BY version").to_pylist()
+            assert ledger == [{"version": 3, "generated": 2, "waiting": 2}, {"version": 4, "generated": 2, "waiting": 1},
+                              {"version": 5, "generated": 3, "waiting": 3}, {"version": 6, "generated": 3, "waiting": 2}]
             stats = store.stats().runs
             assert stats[0]["multi_version_samples"] == pytest.approx(0.5)
             # staleness takes the oldest version: at version 7 with staleness 3, r1 (oldest 3) is too old
