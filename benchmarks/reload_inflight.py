@@ -73,7 +73,7 @@ async def drive(client: EmbeddedClient | VLLMClient, paths: tuple[Path, Path], c
     await asyncio.gather(*tasks)
     return {"calls": len(outcomes), "failed": outcomes.count("failed") + outcomes.count("aborted"),
             "spanning": outcomes.count("spanning"), "reload_wait_s": statistics.mean(waits),
-            "resampled_by_client": getattr(client, "resampled", 0)}
+            "resampled_by_client": getattr(client, "resampled", 0)}  # older clients counted their resamples
 
 
 def vllm_requests(url: str) -> int:

@@ -26,8 +26,7 @@ weights. So each token is stamped with the version that sampled it (`Sample.vers
 `version_values`, `policy_version` the first token's), streamed calls included (the spans come
 with the last event). A label of "default" (a server nobody reloaded yet) is the
 `policy_version` the client was given; a server without the dev routes cannot be reloaded, so
-its version is that one too. `resampled` counts calls sent again because a reload overlapped
-them: none since the keep-mode pause (it stays as the counter reports compare).
+its version is that one too. No call is sent again because of a reload.
 
 Retries: a 503 (vLLM's queue limit, `--max-num-queued-reqs`; also hit while a reload holds
 requests) is retried with backoff, see `collectors.policy.http`. While paused for a reload,
@@ -99,7 +98,6 @@ class VLLMClient:
         self.base_url = base_url.rstrip("/")
         self.policy_version = policy_version  # the newest version this client has seen the server serve
         self.reload = reload
-        self.resampled = 0  # calls sent again because a reload overlapped them: none with keep-mode pauses
         self._initial, self._model, self._lora_prefix = policy_version, model, lora_prefix
         self._reload_timeout_s, self._follow_timeout_s = reload_timeout_s, follow_timeout_s
         self._label: int | None = None  # the server's weight-version label as last read

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +39,12 @@ from tests.collectors.recompute import (
 pytestmark = pytest.mark.vllm
 
 PROMPT = [50, 51, 52, 53, 54, 55]
+
+
+def finished_requests(url: str) -> int:
+    """Requests vLLM finished, whatever the reason (its Prometheus counter)."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    return int(sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M)))
 
 
 def run(scenario: Callable[[], object]) -> None:
@@ -86,12 +94,14 @@ def test_a_reload_under_load_stamps_every_token_with_the_weights_that_drew_it(
     async def scenario() -> tuple[list[Sample], int]:
         async with VLLMClient(vllm_server.url) as owner:
             await owner.load_weights(str(weights[base + 1]), base + 1)
+            requests = finished_requests(vllm_server.url)
             stop = asyncio.Event()
 
             async def sampler(worker: int) -> list[Sample]:
                 out, i = [], 0
                 while not stop.is_set():
-                    out.append(await owner.complete(PROMPT, SamplingParams(max_tokens=48, seed=worker * 1000 + i)))
+                    out.append(await owner.complete(PROMPT, SamplingParams(max_tokens=48, ignore_eos=True,
+                                                                                 seed=worker * 1000 + i)))
                     i += 1
                 return out
 
@@ -101,10 +111,12 @@ def test_a_reload_under_load_stamps_every_token_with_the_weights_that_drew_it(
                 await owner.load_weights(str(weights[version]), version)
             await asyncio.sleep(0.5)
             stop.set()
-            return [s for batch in await asyncio.gather(*workers) for s in batch], owner.resampled
+            return ([s for batch in await asyncio.gather(*workers) for s in batch],
+                    finished_requests(vllm_server.url) - requests)
 
-    samples, resampled = asyncio.run(scenario())
-    assert resampled == 0 and all(s.finish_reason != "abort" for s in samples), "no call aborted or sent again"
+    samples, upstream = asyncio.run(scenario())
+    assert upstream == len(samples), "one vLLM request per call: none sent again"
+    assert all(s.finish_reason == "length" for s in samples), "none aborted"
     assert {s.policy_version for s in samples} >= set(weights) - {base + 1, base + 5}, "samples under the versions"
     spanning = [s for s in samples if s.version_values is not None]
     assert spanning, "some calls were in flight at a reload and went on with the new weights"
