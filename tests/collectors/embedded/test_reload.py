@@ -94,3 +94,28 @@ def test_reload_lands_mid_call_and_every_token_is_stamped_with_the_weights_that_
             assert back["policy_version"] == 3 and back["choices"][0]["token_ids"][:head] == long_c["token_ids"][:head]
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_checkpoint_with_another_cache_layout_waits_for_the_calls_in_flight(tiny_model: Path, tmp_path: Path) -> None:
+    """Three layers cannot continue a two-layer cache: the call in flight finishes on its weights, then the swap."""
+    from collectors.model.build import init_model
+    from tests.collectors.conftest import TINY
+
+    deeper = tmp_path / "deeper"
+    init_model(deeper, replace(TINY, layers=3), seed=5)
+    threads = torch.get_num_threads()
+    results: dict[str, http.Reply] = {}
+    try:
+        with serve_in_thread(tiny_model, threads=1, device="cpu", policy_version=1) as server:
+            body = dict(prompt=[50, 51, 52], seed=9, max_tokens=300, ignore_eos=True, return_token_ids=True)
+            long = threading.Thread(target=lambda: results.update(long=http.post(server.url + "/v1/completions",
+                                                                                 body)))
+            long.start()
+            wait_until(lambda: server.engine.running == 1 and server.engine.stats.decode_steps > 5)
+            load = http.post(server.url + "/v1/load_weights", {"path": str(deeper), "version": 2})
+            long.join()
+            assert load.status == 200 and server.engine.stats.inflight_swaps == 0
+            choice = results["long"].json()["choices"][0]
+            assert choice["weight_versions"] == [{"version": "1", "start": 0, "end": 300}]
+    finally:
+        torch.set_num_threads(threads)
