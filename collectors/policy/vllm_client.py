@@ -166,7 +166,8 @@ class VLLMClient:
             reply = await self._http.call("POST", route, body=body, headers=session_headers(session_id),
                                           retry_unavailable=True)
         except PolicyServerRejected as exc:
-            if route == GENERATE and exc.status in (403, 404):
+            route_missing = exc.status == 404 and exc.server_message in ("Not Found", "")
+            if route == GENERATE and (exc.status == 403 or route_missing):
                 raise PolicyServerRejected(f"vLLM at {self.base_url} refused POST {route} ({exc.status}: "
                                            f"{exc.server_message}); {SCALE_OUT_HINT}", url=self.base_url,
                                            status=exc.status, server_message=exc.server_message) from exc

@@ -321,6 +321,14 @@ def test_vllm_weight_reload_keeps_calls_in_flight_and_stamps_each_token_with_its
     run(scenario)
 
 
+def test_vllm_without_the_generate_route_says_how_to_start_it() -> None:
+    async def scenario() -> None:
+        async with fake_vllm(scale_out=False) as fake, VLLMClient(fake.url) as client:
+            with pytest.raises(PolicyServerRejected, match="--enable-scale-out"):
+                await client.complete(PROMPT, SamplingParams(max_tokens=2))
+    run(scenario)
+
+
 def test_vllm_a_follower_stamps_the_reloads_another_client_makes(vllm_model: Path, vllm_model_v2: Path) -> None:
 
     async def scenario() -> None:
