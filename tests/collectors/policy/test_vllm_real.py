@@ -100,7 +100,7 @@ def test_a_reload_under_load_stamps_every_token_with_the_weights_that_drew_it(
             async def sampler(worker: int) -> list[Sample]:
                 out, i = [], 0
                 while not stop.is_set():
-                    out.append(await owner.complete(PROMPT, SamplingParams(max_tokens=48, ignore_eos=True,
+                    out.append(await owner.complete(PROMPT, SamplingParams(max_tokens=96, ignore_eos=True,
                                                                                  seed=worker * 1000 + i)))
                     i += 1
                 return out
