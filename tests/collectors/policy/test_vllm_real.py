@@ -117,7 +117,8 @@ def test_a_reload_under_load_stamps_every_token_with_the_weights_that_drew_it(
     samples, upstream = asyncio.run(scenario())
     assert upstream == len(samples), "one vLLM request per call: none sent again"
     assert all(s.finish_reason == "length" for s in samples), "none aborted"
-    assert {s.policy_version for s in samples} >= set(weights) - {base + 1, base + 5}, "samples under the versions"
+    stamped = {v for s in samples for v in (s.version_values or [s.policy_version])}
+    assert stamped >= set(weights) - {base + 1}, "tokens sampled under every reloaded version"
     spanning = [s for s in samples if s.version_values is not None]
     assert spanning, "some calls were in flight at a reload and went on with the new weights"
     models = {v: cached_model(str(path)) for v, path in weights.items()}
