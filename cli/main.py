@@ -138,6 +138,10 @@ def stats(store_loc: str) -> None:
                   f"latest checkpoint version: {s.summary['latest_checkpoint']}")
     print_table(pa.Table.from_pylist(s.runs) if s.runs else pa.table({"run": pa.array([], pa.string())}), console,
                 title="runs")
+    for run in s.runs:
+        share = run.get("multi_version_samples")
+        if share is not None:
+            console.print(f"run {run['run']}: {share:.1%} of samples span more than one policy version")
     if s.ledger:  # generated = trained + waiting + stale + discarded (masked + incomplete + failed + rejected)
         print_table(pa.Table.from_pylist(s.ledger), console, title="token ledger (generated tokens by policy version)")
 

@@ -100,8 +100,7 @@ def proxy(upstream: str | None, model_dir: str, store_loc: str, host: str, port:
 
     def client() -> PolicyClient:
         if render == "vllm" or upstream_kind == "vllm":
-            return VLLMClient(url, model=upstream_model, policy_version=policy_version,
-                              api="generate" if render == "vllm" else "completions")
+            return VLLMClient(url, model=upstream_model, policy_version=policy_version)
         return EmbeddedClient(url, model=upstream_model)
 
     try:

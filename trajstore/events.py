@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajstore import ids, routes
+from trajstore import ids, routes, versions
 from trajstore.errors import InvalidEventError
 from trajstore.schema import (
     COLUMNS,
@@ -111,6 +111,9 @@ class Turn(_Event):
     # one size per output token, 0 = not recorded; the ids concatenated), as `sampling_support` packs it
     support_sizes: TokenList | None = None
     support_ids: TokenList | None = None
+    # when the weights changed during the call: where each version's tokens begin (`trajstore.versions`)
+    output_version_starts: Sequence[int] | None = None
+    output_version_values: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,6 +286,8 @@ def check_record(rec: Mapping[str, Any]) -> list[str]:
         problems.append("a turn must have at least one output token")
     if get("routed_experts") is not None or get("routed_experts_shape") is not None:
         problems += routes.problems(rec)
+    if get(versions.STARTS) is not None or get(versions.VALUES) is not None:
+        problems += versions.span_problems(rec)
     return problems
 
 

@@ -44,6 +44,7 @@ from trajstore.read import Reader
 from trajstore.retention import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS, MIN_RETENTION_HOURS
 from trajstore.table import FileInfo, Table, file_crcs
 from trajstore.writer import acquire, seal_segments
+from trajstore.versions import NEWEST_VERSION_SQL
 
 
 def seal_orphans(location: Location, table: Table) -> dict[str, int]:
@@ -279,6 +280,16 @@ class Stats:
     ledger: list[dict[str, Any]]  # the `token_ledger` view: every generated token per run and version
 
 
+# Per run: the share of samples (segments) whose tokens were sampled by more than one policy version, across
+# turns or within one (weights updated in flight, `trajstore.versions`).
+SPANNING_SQL = f"""
+    SELECT run, (count(*) FILTER (WHERE oldest < newest))::DOUBLE / count(*) AS share FROM (
+        SELECT run, rollout_id, segment_id, min(policy_version) AS oldest, max({NEWEST_VERSION_SQL}) AS newest
+        FROM turns GROUP BY run, rollout_id, segment_id)
+    GROUP BY run
+"""
+
+
 def stats(reader: Reader) -> Stats:
     """Runs, rollouts, samples, tokens, versions and disk use of a store."""
     location = reader.location
@@ -293,6 +304,9 @@ def stats(reader: Reader) -> Stats:
             FROM rollouts r GROUP BY r.run ORDER BY r.run
             """
         ).to_pylist()
+        spanning = {row["run"]: row["share"] for row in snap.query(SPANNING_SQL).to_pylist()}
+        for row in runs:  # samples whose tokens came from more than one policy version (weights changed mid-sample)
+            row["multi_version_samples"] = spanning.get(row["run"])
         summary = snap.query(
             "SELECT count(*) AS events, count(*) FILTER (WHERE kind = 'checkpoint') AS checkpoints, "
             "max(policy_version) FILTER (WHERE kind = 'checkpoint') AS latest_checkpoint FROM events"

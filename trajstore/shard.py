@@ -39,7 +39,8 @@ _SCALARS = [f.name for f in EVENT_SCHEMA if not isinstance(f.type, (pa.ListType,
             and f.name not in ("request", "response", "sampling", "meta", "error")]
 _SAMPLE_COLUMNS = [*_SCALARS, "prompt_ids", "output_ids", "output_logprobs", "output_mask", "consumed",
                    "routed_experts", "routed_experts_shape",
-                   "sampling", "support_sizes", "support_ids"]  # how each token was sampled, and from which support
+                   "sampling", "support_sizes", "support_ids",  # how each token was sampled, and from which support
+                   "output_version_values"]  # a sample's newest version (`max_version`)
 _TEACHER_COLUMNS = [*_SAMPLE_COLUMNS, "teacher_logprobs"]
 
 

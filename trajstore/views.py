@@ -3,19 +3,23 @@
 Definitions an RL researcher can rely on:
 
 - `events`: every event once per event_id (the first written wins).
+- `turns`: model calls; `output_versions` holds the policy version that sampled each output
+  token (from the run-length `output_version_starts`/`output_version_values`, all
+  `policy_version` when they are null: one version, as every turn stored before them).
 - `samples`: one row per segment; `tokens` concatenates each turn's prompt delta and output
   in turn order; `loss_mask` is false on every prompt / tool-observation token and follows
   `output_mask` (all true when null) on sampled tokens; `logprobs` holds the behaviour
   logprob of each sampled token and 0 on prompt tokens. The three lists always have equal
-  length.
+  length. `min_version` is the oldest version that sampled a token of it (a turn's
+  `policy_version`: versions only go up within a call), `max_version` the newest.
+  `temperature`, `top_p`, `top_k`, `min_p`: what the sample's turns were sampled with (from each
+  turn's `sampling`; `sampling_varies` when its turns differ). `support_sizes` (aligned with
+  `tokens`: 0 on prompt tokens and wherever no kept set was recorded) and `support_ids` (the kept
+  sets concatenated) carry each sampled token's truncated support, CSR-style.
 - `samples.routed_experts` (mixture-of-experts policies): the turns' routes in turn order, aligned
   with `tokens` as `[num_tokens, layers, top_k]` flattened (`routed_experts_shape`): row i holds the
   experts of the position that predicted token i, -1 where none was recorded (`trajstore.routes`).
   Null unless every turn of the sample carries routes of one `[layers, top_k]`.
-  length. `temperature`, `top_p`, `top_k`, `min_p`: what the sample's turns were sampled with
-  (from each turn's `sampling`; `sampling_varies` when its turns differ). `support_sizes` (aligned
-  with `tokens`: 0 on prompt tokens and wherever no kept set was recorded) and `support_ids` (the
-  kept sets concatenated) carry each sampled token's truncated support, CSR-style.
 - `rollouts`: reward is the sum over reward components (reward_name) of each one's latest
   value, counting rollout-level rewards only (segment rewards are in `samples`); status is
   the latest status event; a rollout is *trainable* when its status is completed or
@@ -40,7 +44,7 @@ Definitions an RL researcher can rely on:
   `batch` = r - mean over the run's trainable rollouts in view (a shard takes the mean
   over its own rollouts: the training batch). Groups of one get 0 for grpo and rloo.
 - `token_ledger`: every generated (sampled) token, per run and the policy version that sampled
-  it, in exactly one column, so `generated = trained + waiting + stale + discarded` holds as an
+  it (per token: a turn whose weights changed mid-call counts each span under its version), in exactly one column, so `generated = trained + waiting + stale + discarded` holds as an
   equality. A rollout's trainable tokens are *trained* once a checkpoint consumed it; else
   *stale* when the run's newest checkpoint announces a `max_staleness` its oldest tokens are
   past; else *waiting* (trainable, not consumed yet). `discarded` = `masked` (sampled tokens
@@ -56,6 +60,8 @@ Definitions an RL researcher can rely on:
 from __future__ import annotations
 
 from typing import Literal, get_args
+
+from trajstore.versions import NEWEST_VERSION_SQL, OUTPUT_VERSIONS_SQL
 
 GRPO_EPS = 1e-6
 
@@ -105,12 +111,23 @@ _CHECKPOINT_COLUMNS = f"""
     CASE WHEN json_type(meta, '$.settings') = 'OBJECT' THEN json_extract(meta, '$.settings')::VARCHAR END AS settings
 """
 
+# Turns whose weights changed mid-call, one row per version span: its generated and trainable tokens.
+_SPAN_TOKENS = """
+    SELECT run, rollout_id, segment_id, output_version_values[k] AS version, hi - lo AS generated,
+           CASE WHEN output_mask IS NULL THEN hi - lo
+                ELSE len(list_filter(output_mask[lo + 1:hi], lambda m: m)) END AS trainable
+    FROM (SELECT run, rollout_id, segment_id, output_mask, output_version_values, k, output_version_starts[k] AS lo,
+                 coalesce(output_version_starts[k + 1], output_tokens) AS hi
+          FROM (SELECT *, unnest(range(1, len(output_version_starts) + 1)) AS k
+                FROM turns WHERE output_version_starts IS NOT NULL))
+"""
+
 VIEWS: dict[str, str] = {
     "events": """
         SELECT * FROM _raw
         QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY time, writer, writer_seq) = 1
     """,
-    "turns": """
+    "turns": f"""
         SELECT event_id, time, run, group_id, rollout_id, session_id, segment_id, turn_index,
                policy_version, prompt_ids, output_ids, output_logprobs, output_mask,
                prompt_tokens, output_tokens, trainable_tokens, finish_reason, sampling,
@@ -119,10 +136,11 @@ VIEWS: dict[str, str] = {
                TRY_CAST(json_extract_string(sampling, '$.top_p') AS DOUBLE) AS top_p,
                TRY_CAST(json_extract_string(sampling, '$.top_k') AS BIGINT) AS top_k,
                TRY_CAST(json_extract_string(sampling, '$.min_p') AS DOUBLE) AS min_p,
-               support_sizes, support_ids
+               support_sizes, support_ids, output_version_starts, output_version_values,
+               {OUTPUT_VERSIONS_SQL} AS output_versions
         FROM events WHERE kind = 'turn'
     """,
-    "samples": """
+    "samples": f"""
         WITH seg AS (
             SELECT rollout_id, segment_id,
                    any_value(run) AS run, any_value(group_id) AS group_id,
@@ -139,7 +157,7 @@ VIEWS: dict[str, str] = {
                    sum(prompt_tokens + output_tokens)::BIGINT AS num_tokens,
                    sum(trainable_tokens)::BIGINT AS trainable_tokens,
                    count(*) AS turns,
-                   min(policy_version) AS min_version, max(policy_version) AS max_version,
+                   min(policy_version) AS min_version, max({NEWEST_VERSION_SQL}) AS max_version,
                    min(time) AS first_time, max(time) AS last_time,
                    -- routes only when every turn has them, all of one [layers, top_k] (trajstore.routes)
                    count(routed_experts) = count(*) AND count(DISTINCT routed_experts_shape[2:3]) = 1 AS routed,
@@ -173,14 +191,14 @@ VIEWS: dict[str, str] = {
                seg.support_sizes, seg.support_ids
         FROM seg LEFT JOIN seg_reward USING (rollout_id, segment_id)
     """,
-    "rollouts": """
+    "rollouts": f"""
         WITH t AS (
             SELECT rollout_id, count(*) AS turns, count(DISTINCT segment_id) AS segments,
                    count(DISTINCT coalesce(session_id, '')) AS sessions,
                    sum(prompt_tokens + output_tokens)::BIGINT AS tokens,
                    sum(output_tokens)::BIGINT AS output_tokens,
                    sum(trainable_tokens)::BIGINT AS trainable_tokens,
-                   min(policy_version) AS min_version, max(policy_version) AS max_version
+                   min(policy_version) AS min_version, max({NEWEST_VERSION_SQL}) AS max_version
             FROM turns GROUP BY rollout_id
         ),
         r AS (
@@ -273,7 +291,7 @@ VIEWS: dict[str, str] = {
                      unnest(from_json(json_extract(meta, '$.rejected'), '[["VARCHAR"]]')) AS p
               FROM events WHERE kind = 'metric' AND meta IS NOT NULL)
     """,
-    "token_ledger": """
+    "token_ledger": f"""
         WITH head AS (
             SELECT run, max(version) AS head,
                    arg_max(TRY_CAST(json_extract_string(meta, '$.max_staleness') AS BIGINT), version)
@@ -291,9 +309,13 @@ VIEWS: dict[str, str] = {
             LEFT JOIN (SELECT DISTINCT run, rollout_id FROM consumed) c USING (run, rollout_id)
             LEFT JOIN head h USING (run)),
         t AS (
-            SELECT run, rollout_id, segment_id, policy_version AS version,
-                   sum(output_tokens)::BIGINT AS generated, sum(trainable_tokens)::BIGINT AS trainable
-            FROM turns GROUP BY run, rollout_id, segment_id, policy_version),
+            SELECT run, rollout_id, segment_id, version, sum(generated)::BIGINT AS generated,
+                   sum(trainable)::BIGINT AS trainable
+            FROM (SELECT run, rollout_id, segment_id, policy_version AS version, output_tokens AS generated,
+                         trainable_tokens AS trainable
+                  FROM turns WHERE output_version_starts IS NULL
+                  UNION ALL {_SPAN_TOKENS})
+            GROUP BY run, rollout_id, segment_id, version),
         by_fate AS (
             SELECT f.run, t.version,
                    CASE WHEN f.fate = 'trained' AND x.segment_id IS NOT NULL THEN 'rejected' ELSE f.fate END AS fate,

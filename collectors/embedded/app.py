@@ -163,7 +163,7 @@ async def _stream(request: web.Request, engine: Engine, job: CompletionJob, prom
     """A streamed completion: one event per token as the engine samples it (see `collectors.embedded.protocol`).
 
     The response starts with the first token, so its X-Policy-Version header is the version that
-    sampled it. A client that goes away stops the request: the engine drops its row."""
+    sampled it; each event's `policy_version` is that of its tokens. A client that goes away stops the request: the engine drops its row."""
     params, tokenizer = job.params, engine.tokenizer
     decode_one = lambda t: tokenizer.decode([t], skip_special_tokens=False)  # noqa: E731
     detok = IncrementalText(lambda ids: tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens))
@@ -198,7 +198,7 @@ async def _stream(request: web.Request, engine: Engine, job: CompletionJob, prom
             async for item in tokens:
                 if isinstance(item, Completion):
                     rest = item.text[len(sent_text):] if item.text.startswith(sent_text) else ""
-                    await send(item.policy_version, rest, item)
+                    await send(item.spans()[1][-1], rest, item)  # the last tokens' version
                     if job.include_usage:
                         await response.write(_sse(usage_event(request_id, created, model_name, len(prompt_ids),
                                                               len(item.output_ids))))

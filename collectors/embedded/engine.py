@@ -11,10 +11,16 @@ tokens right-aligned, position ids per row, so a row's numbers do not depend on 
 neighbours' lengths.
 
 Hot reload (`load_weights`): the new checkpoint is read in the caller's thread while serving
-goes on; then admission stops, the running rows finish on the weights they started with, the
-model is swapped, and admission resumes. Every completion carries the version of the weights
-that produced all of its tokens. A checkpoint is a full Hugging Face directory or a LoRA
-adapter directory, which is merged into the base model it names when loaded.
+goes on; then the engine thread swaps the model between two decode steps. Running rows are
+neither aborted, drained nor resampled: they keep their KV cache (the keys and values of the
+tokens so far, computed by the weights that were serving then, as vLLM keeps them in its
+keep-mode pause) and sample their next tokens with the new weights. Each row records the
+output index at which each version began (`Completion.version_starts`/`version_values`), so
+every token is stamped with the weights that sampled it; `policy_version` is the version of
+the first token. A checkpoint whose cache layout differs (layers, key/value heads, head size)
+cannot continue another model's cache: then the running rows finish on the old weights first,
+as before. A checkpoint is a full Hugging Face directory or a LoRA adapter directory, which is
+merged into the base model it names when loaded.
 
 Why hand-written: transformers' continuous batching applies one generation config to all
 requests and returns neither per-request seeded draws nor processed logprobs; vLLM does all of
@@ -51,7 +57,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Completion:
-    """One finished request. `policy_version` produced every token in `output_ids`."""
+    """One finished request. `policy_version` sampled its first token; when the weights changed during the
+    request, version `version_values[k]` sampled the tokens from `version_starts[k]` on (one span when not)."""
 
     prompt_ids: list[int]
     output_ids: list[int]
@@ -66,6 +73,12 @@ class Completion:
     # truncated draws: each token's kept-set size, and the ids of the sets of at most SUPPORT_IDS_CAP (CSR)
     support_sizes: list[int] | None = None
     support_ids: list[int] | None = None
+    version_starts: list[int] = field(default_factory=lambda: [0])
+    version_values: list[int] = field(default_factory=list)  # empty: [policy_version]
+
+    def spans(self) -> tuple[list[int], list[int]]:
+        """(starts, versions) of the version spans over `output_ids`."""
+        return (self.version_starts, self.version_values) if self.version_values else ([0], [self.policy_version])
 
 
 @dataclass
@@ -78,6 +91,7 @@ class EngineStats:
     generated_tokens: int = 0
     peak_batch: int = 0
     reloads: int = 0
+    inflight_swaps: int = 0  # running requests that went on sampling with new weights (none was aborted or resampled)
 
 
 Token = tuple[int, float, list[tuple[int, float]] | None, int]  # id, logprob, top-N (id, logprob) or None, version
@@ -90,7 +104,9 @@ class _Sequence:
     params: SamplingParams
     on_done: Callable[[Completion | BaseException], None]
     generator: torch.Generator | None = None
-    version: int = -1
+    version: int = -1  # the version sampling its tokens now
+    version_starts: list[int] = field(default_factory=list)  # output index at which each version began
+    version_values: list[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -214,7 +230,7 @@ class Engine:
 
     @property
     def reload_pending(self) -> bool:
-        """A checkpoint is loaded and waits for the running rows to finish before it is swapped in."""
+        """A checkpoint is loaded and waits for the engine thread to swap it in (at the next step)."""
         return self._swap is not None
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
@@ -257,7 +273,8 @@ class Engine:
     async def astream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[Token | Completion]:
         """Each token as it is sampled, `(id, logprob, top or None, version)`, then the `Completion`.
 
-        The version is fixed when the request is admitted, before its first token. Closing the
+        The version is that of the weights that sampled the token (it changes when a reload lands while
+        the request runs). Closing the
         iterator early (the caller went away) cancels the request: the engine stops sampling it."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Token | Completion | BaseException] = asyncio.Queue()
@@ -283,7 +300,8 @@ class Engine:
     def load_weights(self, path: str | Path, version: int) -> None:
         """Serve the checkpoint at `path` as `version` from the next admitted request on.
 
-        Blocks until the swap happened. In-flight requests finish on the old weights first.
+        Blocks until the swap happened, between two decode steps: in-flight requests go on with the new
+        weights from their next token (module docstring).
         """
         with self._reload_lock:
             self.check_newer(version)
@@ -325,7 +343,7 @@ class Engine:
                         self._cond.wait()
                     if self._closed:
                         break
-                    if self._swap is not None and not self._rows:
+                    if self._swap is not None and (not self._rows or self._continues(self._swap)):
                         self._apply_swap(self._swap)
                         self._swap = None
                         continue
@@ -350,8 +368,17 @@ class Engine:
         if self._swap is not None:
             self._swap.done.set()
 
+    def _continues(self, swap: _Swap) -> bool:
+        """Whether the running rows can go on with `swap`'s weights over the cache the old ones wrote."""
+        return kv_batch.cache_layout(self.model.config) == kv_batch.cache_layout(swap.model.config)
+
     def _apply_swap(self, swap: _Swap) -> None:
-        assert not self._rows, "weights are swapped only between batches"
+        """Serve `swap` from the next step on; running rows keep their cache and start a new version span."""
+        for seq in self._rows:
+            seq.version = swap.version
+            seq.version_starts.append(len(seq.output_ids))
+            seq.version_values.append(swap.version)
+        self.stats.inflight_swaps += len(self._rows)
         self.model, self.policy_version, self.model_dir = swap.model, swap.version, swap.path
         if self._routes is not None:
             self._routes.close()
@@ -374,6 +401,7 @@ class Engine:
             ids[r, width - len(seq.prompt_ids):] = torch.tensor(seq.prompt_ids)
             mask[r, width - len(seq.prompt_ids):] = 1
             seq.version = self.policy_version
+            seq.version_starts, seq.version_values = [0], [self.policy_version]
             seq.generator = make_generator(seq.params.seed, self.device, self._rng.getrandbits(63))
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -489,7 +517,8 @@ class Engine:
         seq.on_done(Completion(
             prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, logprobs=seq.logprobs,
             top_logprobs=seq.top if seq.params.logprobs else None, text=text, finish_reason=reason,
-            stop_reason=stop_reason, policy_version=seq.version, routed_experts=joined(seq.routes),
+            stop_reason=stop_reason, policy_version=seq.version_values[0], version_starts=seq.version_starts,
+            version_values=seq.version_values, routed_experts=joined(seq.routes),
             support_sizes=seq.support_sizes if seq.params.truncated else None,
             support_ids=seq.support_ids if seq.params.truncated else None))
 

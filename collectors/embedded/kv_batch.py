@@ -47,3 +47,13 @@ def select(layers: Layers, mask: torch.Tensor, keep: list[int]) -> tuple[Layers,
     mask = mask[index]
     start = int((mask.sum(dim=0) == 0).long().cumprod(0).sum())
     return [(k[index, :, start:], v[index, :, start:]) for k, v in layers], mask[:, start:]
+
+
+def cache_layout(config: object) -> tuple[object, ...]:
+    """What a model's cache looks like (layers, key/value heads, head size, layer types): two models with the
+    same layout can continue each other's cache, as a hot reload between decode steps does."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    heads = getattr(text, "num_attention_heads", None)
+    head_dim = getattr(text, "head_dim", None) or (getattr(text, "hidden_size", 0) // (heads or 1))
+    return (getattr(text, "num_hidden_layers", None), getattr(text, "num_key_value_heads", heads), head_dim,
+            tuple(getattr(text, "layer_types", None) or ()), getattr(text, "sliding_window", None))

@@ -18,14 +18,17 @@ protocol.py), so a collector cannot tell the embedded server from vLLM:
   or stop token id; null for EOS), `logprobs.{tokens, token_logprobs, top_logprobs,
   text_offset}` (top_logprobs holds the sampled token plus the top N, values clamped at
   -9999.0 as vLLM does), `token_ids` and `prompt_token_ids` (with `return_token_ids`),
-  `usage`, plus `policy_version`, the checkpoint version that sampled every output token, and for a
+  `usage`, plus `policy_version`, the checkpoint version that sampled the first output token,
+  `choices[].weight_versions` (vLLM's spans: `{version, start, end}`, output tokens [start, end)
+  sampled by that version; more than one when a reload landed during the call), and for a
   mixture-of-experts model `routed_experts` (vLLM's, with `--enable-return-routed-experts`: base64
   `.npy` of `[prompt + output - 1, layers, top_k]` expert indices, see `collectors.embedded.routes`;
   null for a dense model).
 - stream (vLLM's CompletionStreamResponse): one `data:` event per sampled token with its
-  `text` delta, `token_ids`, `logprobs` and `policy_version` (`prompt_token_ids` on the first),
-  the last with `finish_reason` and `stop_reason` (and, for a MoE model, the whole completion's
-  `routed_experts`, which vLLM 0.32 returns only unstreamed), a usage event with empty `choices` when
+  `text` delta, `token_ids`, `logprobs` and `policy_version`, the version that sampled its tokens
+  (`prompt_token_ids` on the first), the last with `finish_reason` and `stop_reason` (and, for a
+  MoE model, the whole completion's `routed_experts`, which vLLM 0.32 returns only unstreamed),
+  a usage event with empty `choices` when
   asked, then `data: [DONE]`. Text that may still become a stop string, and a token that may be
   the stop token, are held back until the next token shows what they are.
 - sampling support (trajstore's extension): a completion drawn with top_p < 1 or top_k > 0
@@ -51,6 +54,7 @@ from collectors.embedded import routes
 from collectors.embedded.engine import Completion
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
+from collectors.policy.versions import span_list
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 REFUSED = {
@@ -218,6 +222,7 @@ def completion_response(job: CompletionJob, result: Completion, *, model_name: s
         "token_ids": result.output_ids if job.return_token_ids else None,
         "prompt_logprobs": None,
         "prompt_token_ids": result.prompt_ids if job.return_token_ids and job.echo_prompt else None,
+        "weight_versions": span_list(*result.spans(), len(result.output_ids)),
         "routed_experts": routes.encode(result.routed_experts) if result.routed_experts is not None else None,
     }
     if result.support_sizes is not None:  # truncated draws: each token's kept set (see the module docstring)

@@ -4,7 +4,9 @@
 speaking vLLM's `/v1/completions` with token-id prompts. A collector never re-tokenizes
 what the model returned: `Sample.output_ids` are the engine's ids, `Sample.output_logprobs`
 the logprobs of the distribution each was drawn from, and `Sample.policy_version` the
-checkpoint version that produced all of them. `stream` yields the same tokens as they are
+checkpoint version that sampled the first of them; when the server loaded new weights while
+the call ran, `version_starts`/`version_values` say from which output index on each version
+sampled (`collectors.policy.versions`; None: one version sampled all). `stream` yields the same tokens as they are
 sampled (`Chunk`s, joined by `StreamedSample` into the `Sample` that `complete` would return).
 """
 
@@ -100,6 +102,9 @@ class Sample:
     # concatenated (the turn's `support_sizes` / `support_ids`); None: no truncation recorded
     support_sizes: list[int] | None = None
     support_ids: list[int] | None = None
+    # weights changed mid-call: version_values[k] sampled the tokens from version_starts[k] on; None: one version
+    version_starts: list[int] | None = None
+    version_values: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -120,11 +125,16 @@ class Chunk:
     # server may send them with each chunk, as vLLM does, or all with the last one, as the embedded server does
     support_sizes: list[int] | None = None
     support_ids: list[int] | None = None
+    # the server's spans over the whole output (vLLM sends them on the last chunk only), when it sends them
+    version_starts: list[int] | None = None
+    version_values: list[int] | None = None
 
 
 @dataclass
 class StreamedSample:
-    """The chunks of one stream joined into the `Sample` they make up (`add` each, then `sample()`)."""
+    """The chunks of one stream joined into the `Sample` they make up (`add` each, then `sample()`).
+
+    Version spans come from the chunks' versions as they change, unless a chunk carries the server's spans."""
 
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
@@ -137,17 +147,25 @@ class StreamedSample:
     routed_experts: np.ndarray | None = None
     support_sizes: list[int] | None = None
     support_ids: list[int] | None = None
+    version_starts: list[int] = field(default_factory=list)
+    version_values: list[int] = field(default_factory=list)
 
     def add(self, chunk: Chunk) -> None:
         if chunk.support_sizes is not None and chunk.support_ids is not None:
             self.support_sizes = (self.support_sizes or []) + chunk.support_sizes
             self.support_ids = (self.support_ids or []) + chunk.support_ids
+        if chunk.version_starts is not None and chunk.version_values is not None:
+            self.version_starts, self.version_values = list(chunk.version_starts), list(chunk.version_values)
+        elif chunk.output_ids and (not self.version_values or self.version_values[-1] != chunk.policy_version):
+            self.version_starts.append(len(self.output_ids))
+            self.version_values.append(chunk.policy_version)
         self.output_ids.extend(chunk.output_ids)
         self.output_logprobs.extend(chunk.output_logprobs)
         if chunk.top_logprobs is not None:
             self.top_logprobs = (self.top_logprobs or []) + chunk.top_logprobs
         self.text += chunk.text
-        self.policy_version = chunk.policy_version
+        if self.policy_version is None:
+            self.policy_version = chunk.policy_version
         if chunk.finish_reason is not None:
             self.finish_reason, self.stop_reason = chunk.finish_reason, chunk.stop_reason
         if chunk.routed_experts is not None:
@@ -155,11 +173,14 @@ class StreamedSample:
 
     def sample(self) -> Sample:
         """The joined sample; a stream that ended without a finish reason was cut short: `abort`."""
+        mixed = len(self.version_values) > 1
+        first = self.version_values[0] if self.version_values else self.policy_version
         return Sample(prompt_ids=self.prompt_ids, output_ids=self.output_ids, output_logprobs=self.output_logprobs,
                       text=self.text, finish_reason=self.finish_reason or "abort",
-                      policy_version=self.policy_version if self.policy_version is not None else -1,
+                      policy_version=first if first is not None else -1,
                       stop_reason=self.stop_reason, top_logprobs=self.top_logprobs, routed_experts=self.routed_experts,
-                      **self._support())
+                      version_starts=self.version_starts if mixed else None,
+                      version_values=self.version_values if mixed else None, **self._support())
 
     def _support(self) -> dict[str, list[int] | None]:
         """The kept sets when the stream brought one for every token; else none (a partial record is no record)."""

@@ -1,8 +1,11 @@
 """`EmbeddedClient`: the embedded policy server (`trajstore serve`), which reports the version of every sample.
 
-The server answers each completion with the policy version that sampled all of its tokens
-(`policy_version`, header X-Policy-Version); the client passes it through. Reloads go through
-`POST /v1/load_weights`, and the server finishes in-flight requests on the old weights itself:
+The server answers each completion with the policy version that sampled its first token
+(`policy_version`, header X-Policy-Version) and, per choice, the spans of every version that
+sampled its tokens (`weight_versions`: the server loads new weights between decode steps, so a
+call can span a reload); the client passes them through (`Sample.version_starts`/`version_values`).
+A streamed call's events each carry their tokens' version. Reloads go through
+`POST /v1/load_weights`:
 by a directory on the server's disk (`load_weights`), or by the location the learner announced
 (`load_published`: the server fetches and verifies it itself, so it may run on any host).
 
@@ -21,6 +24,7 @@ from multidict import CIMultiDict
 
 from collectors.errors import VersionConflict, WeightLoadError
 from collectors.policy.contract import MAX_POLICY_VERSION, Chunk, Sample, SamplingParams
+from collectors.policy.versions import int_label
 from trajstore.announcement import LoadRequest
 from collectors.policy.http import (
     Http,
@@ -74,7 +78,7 @@ class EmbeddedClient:
         body = await self._http.parsed(reply, "/v1/completions")
         version = self._version(body, reply.headers, loads)
         return parse_completion(body, ids, policy_version=version, url=self.base_url,
-                                top_logprobs=bool(sampling.logprobs))
+                                top_logprobs=bool(sampling.logprobs), label=int_label)
 
     async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                      session_id: str | None = None) -> AsyncIterator[Chunk]:
@@ -126,7 +130,7 @@ class EmbeddedClient:
         return await list_models(self._http)
 
     async def load_weights(self, path: str, version: int) -> None:
-        """POST /v1/load_weights: the server finishes in-flight requests on the old weights itself."""
+        """POST /v1/load_weights: the server swaps the weights between decode steps; calls in flight go on."""
         await self._load(LoadRequest(version=version, path=str(path)), str(path))
 
     async def load_published(self, request: LoadRequest) -> str:

@@ -41,6 +41,7 @@ from multidict import CIMultiDict
 
 from collectors.errors import CollectorError
 from collectors.policy.contract import Chunk, Sample, SamplingParams, support_from_sets
+from collectors.policy.versions import Label, Spans, parse_spans
 from trajstore.events import SUPPORT_IDS_CAP
 
 
@@ -391,9 +392,22 @@ def _first_choice(body: Any, url: str) -> dict[str, Any]:
     return choices[0]
 
 
+def _spans(choice: dict[str, Any], n_tokens: int, label: Label | None, url: str) -> Spans | None:
+    """The choice's `weight_versions` when the caller reads them (`label`) and the server sent them."""
+    value = choice.get("weight_versions")
+    if label is None or value is None:
+        return None
+    spans = parse_spans(value, n_tokens, label)
+    if isinstance(spans, str):
+        raise PolicyServerBadResponse(f"the policy server at {url} answered with unusable version spans: {spans}",
+                                      url=url)
+    return spans
+
+
 def parse_completion(body: Any, prompt_ids: list[int], *, policy_version: int, url: str,
-                     top_logprobs: bool = False) -> Sample:
-    """A `Sample` from a /v1/completions response, or `PolicyServerBadResponse` naming what is missing."""
+                     top_logprobs: bool = False, label: Label | None = None) -> Sample:
+    """A `Sample` from a /v1/completions response, or `PolicyServerBadResponse` naming what is missing.
+    With `label`, the choice's `weight_versions` spans (when sent) stamp the tokens instead of `policy_version`."""
     choice = _first_choice(body, url)
     ids, logprobs, tops = _tokens(choice, url, top_logprobs)
     _check_echo(choice, prompt_ids, url)
@@ -404,6 +418,10 @@ def parse_completion(body: Any, prompt_ids: list[int], *, policy_version: int, u
         raise PolicyServerBadResponse(  # no echo to compare: its count of the prompt is what is left to check
             f"the policy server at {url} sampled from a prompt of {counted} tokens but was sent {len(prompt_ids)}; "
             "the stored turn would not match what the model saw", url=url)
+    spans = _spans(choice, len(ids), label, url) if ids else None
+    if spans is not None:
+        policy_version = spans[1][0]
+    mixed = spans is not None and len(spans[1]) > 1
     text, finish = choice.get("text"), choice.get("finish_reason")
     if not isinstance(text, str) or not isinstance(finish, str):
         raise PolicyServerBadResponse(f"the policy server at {url} returned a choice without `text` or "
@@ -411,7 +429,8 @@ def parse_completion(body: Any, prompt_ids: list[int], *, policy_version: int, u
     return Sample(prompt_ids=prompt_ids, output_ids=ids, output_logprobs=logprobs, text=text,
                   finish_reason=finish, policy_version=policy_version, stop_reason=choice.get("stop_reason"),
                   top_logprobs=tops, routed_experts=routed_experts(choice, url, len(prompt_ids) + len(ids)),
-                  support_sizes=support_sizes, support_ids=support_ids)
+                  support_sizes=support_sizes, support_ids=support_ids,
+                  version_starts=spans[0] if mixed else None, version_values=spans[1] if mixed else None)
 
 
 def routed_experts(choice: dict[str, Any], url: str, tokens: int | None = None) -> np.ndarray | None:
@@ -437,7 +456,7 @@ def routed_experts(choice: dict[str, Any], url: str, tokens: int | None = None) 
 
 
 def parse_chunk(event: Any, prompt_ids: list[int], *, policy_version: int, url: str,
-                top_logprobs: bool = False) -> Chunk | None:
+                top_logprobs: bool = False, label: Label | None = None, n_before: int = 0) -> Chunk | None:
     """A `Chunk` from one event of a streamed /v1/completions response (vLLM's CompletionStreamResponse);
     None for the usage event, which has no choices."""
     if isinstance(event, dict) and event.get("choices") == []:
@@ -447,10 +466,12 @@ def parse_chunk(event: Any, prompt_ids: list[int], *, policy_version: int, url: 
     _check_echo(choice, prompt_ids, url)
     finish = choice.get("finish_reason")
     support_sizes, support_ids = _support(choice, url, None)
+    spans = _spans(choice, n_before + len(ids), label, url)  # over the whole output, on the last chunk
     return Chunk(output_ids=ids, output_logprobs=logprobs, text=str(choice.get("text") or ""),
                  policy_version=policy_version, top_logprobs=tops, finish_reason=finish,
                  stop_reason=choice.get("stop_reason"), routed_experts=routed_experts(choice, url),
-                 support_sizes=support_sizes, support_ids=support_ids)
+                 support_sizes=support_sizes, support_ids=support_ids,
+                 version_starts=spans[0] if spans else None, version_values=spans[1] if spans else None)
 
 
 def prompt_list(prompt_ids: Sequence[int]) -> list[int]:

@@ -3,12 +3,15 @@
 vLLM's completions do not say which weights sampled them, so the version comes from what the
 server reports beside them. Three ways to reload, one per role (`reload=`):
 
-- `"weights"` (vLLM with VLLM_SERVER_DEV_MODE=1): this client reloads the server's full
-  weights: POST /pause?mode=wait (vLLM finishes every caller's in-flight requests and holds new
-  ones), /collective_rpc `reload_weights`, /update_weight_version with the new version, then
-  /reset_prefix_cache and /resume. The server's weight-version label (vLLM's own, GET
-  /weight_info) therefore changes only while nothing is sampled, and always together with
-  the weights. One client per server reloads; a second would pause it behind the first one's back.
+- `"weights"` (vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-scale-out): this client reloads the
+  server's full weights: POST /pause?mode=keep (vLLM freezes every caller's in-flight requests
+  between two steps, keeping their KV cache, and holds new ones), /collective_rpc
+  `reload_weights`, /update_weight_version with the new version, /reset_prefix_cache (it
+  succeeds only when no kept request holds cache blocks), then /resume: the frozen requests go
+  on with the new weights. Nothing is aborted, drained or sampled again. The server's
+  weight-version label (vLLM's own, GET /weight_info) changes only while nothing is sampled,
+  always together with the weights. One client per server reloads; a second would pause it
+  behind the first one's back.
 - `"follow"`: another process (the collector with `reload="weights"`) reloads this server;
   `load_weights(path, N)` only waits until the server's label reaches N.
 - `"lora"` (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, --enable-lora): each version is its own
@@ -16,14 +19,14 @@ server reports beside them. Three ways to reload, one per role (`reload=`):
   the same name is a no-op), and every request names its adapter in `model`; vLLM echoes the
   name back, which fixes the version exactly. Nothing is paused.
 
-Stamping in "weights" and "follow": a completion is stamped with the label read after it
-finished, if that equals the label known before it was sent (the last one read); labels only go
-up, so the label was constant for the whole request, and with it the weights. If the label
-moved meanwhile, the sample's version cannot be known, so it is dropped and the completion
-sent again (counted in `resampled`); this happens only to requests that overlapped a reload.
-A streamed completion cannot be drawn again once its tokens went out: it fails instead (`stream`).
-A label of "default" (a server nobody reloaded yet) is the `policy_version` the client was
-given; a server without the dev routes cannot be reloaded, so its version is that one too.
+Stamping in "weights" and "follow": calls go to vLLM's `POST /inference/v1/generate`
+(`collectors.policy.vllm_generate`), whose every choice carries `weight_versions`, the spans of
+output tokens each label sampled; vLLM changes the label only between steps, together with the
+weights. So each token is stamped with the version that sampled it (`Sample.version_starts`/
+`version_values`, `policy_version` the first token's), streamed calls included (the spans come
+with the last event). A label of "default" (a server nobody reloaded yet) is the
+`policy_version` the client was given; a server without the dev routes cannot be reloaded, so
+its version is that one too. No call is sent again because of a reload.
 
 Retries: a 503 (vLLM's queue limit, `--max-num-queued-reqs`; also hit while a reload holds
 requests) is retried with backoff, see `collectors.policy.http`. While paused for a reload,
@@ -78,17 +81,12 @@ from collectors.policy.http import (
     prompt_list,
     session_headers,
 )
-from collectors.policy.vllm_generate import (
-    GENERATE_ROUTE,
-    generate_body,
-    parse_generate,
-    parse_generate_chunk,
-)
+from collectors.policy.versions import Label
+from collectors.policy.vllm_generate import ROUTE as GENERATE
+from collectors.policy.vllm_generate import SCALE_OUT_HINT, as_completion, generate_body
 
 Reload = Literal["weights", "follow", "lora"]
-Api = Literal["completions", "generate"]
 _DEV_ROUTES = ("/pause", "/resume", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version")
-_RESAMPLE_LIMIT = 8  # a completion overlapping this many reloads in a row is an error, not bad luck
 
 
 class VLLMClient:
@@ -101,17 +99,12 @@ class VLLMClient:
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, model: str | None = None, policy_version: int = 0,
                  reload: Reload = "weights", lora_prefix: str = "policy", timeout_s: float = 600.0,
                  reload_timeout_s: float = 1800.0, follow_timeout_s: float = 30.0, connect_retries: int = 2,
-                 retry_backoff_s: float = 0.25, max_connections: int = 0, api: Api = "completions") -> None:
+                 retry_backoff_s: float = 0.25, max_connections: int = 0) -> None:
         if reload not in ("weights", "follow", "lora"):
             raise ValueError(f"reload must be 'weights', 'follow' or 'lora', got {reload!r}")
-        if api not in ("completions", "generate"):
-            raise ValueError(f"api must be 'completions' or 'generate', got {api!r}")
-        # where samples are drawn: /v1/completions, or vLLM's token-in / token-out route (collectors.policy.vllm_generate)
-        self.api: Api = api
         self.base_url = base_url.rstrip("/")
         self.policy_version = policy_version  # the newest version this client has seen the server serve
         self.reload = reload
-        self.resampled = 0  # completions dropped because a reload overlapped them (see the module docstring)
         self._initial, self._model, self._lora_prefix = policy_version, model, lora_prefix
         self._reload_timeout_s, self._follow_timeout_s = reload_timeout_s, follow_timeout_s
         self._label: int | None = None  # the server's weight-version label as last read
@@ -140,24 +133,21 @@ class VLLMClient:
 
     async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None, sampling_extra: Mapping[str, Any] | None = None) -> Sample:
-        """One sample; `sampling_extra` (api="generate" only) adds vLLM sampling fields, see
-        `collectors.policy.vllm_generate`."""
+        """One sample; `sampling_extra` adds vLLM request fields (`collectors.policy.vllm_generate.generate_body`)."""
         if self._broken:
             raise WeightLoadError(self._broken)
         ids = prompt_list(prompt_ids)
-        body = self._body(ids, sampling, sampling_extra, stream=False)
         if self.reload == "lora":  # the adapter named in the request fixes the version
+            _no_extra(sampling_extra)
             model, version = self._model, self.policy_version
+            body = completion_body(ids, sampling, self._model)
             return self._sample(await self._post_completion(body, session_id), ids, model, version, sampling)
-        for _ in range(_RESAMPLE_LIMIT):
-            before = self._label if self._label is not None else await self.served_label()
-            reply = await self._post_completion(body, session_id)
-            after = await self.served_label()
-            if after == before:
-                return self._sample(reply, ids, self._model, after, sampling)
-            self.resampled += 1
-        raise PolicyServerError(f"vLLM at {self.base_url} changed its weights during each of {_RESAMPLE_LIMIT} "
-                                f"attempts at one completion; something reloads it continuously", url=self.base_url)
+        known = self._label if self._label is not None else await self.served_label()
+        reply = await self._post(GENERATE, generate_body(ids, sampling, self._model, known, extra=sampling_extra),
+                                 session_id)
+        sample = self._sample(as_completion(reply), ids, self._model, known, sampling, label=self._version_of)
+        self._saw(sample.version_values or [sample.policy_version])
+        return sample
 
     async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                      session_id: str | None = None,
@@ -169,47 +159,62 @@ class VLLMClient:
         if self._broken:
             raise WeightLoadError(self._broken)
         ids = prompt_list(prompt_ids)
-        body = self._body(ids, sampling, sampling_extra, stream=True)
         lora = self.reload == "lora"
         before = self.policy_version if lora else (
             self._label if self._label is not None else await self.served_label())
-        generate = self.api == "generate"
-        route, parse = (GENERATE_ROUTE, parse_generate_chunk) if generate else ("/v1/completions", parse_chunk)
+        if lora:
+            _no_extra(sampling_extra)
+            route, body = "/v1/completions", {**completion_body(ids, sampling, self._model), "stream": True}
+        else:
+            route, body = GENERATE, generate_body(ids, sampling, self._model, before, stream=True, extra=sampling_extra)
+        n_before = 0
         async for _, event in self._http.events(route, body=body, headers=session_headers(session_id)):
-            if not generate:  # the generate route's chunks name no model
+            if lora:  # the generate route's events name no model
                 self._check_model(event, self._model)
-            chunk = parse(event, ids, policy_version=before, url=self.base_url, top_logprobs=bool(sampling.logprobs))
+            chunk = parse_chunk(event if lora else as_completion(event), ids, policy_version=before,
+                                url=self.base_url, top_logprobs=bool(sampling.logprobs),
+                                label=None if lora else self._version_of, n_before=n_before)
             if chunk is not None:
+                n_before += len(chunk.output_ids)
+                if chunk.version_values:
+                    self._saw(chunk.version_values)
                 yield chunk
-        if not lora and await self.served_label() != before:
-            self.resampled += 1
-            raise PolicyServerError(f"vLLM at {self.base_url} reloaded its weights while this stream sampled, so the "
-                                    "version of its tokens is unknown; nothing of it is stored: send the call again",
-                                    url=self.base_url)
-
-    def _body(self, ids: list[int], sampling: SamplingParams, extra: Mapping[str, Any] | None, *,
-              stream: bool) -> dict[str, Any]:
-        if self.api == "generate":
-            return generate_body(ids, sampling, self._model, extra, stream=stream)
-        if extra:
-            raise ValueError("sampling_extra needs VLLMClient(api='generate'): /v1/completions takes no vLLM "
-                             "sampling fields beyond SamplingParams")
-        body = completion_body(ids, sampling, self._model)
-        return {**body, "stream": True} if stream else body
 
     async def _post_completion(self, body: dict[str, Any], session_id: str | None) -> Any:
-        route = GENERATE_ROUTE if self.api == "generate" else "/v1/completions"
-        reply = await self._http.call("POST", route, body=body, headers=session_headers(session_id),
-                                      retry_unavailable=True)
-        return await self._http.parsed(reply, route)
+        return await self._post("/v1/completions", body, session_id)
 
-    def _sample(self, body: Any, ids: list[int], model: str | None, version: int, sampling: SamplingParams) -> Sample:
-        if self.api == "generate":  # its answer names no model; the request did
-            return parse_generate(body, ids, policy_version=version, url=self.base_url,
-                                  top_logprobs=bool(sampling.logprobs))
+    async def _post(self, route: str, body: dict[str, Any], session_id: str | None) -> Any:
+        try:
+            reply = await self._http.call("POST", route, body=body, headers=session_headers(session_id),
+                                          retry_unavailable=True)
+        except PolicyServerRejected as exc:
+            route_missing = exc.status == 404 and exc.server_message in ("Not Found", "")
+            if route == GENERATE and (exc.status == 403 or route_missing):
+                raise PolicyServerRejected(f"vLLM at {self.base_url} refused POST {route} ({exc.status}: "
+                                           f"{exc.server_message}); {SCALE_OUT_HINT}", url=self.base_url,
+                                           status=exc.status, server_message=exc.server_message) from exc
+            raise
+        return self._http.json(reply, route)
+
+    def _sample(self, body: Any, ids: list[int], model: str | None, version: int, sampling: SamplingParams,
+                label: Label | None = None) -> Sample:
         self._check_model(body, model)
         return parse_completion(body, ids, policy_version=version, url=self.base_url,
-                                top_logprobs=bool(sampling.logprobs))
+                                top_logprobs=bool(sampling.logprobs), label=label)
+
+    def _version_of(self, label: str) -> int:
+        """The policy version vLLM's weight-version `label` stands for (ValueError when none)."""
+        if label == "default":
+            return self._initial
+        if not label.isdigit():
+            raise ValueError(label)
+        return int(label)
+
+    def _saw(self, versions: list[int]) -> None:
+        """Versions the server reported sampling with: labels only go up."""
+        newest = max(versions)
+        self._label = newest if self._label is None else max(self._label, newest)
+        self.policy_version = max(self.policy_version, newest)
 
     def _check_model(self, body: Any, model: str | None) -> None:
         if model is not None and isinstance(body, dict) and body.get("model") != model:
@@ -267,7 +272,8 @@ class VLLMClient:
         if self._labelled and served >= version:
             raise VersionConflict(f"vLLM at {self.base_url} already serves version {served}; not loading {path} "
                                   f"as version {version}")
-        await self._control("/pause", params={"mode": "wait"})
+        # keep: requests in flight freeze between two steps and go on with the new weights after /resume
+        await self._control("/pause", params={"mode": "keep", "clear_cache": "false"})
         try:  # reload_weights(weights_path=...) points the model config at `path` and loads it layer by layer
             await self._control("/collective_rpc", body={"method": "reload_weights", "kwargs": {"weights_path": path}},
                                 timeout_s=self._reload_timeout_s)
@@ -363,3 +369,9 @@ def _check_checkpoint(path: str) -> None:
             f"{path} ties its LM head to its input embedding (tie_word_embeddings), and vLLM's in-place weight "
             "reload reloads the embedding but keeps the old LM head, so the server would sample from a mix of two "
             "versions; train LoRA adapters and reload with VLLMClient(reload='lora'), or untie the embeddings")
+
+
+def _no_extra(extra: Mapping[str, Any] | None) -> None:
+    if extra:
+        raise ValueError("sampling_extra needs vLLM's generate route, which a LoRA client (reload='lora') does not "
+                         "use: its adapter is named on /v1/completions")

@@ -11,6 +11,9 @@ without `--server`, `trajstore demo --engine vllm`, `benchmarks/serve.py` and th
 How it is configured, and why:
 - `--logprobs-mode processed_logprobs`: logprobs of the distribution each token was drawn from
   (temperature, top-k, top-p applied), the behaviour logprobs the learner needs;
+- `--enable-scale-out`: the token-in / token-out route `POST /inference/v1/generate`, the one
+  that returns each output token's weight version (`weight_versions`), which `VLLMClient` stamps
+  tokens with when weights are reloaded in flight (`collectors.policy.vllm_generate`);
 - `--dtype float32`, `VLLM_CPU_KVCACHE_SPACE=1` (GiB): small models on a small CPU;
 - `VLLM_SERVER_DEV_MODE=1`: the weight-reload routes (/pause, /collective_rpc, /resume) and the
   weight-version label (/update_weight_version, /weight_info) that `VLLMClient` stamps versions
@@ -207,7 +210,7 @@ def start_vllm(model_dir: str | Path, *, served_name: str | None = None, port: i
     name = served_name or str(model_dir)
     args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-            "--logprobs-mode", "processed_logprobs"]
+            "--logprobs-mode", "processed_logprobs", "--enable-scale-out"]
     if max_model_len is not None:
         args += ["--max-model-len", str(max_model_len)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}

@@ -254,7 +254,8 @@ class Capture:
             prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
             output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
             request=body, response=response, meta=meta, support_sizes=sample.support_sizes,
-            support_ids=sample.support_ids, **sample_routes(sample, len(plan.prompt_ids)))])
+            support_ids=sample.support_ids, output_version_starts=sample.version_starts,
+            output_version_values=sample.version_values, **sample_routes(sample, len(plan.prompt_ids)))])
         self.stats.durable_wait.observe(time.perf_counter() - asked)
         sampled_text = body_text + renderer.decode(sample.output_ids[len(text_ids(sample)):])
         record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)

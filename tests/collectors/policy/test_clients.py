@@ -39,6 +39,7 @@ from collectors.policy import (
     VLLMClient,
 )
 from tests.collectors.fake_vllm import FakeVLLM, fake_vllm, free_port
+from trajstore.versions import expand
 
 PROMPT = [50, 51, 52, 53]
 VOCAB = 2048  # the tiny model's, and the fake's
@@ -286,42 +287,49 @@ def test_vllm_client_sends_token_ids_and_forwards_the_session() -> None:
     run(scenario)
 
 
-def _served_for(fake: FakeVLLM, output_ids: list[int]) -> list[str]:
-    """The weights of every attempt the fake ran that produced exactly these ids."""
-    return [s.weights_at_start for s in fake.served if s.token_ids == output_ids]
-
-
-def test_vllm_weight_reload_pauses_labels_and_stamps_only_the_version_that_sampled(vllm_model: Path,
-                                                                                  vllm_model_v2: Path) -> None:
-    version_of = {str(vllm_model): 1, str(vllm_model_v2): 2}
-
+def test_vllm_weight_reload_keeps_calls_in_flight_and_stamps_each_token_with_its_version(vllm_model: Path,
+                                                                                       vllm_model_v2: Path) -> None:
+    """A keep-mode pause: the calls in flight freeze, go on with the new weights, and come back with the spans
+    of each version; none is aborted, drained or sent again."""
     async def scenario() -> None:
         async with fake_vllm(weights=str(vllm_model)) as fake, VLLMClient(fake.url, policy_version=1) as client:
             fake.token_delay_s = 0.002
             early = [asyncio.create_task(client.complete(PROMPT, SamplingParams(max_tokens=40, seed=i))) for i in range(4)]
-            await _until(lambda: len(fake.served) == 4)
-            reload = asyncio.create_task(client.load_weights(str(vllm_model_v2), 2))
-            await _until(lambda: fake.paused)
-            assert not reload.done(), "the pause waits for the completions in flight"
+            await _until(lambda: len(fake.served) == 4 and all(s.token_ids for s in fake.served))
+            await client.load_weights(str(vllm_model_v2), 2)  # returns without waiting for the calls in flight
+            assert not any(task.done() for task in early), "the calls in flight were neither drained nor aborted"
             late = [asyncio.create_task(client.complete(PROMPT, SamplingParams(max_tokens=5, seed=i))) for i in range(4)]
-            early_samples, _, late_samples = await asyncio.gather(asyncio.gather(*early), reload, asyncio.gather(*late))
+            early_samples, late_samples = await asyncio.gather(asyncio.gather(*early), asyncio.gather(*late))
+            assert len(fake.served) == 8, "one request per call: none sent again"
             assert [s.policy_version for s in early_samples] == [1] * 4
-            assert [s.policy_version for s in late_samples] == [2] * 4
-            assert all(s.weights_at_start == s.weights_at_end for s in fake.served), "weights changed mid-request"
+            assert all(s.version_values == [1, 2] and 0 < s.version_starts[1] < 40 for s in early_samples)
+            assert all(s.policy_version == 2 and s.version_starts is None for s in late_samples)
             for sample in [*early_samples, *late_samples]:
-                assert {version_of[w] for w in _served_for(fake, sample.output_ids)} == {sample.policy_version}
-            # held during the pause, sampled by v2, sent when the client knew v1: resampled, never guessed
-            assert client.resampled == 4
+                (served,) = [s for s in fake.served if s.token_ids == sample.output_ids]
+                stamped = expand(sample.version_starts, sample.version_values, len(sample.output_ids),
+                                 sample.policy_version)
+                assert stamped == [1 if label == "default" else int(label) for label in served.labels]
             assert [route for route, _ in fake.control] == ["/pause", "/collective_rpc", "/update_weight_version",
                                                              "/reset_prefix_cache", "/resume"]
-            assert fake.control[0][1] == "wait" and fake.control[2][1] == "2" and fake.weight_version == "2"
+            assert fake.control[0][1] == "keep" and fake.control[2][1] == "2" and fake.weight_version == "2"
             assert fake.control[1][1] == {"method": "reload_weights", "kwargs": {"weights_path": str(vllm_model_v2)},
                                           "paused": True}
+            streamed = StreamedSample(list(PROMPT))
+            async for chunk in client.stream(PROMPT, SamplingParams(max_tokens=5, seed=9)):
+                streamed.add(chunk)
+            assert streamed.sample().policy_version == 2 and streamed.sample().version_starts is None
+    run(scenario)
+
+
+def test_vllm_without_the_generate_route_says_how_to_start_it() -> None:
+    async def scenario() -> None:
+        async with fake_vllm(scale_out=False) as fake, VLLMClient(fake.url) as client:
+            with pytest.raises(PolicyServerRejected, match="--enable-scale-out"):
+                await client.complete(PROMPT, SamplingParams(max_tokens=2))
     run(scenario)
 
 
 def test_vllm_a_follower_stamps_the_reloads_another_client_makes(vllm_model: Path, vllm_model_v2: Path) -> None:
-    version_of = {str(vllm_model): 0, str(vllm_model_v2): 1}
 
     async def scenario() -> None:
         async with fake_vllm(weights=str(vllm_model)) as fake, VLLMClient(fake.url) as owner, \
@@ -338,8 +346,12 @@ def test_vllm_a_follower_stamps_the_reloads_another_client_makes(vllm_model: Pat
                         for i in range(4)]
             done = await asyncio.gather(*samples)
             assert follower.policy_version == 1 and {s.policy_version for s in done[-4:]} == {1}
-            for sample in done:
-                assert {version_of[w] for w in _served_for(fake, sample.output_ids)} == {sample.policy_version}
+            assert len(fake.served) == 16, "one request per call: none sent again"
+            for sample in done:  # each token stamped with the label (the weights) that sampled it
+                (served,) = [s for s in fake.served if s.token_ids == sample.output_ids]
+                stamped = expand(sample.version_starts, sample.version_values, len(sample.output_ids),
+                                 sample.policy_version)
+                assert stamped == [0 if label == "default" else int(label) for label in served.labels]
             assert [route for route, _ in fake.control].count("/pause") == 1, "only the owner pauses"
     run(scenario)
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,11 +26,25 @@ import torch
 from collectors.errors import WeightLoadError
 from collectors.policy import PolicyServerRejected, PolicyServerUnreachable, Sample, SamplingParams, VLLMClient
 from collectors.policy.vllm_server import VLLMServer, start_vllm
-from tests.collectors.recompute import DIFFER, MATCH, cached_model, fresh_model, max_diff, recompute, recompute_all
+from tests.collectors.recompute import (
+    DIFFER,
+    MATCH,
+    cached_model,
+    fresh_model,
+    max_diff,
+    recompute,
+    recompute_spans,
+)
 
 pytestmark = pytest.mark.vllm
 
 PROMPT = [50, 51, 52, 53, 54, 55]
+
+
+def finished_requests(url: str) -> int:
+    """Requests vLLM finished, whatever the reason (its Prometheus counter)."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    return int(sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M)))
 
 
 def run(scenario: Callable[[], object]) -> None:
@@ -67,41 +83,55 @@ def test_seeds_stop_strings_and_finish_reasons(vllm_server: VLLMServer) -> None:
     run(scenario)
 
 
-def test_a_reload_under_load_stamps_every_sample_with_the_weights_that_drew_it(
+def test_a_reload_under_load_stamps_every_token_with_the_weights_that_drew_it(
         vllm_server: VLLMServer, vllm_model: Path, vllm_model_v2: Path, served_label: Callable[[], int]) -> None:
-    """Completions stream in while the weights change four times; every sample's logprobs are
-    recomputed under both checkpoints, and the stamped version's must be the one that matches."""
+    """Completions stream in while the weights change four times in keep mode: none is aborted or sent again,
+    calls in flight go on with the new weights, and every token's logprob is recomputed under the version
+    stamped on it (over the cache vLLM kept: `recompute_spans`); the other checkpoint's would not match."""
     base = served_label()
     weights = {base + 1 + i: (vllm_model_v2 if i % 2 else vllm_model) for i in range(5)}
 
-    async def scenario() -> list[Sample]:
+    async def scenario() -> tuple[list[Sample], int]:
         async with VLLMClient(vllm_server.url) as owner:
             await owner.load_weights(str(weights[base + 1]), base + 1)
+            requests = finished_requests(vllm_server.url)
             stop = asyncio.Event()
 
             async def sampler(worker: int) -> list[Sample]:
                 out, i = [], 0
                 while not stop.is_set():
-                    out.append(await owner.complete(PROMPT, SamplingParams(max_tokens=16, seed=worker * 1000 + i)))
+                    out.append(await owner.complete(PROMPT, SamplingParams(max_tokens=96, ignore_eos=True,
+                                                                                 seed=worker * 1000 + i)))
                     i += 1
                 return out
 
             workers = [asyncio.create_task(sampler(w)) for w in range(6)]
             for version in range(base + 2, base + 6):
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(0.5)
                 await owner.load_weights(str(weights[version]), version)
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.5)
             stop.set()
-            return [s for batch in await asyncio.gather(*workers) for s in batch]
+            return ([s for batch in await asyncio.gather(*workers) for s in batch],
+                    finished_requests(vllm_server.url) - requests)
 
-    samples = asyncio.run(scenario())
-    assert {s.policy_version for s in samples} >= set(weights) - {base + 1}, "samples under every reloaded version"
-    under = {str(path): recompute_all(cached_model(str(path)), samples) for path in (vllm_model, vllm_model_v2)}
-    for i, s in enumerate(samples):
-        mine, other = (under[str(path)][i] for path in sorted((vllm_model, vllm_model_v2),
-                                                              key=lambda p: p != weights[s.policy_version]))
-        assert max_diff(s.output_logprobs, mine) < MATCH, f"version {s.policy_version} did not draw this sample"
-        assert sum(abs(x - y) for x, y in zip(mine, other)) / len(mine) > DIFFER
+    samples, upstream = asyncio.run(scenario())
+    assert upstream == len(samples), "one vLLM request per call: none sent again"
+    assert all(s.finish_reason == "length" for s in samples), "none aborted"
+    stamped = {v for s in samples for v in (s.version_values or [s.policy_version])}
+    assert stamped >= set(weights) - {base + 1}, "tokens sampled under every reloaded version"
+    spanning = [s for s in samples if s.version_values is not None]
+    assert spanning, "some calls were in flight at a reload and went on with the new weights"
+    models = {v: cached_model(str(path)) for v, path in weights.items()}
+    other = {v: cached_model(str(vllm_model_v2 if path == vllm_model else vllm_model)) for v, path in weights.items()}
+    worst = 0.0
+    for s in samples:
+        diff = max_diff(s.output_logprobs, recompute_spans(models, s))
+        worst = max(worst, diff)
+        assert diff < MATCH, f"the versions stamped on this sample ({s.version_values or s.policy_version}) did not draw it"
+        if s.version_values is None:
+            mine, theirs = recompute_spans(models, s), recompute_spans(other, s)
+            assert sum(abs(x - y) for x, y in zip(mine, theirs)) / len(mine) > DIFFER
+    print(f"{len(samples)} samples, {len(spanning)} spanning a reload; largest |vLLM - recompute| {worst:.2e}")
 
 
 def test_learner_lora_adapters_load_at_runtime_and_sample_as_peft_does(

@@ -11,12 +11,13 @@ import anthropic
 import openai
 
 from collectors.embedded.app import RunningServer
-from collectors.policy import EmbeddedClient
+from collectors.policy import EmbeddedClient, Sample
 from tests.collectors.proxy_harness import MODEL, Harness, assert_exact
+from tests.collectors.recompute import MATCH, cached_model, max_diff, recompute_spans
 
 
-async def one_call(rollout: dict[str, Any], i: int, max_tokens: int) -> tuple[str, dict[str, Any]]:
-    """Half the agents speak OpenAI, half Anthropic; returns (rollout_id the proxy reported, text)."""
+async def one_call(rollout: dict[str, Any], i: int, max_tokens: int, stream: bool = False) -> tuple[str, dict[str, Any]]:
+    """Half the agents speak OpenAI (streaming when `stream`), half Anthropic; returns (text, the proxy's info)."""
     if i % 2:
         c = anthropic.AsyncAnthropic(base_url=rollout["base_urls"]["anthropic"], api_key=rollout["api_key"],
                                      max_retries=0)
@@ -25,6 +26,15 @@ async def one_call(rollout: dict[str, Any], i: int, max_tokens: int) -> tuple[st
         await c.close()
         return m.content[0].text, m.model_extra["trajstore"]
     o = openai.AsyncOpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"], max_retries=0)
+    if stream:
+        pieces, info = [], {}
+        async for event in await o.chat.completions.create(
+                model=MODEL, max_tokens=max_tokens, seed=i, stream=True,
+                messages=[{"role": "user", "content": f"Agent {i} here."}]):
+            pieces += [c.delta.content or "" for c in event.choices]
+            info = (event.model_extra or {}).get("trajstore", info)
+        await o.close()
+        return "".join(pieces), info
     r = await o.chat.completions.create(model=MODEL, max_tokens=max_tokens, seed=i,
                                         messages=[{"role": "user", "content": f"Agent {i} here."}])
     await o.close()
@@ -56,14 +66,16 @@ def test_64_concurrent_sessions_each_land_in_their_own_rollout(proxy: Harness) -
         assert answered == text and turn["turn_index"] == 0
 
 
-def test_a_reload_under_load_stamps_every_turn_with_the_version_that_sampled_it(
-        proxy: Harness, server: RunningServer, tiny_model_v2: Path) -> None:
+def test_a_reload_under_load_stamps_every_token_with_the_version_that_sampled_it(
+        proxy: Harness, server: RunningServer, tiny_model: Path, tiny_model_v2: Path) -> None:
+    """A reload lands while calls generate: none is aborted or sampled again, the calls in flight go on with
+    the new weights, and each stored token's version and logprob are those of the weights that sampled it."""
     rollouts = [proxy.open(group_id="reload") for _ in range(24)]
 
     async def run() -> None:
-        first = [asyncio.create_task(one_call(r, i, 24)) for i, r in enumerate(rollouts[:16])]
+        first = [asyncio.create_task(one_call(r, i, 48, stream=i % 4 == 0)) for i, r in enumerate(rollouts[:16])]
         for _ in range(500):  # reload only once the server is decoding some of them
-            if server.engine.running:
+            if server.engine.running and server.engine.stats.decode_steps > 4:
                 break
             await asyncio.sleep(0.01)
         async with EmbeddedClient(server.url) as admin:
@@ -71,12 +83,24 @@ def test_a_reload_under_load_stamps_every_turn_with_the_version_that_sampled_it(
         later = [asyncio.create_task(one_call(r, i, 8)) for i, r in enumerate(rollouts[16:], start=16)]
         await asyncio.gather(*first, *later)
 
+    requests = server.engine.stats.requests
     asyncio.run(run())
+    assert server.engine.stats.requests - requests == 24, "one upstream call per agent call: nothing resampled"
     versions, stored = {}, by_rollout(proxy, "reload")
+    models = {0: cached_model(str(tiny_model)), 1: cached_model(str(tiny_model_v2))}
     for rollout in rollouts:
-        # assert_exact: the stored version == the one in the server's own response for those tokens
+        # assert_exact: the stored versions == those in the server's own response for those tokens
         (turn,) = assert_exact(proxy, rollout["rollout_id"], stored[rollout["rollout_id"]])
-        versions[rollout["rollout_id"]] = turn["policy_version"]
-    assert {versions[r["rollout_id"]] for r in rollouts[16:]} == {1}
-    assert 0 in {versions[r["rollout_id"]] for r in rollouts[:16]}  # in flight at the reload: finished on v0
-    assert set(versions.values()) <= {0, 1} and server.engine.policy_version == 1
+        assert turn["finish_reason"] != "abort"
+        versions[rollout["rollout_id"]] = turn["output_versions"]
+        sample = Sample(prompt_ids=turn["prompt_ids"], output_ids=turn["output_ids"],
+                        output_logprobs=turn["output_logprobs"], text="", finish_reason="stop",
+                        policy_version=turn["policy_version"], version_starts=turn["output_version_starts"],
+                        version_values=turn["output_version_values"])
+        assert max_diff(turn["output_logprobs"], recompute_spans(models, sample)) < MATCH
+    assert all(set(versions[r["rollout_id"]]) == {1} for r in rollouts[16:])
+    spanning = [v for v in versions.values() if len(set(v)) == 2]
+    assert spanning and all(v == sorted(v) for v in spanning), "calls in flight at the reload went on with v1"
+    assert server.engine.policy_version == 1
+    shares = proxy.store.stats().runs
+    assert any((row["multi_version_samples"] or 0) > 0 for row in shares)

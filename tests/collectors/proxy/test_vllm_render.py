@@ -19,11 +19,8 @@ from collectors.policy import (
     SamplingParams,
     VLLMClient,
 )
-from collectors.policy.vllm_generate import (
-    generate_body,
-    parse_generate,
-    parse_generate_chunk,
-)
+from collectors.policy.http import parse_chunk, parse_completion
+from collectors.policy.vllm_generate import as_completion, generate_body
 from collectors.policy.vllm_server import _parser_problem, render_args
 from collectors.proxy.chat import ChatRequest
 from collectors.proxy.segmenter import Held, SessionState
@@ -109,9 +106,11 @@ def test_the_render_request_carries_ids_for_tool_calls_and_vllms_structured_outp
 
 
 def test_generate_body_and_answers() -> None:
-    body = generate_body([5, 6], SamplingParams(max_tokens=4, seed=3, logprobs=2), "m",
-                         {"sampling_params": {"structured_outputs": {"regex": "x"}, "max_tokens": 99},
-                          "reasoning_ended": True}, stream=True)
+    """The render route's extra fields ride in the generate request (SamplingParams winning), and the
+    generate answer reads as the completion it stands for."""
+    body = generate_body([5, 6], SamplingParams(max_tokens=4, seed=3, logprobs=2), "m", 3, stream=True,
+                         extra={"sampling_params": {"structured_outputs": {"regex": "x"}, "max_tokens": 99},
+                                "reasoning_ended": True})
     assert body["token_ids"] == [5, 6] and body["model"] == "m" and body["stream"] is True
     assert body["reasoning_ended"] is True and body["output_mode"] == "text"
     assert body["sampling_params"]["max_tokens"] == 4 and body["sampling_params"]["structured_outputs"] == {"regex": "x"}
@@ -119,15 +118,15 @@ def test_generate_body_and_answers() -> None:
                                                              {"token": "b", "logprob": -1.0}]}
     answer = {"choices": [{"index": 0, "token_ids": [7], "text": "a", "finish_reason": "length", "stop_reason": None,
                            "logprobs": {"content": [entry]}}]}
-    sample = parse_generate(answer, [5, 6], policy_version=3, url="u", top_logprobs=True)
+    sample = parse_completion(as_completion(answer), [5, 6], policy_version=3, url="u", top_logprobs=True)
     assert (sample.output_ids, sample.output_logprobs, sample.policy_version) == ([7], [-0.5], 3)
     assert sample.top_logprobs == [{"a": -0.5, "b": -1.0}] and sample.finish_reason == "length"
-    chunk = parse_generate_chunk(answer, [5, 6], policy_version=3, url="u")
+    chunk = parse_chunk(as_completion(answer), [5, 6], policy_version=3, url="u")
     assert chunk is not None and chunk.output_ids == [7] and chunk.finish_reason == "length"
-    assert parse_generate_chunk({"choices": []}, [5], policy_version=0, url="u") is None
+    assert parse_chunk(as_completion({"choices": []}), [5], policy_version=0, url="u") is None
     answer["choices"][0]["token_ids"] = [7, 8]
-    with pytest.raises(PolicyServerBadResponse, match="2 token ids but 1 logprob"):
-        parse_generate(answer, [5, 6], policy_version=3, url="u")
+    with pytest.raises(PolicyServerBadResponse, match="logprob"):
+        parse_completion(as_completion(answer), [5, 6], policy_version=3, url="u")
 
 
 def test_vllm_options_and_their_errors() -> None:
@@ -156,7 +155,7 @@ def test_a_server_without_the_render_routes_is_named_at_start(server: RunningSer
                                                               tmp_path: Path) -> None:
     """`trajstore serve` (or a vLLM before 0.32) has no render route: the proxy refuses to start, saying so."""
     with pytest.raises(RenderUnavailable, match="has no POST /v1/chat/completions/render"):
-        with running_proxy(VLLMClient(server.url, api="generate"), tmp_path / "store", tiny_model, render="vllm"):
+        with running_proxy(VLLMClient(server.url), tmp_path / "store", tiny_model, render="vllm"):
             pass
 
 
@@ -164,7 +163,7 @@ def test_an_unreachable_vllm_is_a_502_that_says_so(tiny_model: Path, tmp_path: P
     from collectors.policy.vllm_server import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
-    with running_proxy(VLLMClient(url, api="generate", connect_retries=0), tmp_path / "store", tiny_model,
+    with running_proxy(VLLMClient(url, connect_retries=0), tmp_path / "store", tiny_model,
                        render="vllm", upstream_wait_s=0) as h:
         c = openai_client(h.open())
         with pytest.raises(openai.APIStatusError) as err:

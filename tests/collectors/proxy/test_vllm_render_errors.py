@@ -24,7 +24,7 @@ pytestmark = pytest.mark.vllm
 def test_a_vllm_without_scale_out_is_refused_at_start(vllm_server: VLLMServer, vllm_model: Path,
                                                       tmp_path: Path) -> None:
     with pytest.raises(RenderUnavailable, match="only when started with --enable-scale-out"):
-        with running_proxy(VLLMClient(vllm_server.url, api="generate"), tmp_path / "store", vllm_model,
+        with running_proxy(VLLMClient(vllm_server.url), tmp_path / "store", vllm_model,
                            render="vllm"):
             pass
 

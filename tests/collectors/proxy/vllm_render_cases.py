@@ -67,10 +67,10 @@ LLAMA3 = Family("llama3", "llama3_json", '\\{"name": "add", "parameters": \\{"a"
 
 
 class RecordingVLLM(VLLMClient):
-    """`VLLMClient(api="generate")` that keeps every (ids sent, Sample) it returned, as `Recording` does."""
+    """`VLLMClient` that keeps every (ids sent, Sample) it returned, as `Recording` does."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(url, api="generate")
+        super().__init__(url)
         self.calls: list[tuple[list[int], Sample]] = []
 
     async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None,
