@@ -19,6 +19,8 @@ from collectors.policy.versions import int_label
 from tests.collectors import http
 from tests.collectors.recompute import DIFFER, MATCH, cached_model, max_diff, recompute_spans
 
+EMBEDDED_PARITY = 1e-6  # max |embedded server - float32 recomputation| per token, across a reload too (issue 24)
+
 
 def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
@@ -75,7 +77,8 @@ def test_reload_lands_mid_call_and_every_token_is_stamped_with_the_weights_that_
 
             models = {1: cached_model(str(tiny_model)), 2: cached_model(str(tiny_model_v2))}
             got = sample.output_logprobs
-            assert max_diff(got, recompute_spans(models, sample)) < MATCH
+            # the embedded server against a float32 recomputation under the stamped versions: the parity bound
+            assert max_diff(got, recompute_spans(models, sample)) <= EMBEDDED_PARITY
             # stamped with one version, the tokens after the reload would not match
             one = replace(sample, version_starts=None, version_values=None)
             cut = sample.version_starts[1]
