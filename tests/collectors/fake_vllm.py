@@ -120,6 +120,9 @@ class FakeVLLM:
         app = web.Application(middlewares=[_not_found])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/inference/v1/generate", self.generate)
+        if not self.scale_out:  # vLLM registers its render routes only to refuse them without --enable-scale-out
+            for route in ("/v1/chat/completions/render", "/v1/chat/completions/derender"):
+                app.router.add_post(route, self.scale_out_refused)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.server_version)
@@ -136,11 +139,14 @@ class FakeVLLM:
             app.router.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
         return app
 
+    async def scale_out_refused(self, request: web.Request) -> web.Response:
+        return _error("Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable "
+                      "them.", 403, "PermissionDeniedError")
+
     async def generate(self, request: web.Request) -> web.StreamResponse:
         """The token-in / token-out route: the same sampling as /v1/completions, answered in its shape."""
         if not self.scale_out:
-            return _error("Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable "
-                          "them.", 403, "PermissionDeniedError")
+            return await self.scale_out_refused(request)
         try:
             body = await request.json()
         except ValueError as exc:
@@ -148,6 +154,10 @@ class FakeVLLM:
         if not isinstance(body, dict) or not isinstance(body.get("sampling_params"), dict):
             return _error("sampling_params: Field required", 400)
         completion = {**body["sampling_params"], "prompt": body.get("token_ids"), "return_token_ids": True}
+        ids, wanted = completion["prompt"], completion.get("max_tokens")
+        if isinstance(ids, list) and _is_int(wanted) and len(ids) < self.max_model_len:
+            # vLLM's generate route refuses no max_tokens past the context: its engine stops at the context's end
+            completion["max_tokens"] = min(wanted, self.max_model_len - len(ids))
         if body.get("stream"):
             completion["stream"] = True
         if body.get("model") is not None:

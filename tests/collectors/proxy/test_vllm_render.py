@@ -7,7 +7,12 @@ test_vllm_render_errors.py (marked `vllm`).
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -157,6 +162,40 @@ def test_a_server_without_the_render_routes_is_named_at_start(server: RunningSer
     with pytest.raises(RenderUnavailable, match="has no POST /v1/chat/completions/render"):
         with running_proxy(VLLMClient(server.url), tmp_path / "store", tiny_model, render="vllm"):
             pass
+
+
+@contextmanager
+def fake_vllm_in_thread(**options: Any) -> Iterator[Any]:
+    """`tests.collectors.fake_vllm` served from a thread of its own, for the synchronous proxy harness."""
+    from tests.collectors.fake_vllm import fake_vllm
+
+    ready, box = threading.Event(), {}
+
+    async def serve() -> None:
+        box["stop"] = asyncio.Event()
+        async with fake_vllm(**options) as fake:
+            box["fake"] = fake
+            ready.set()
+            await box["stop"].wait()
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    assert ready.wait(30), "the fake vLLM did not start"
+    try:
+        yield box["fake"]
+    finally:
+        loop.call_soon_threadsafe(box["stop"].set)
+        thread.join(10)
+
+
+def test_a_vllm_without_scale_out_is_refused_at_start(tiny_model: Path, tmp_path: Path) -> None:
+    """vLLM started without --enable-scale-out answers its render route 403 (its exact error, served by the
+    fake): the proxy refuses to start and says which option vLLM needs."""
+    with fake_vllm_in_thread(scale_out=False) as fake:
+        with pytest.raises(RenderUnavailable, match="only when started with --enable-scale-out"):
+            with running_proxy(VLLMClient(fake.url), tmp_path / "store", tiny_model, render="vllm"):
+                pass
 
 
 def test_an_unreachable_vllm_is_a_502_that_says_so(tiny_model: Path, tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """`--render vllm` against real vLLM that cannot serve it: clear errors, before anything is captured.
+(A vLLM without `--enable-scale-out`: tests/collectors/proxy/test_vllm_render.py, on the fake, since
+every vLLM `start_vllm` starts has it.)
 
-- a vLLM started without `--enable-scale-out` (the session's `vllm_server`) answers its render
-  route 403: the proxy refuses to start and says which option vLLM needs;
 - a parser name vLLM does not have: vLLM refuses to start, and `start_vllm` (which `trajstore
   proxy --render vllm` calls) says which names vLLM has instead of a log tail.
 """
@@ -12,21 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.policy import VLLMClient
-from collectors.policy.vllm_server import VLLMServer, VLLMUnavailable, start_vllm
-from collectors.proxy.vllm_render import RenderUnavailable
+from collectors.policy.vllm_server import VLLMUnavailable, start_vllm
 from tests.collectors.proxy.vllm_render_cases import vllm_or_skip
-from tests.collectors.proxy_harness import running_proxy
 
 pytestmark = pytest.mark.vllm
-
-
-def test_a_vllm_without_scale_out_is_refused_at_start(vllm_server: VLLMServer, vllm_model: Path,
-                                                      tmp_path: Path) -> None:
-    with pytest.raises(RenderUnavailable, match="only when started with --enable-scale-out"):
-        with running_proxy(VLLMClient(vllm_server.url), tmp_path / "store", vllm_model,
-                           render="vllm"):
-            pass
 
 
 @pytest.mark.parametrize("option", ["tool_call_parser", "reasoning_parser"])
