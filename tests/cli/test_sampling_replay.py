@@ -27,11 +27,12 @@ from collectors.embedded.engine import Completion, Engine  # noqa: E402
 from collectors.embedded.sampling import processed_logprobs  # noqa: E402
 from collectors.model.build import init_model  # noqa: E402
 from collectors.policy import Sample, SamplingParams, VLLMClient  # noqa: E402
-from collectors.policy.vllm_server import VLLMUnavailable, cpu_problem, start_vllm, vllm_python  # noqa: E402
+from collectors.policy.vllm_server import VLLMUnavailable, start_vllm  # noqa: E402
 from learner.batching import pack  # noqa: E402
 from learner.errors import LearnerError  # noqa: E402
 from learner.support import truncated_sizes  # noqa: E402
 from learner.train import check_sampling, forward_logits, sampled_logprobs  # noqa: E402
+from tests.collectors.conftest import vllm_or_skip  # noqa: E402
 from trajstore import Reward, Status, Turn  # noqa: E402
 from trajstore.events import SUPPORT_IDS_CAP  # noqa: E402
 
@@ -183,22 +184,10 @@ def test_the_learners_rebuilt_support_keeps_what_the_samplers_rule_keeps() -> No
 VLLM_PARITY = 1e-5  # vLLM's CPU kernels are not transformers': measured 9.5e-7 at most over every case
 
 
-def _need_vllm() -> None:
-    problem = cpu_problem()
-    if problem:
-        pytest.skip(f"vLLM's CPU backend cannot run on this machine: {problem}")
-    try:
-        vllm_python()
-    except VLLMUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI runs the vllm tests: {exc}")
-        pytest.skip(f"{exc}. Outside CI these tests are skipped; CI fails without the virtualenv")
-
-
 @pytest.mark.vllm
 def test_vllm_logprobs_match_the_learners_recomputation_with_rebuilt_supports(demo_model: Path,
                                                                                tmp_path: Path) -> None:
-    _need_vllm()
+    vllm_or_skip()
     with start_vllm(demo_model, log_path=tmp_path / "vllm.log") as server:
         async def generate(prompt: list[int], params: SamplingParams) -> Sample:
             async with VLLMClient(server.url) as client:
@@ -217,6 +206,6 @@ def test_vllm_cpu_cannot_return_its_sampling_mask(demo_model: Path, tmp_path: Pa
     """vLLM 0.32 returns each token's kept set (`sampling_mask`, on /inference/v1/generate) only from its Model
     Runner V2, whose sampler kernels are Triton's; the CPU build's Triton has no CPU backend. If this test fails,
     the build can: read `sampling_mask` there (`collectors.policy.http` already maps it to the support columns)."""
-    _need_vllm()
+    vllm_or_skip()
     with pytest.raises(VLLMUnavailable, match=MASK_REFUSAL):
         start_vllm(demo_model, return_sampling_mask=True, log_path=tmp_path / "vllm.log", timeout_s=600).stop()

@@ -85,9 +85,8 @@ def vllm_model_v2(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return new_weights(vllm_model, tmp_path_factory.mktemp("models") / "vllm-tiny-v2")
 
 
-@pytest.fixture(scope="session")
-def vllm_server(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """One real vLLM for the session (see the module docstring), stopped by its process id at the end."""
+def vllm_or_skip() -> None:
+    """Skip where vLLM's CPU backend cannot run, or (outside CI) where its virtualenv was not built."""
     problem = cpu_problem()
     if problem:
         pytest.skip(f"vLLM's CPU backend cannot run on this machine: {problem}")
@@ -97,6 +96,12 @@ def vllm_server(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         if os.environ.get("CI"):
             pytest.fail(f"CI runs the vllm tests: {exc}")
         pytest.skip(f"{exc}. Outside CI these tests are skipped; CI fails without the virtualenv")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """One real vLLM for the session (see the module docstring), stopped by its process id at the end."""
+    vllm_or_skip()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     server = start_vllm(vllm_model, lora_rank=8, max_queued=VLLM_MAX_QUEUED, log_path=log)
     try:

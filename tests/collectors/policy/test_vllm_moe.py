@@ -12,7 +12,6 @@ test fails and says so: then the client already stores them.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,8 @@ import pytest
 
 from collectors.model.build import ModelSize, init_model
 from collectors.policy import SamplingParams, VLLMClient
-from collectors.policy.vllm_server import VLLMServer, VLLMUnavailable, cpu_problem, start_vllm, vllm_python
+from collectors.policy.vllm_server import VLLMServer, start_vllm
+from tests.collectors.conftest import vllm_or_skip
 from tests.collectors.recompute import MATCH, cached_model, max_diff, recompute
 
 pytestmark = pytest.mark.vllm
@@ -28,15 +28,7 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def moe_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLMServer, Path]]:
-    problem = cpu_problem()
-    if problem:
-        pytest.skip(f"vLLM's CPU backend cannot run on this machine: {problem}")
-    try:
-        vllm_python()
-    except VLLMUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI runs the vllm tests: {exc}")
-        pytest.skip(f"{exc}. Outside CI these tests are skipped; CI fails without the virtualenv")
+    vllm_or_skip()
     model = tmp_path_factory.mktemp("models") / "moe"
     init_model(model, ModelSize(vocab_size=2048, intermediate_size=128, max_positions=2048, experts=4), seed=0)
     server = start_vllm(model, max_model_len=512, log_path=tmp_path_factory.mktemp("vllm") / "vllm.log")

@@ -12,7 +12,6 @@ their own protocols, and the stored ids and logprobs are checked against vLLM's 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,14 +19,13 @@ from typing import Any
 
 import pytest
 
+from tests.collectors.conftest import vllm_or_skip
+
 from collectors.model.build import ModelSize, init_model
 from collectors.policy import Chunk, Sample, SamplingParams, StreamedSample, VLLMClient
 from collectors.policy.vllm_server import (
     VLLMServer,
-    VLLMUnavailable,
-    cpu_problem,
     start_vllm,
-    vllm_python,
 )
 from tests.collectors.proxy_harness import (
     MODEL,
@@ -86,19 +84,6 @@ class RecordingVLLM(VLLMClient):
             joined.add(chunk)
             yield chunk
         self.calls.append((list(prompt_ids), joined.sample()))
-
-
-def vllm_or_skip() -> None:
-    """Skip where vLLM's CPU backend cannot run, or (outside CI) where its virtualenv was not built."""
-    problem = cpu_problem()
-    if problem:
-        pytest.skip(f"vLLM's CPU backend cannot run on this machine: {problem}")
-    try:
-        vllm_python()
-    except VLLMUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI runs the vllm tests: {exc}")
-        pytest.skip(f"{exc}. Outside CI these tests are skipped; CI fails without the virtualenv")
 
 
 def one_stop(model: Path, end: str) -> None:
