@@ -23,6 +23,10 @@ Proxy and direct rounds alternate in one run. Printed side by side:
 
 1. proxy CPU per turn (the proxy's processes' own CPU time from /proc, divided by the turns
    answered) for each context size, upstream answering at once, `--cpu-sessions` sessions;
+   and again (1b) with every call adding the same `--step-tokens` (150) to a session that starts
+   from a long history, so that the cost per call is seen against the history alone; each row
+   also gives the CPU per turn over the calls after each session's first (which renders the
+   whole history once);
 2. throughput through the proxy as % of direct, and the added p50 / p99 latency, at each of
    `--sessions` (default 32 / 96 / 192) with the upstream taking `--upstream-ms` (1000), at
    `--throughput-context` (32k);
@@ -111,20 +115,27 @@ class Workload:
     bodies: list[bytes]  # call t resends the system prompt, the task and t replies with their tool results
     stream_bodies: list[bytes]
     last_prompt_tokens: int = 0
+    added_tokens: float = 0.0  # tokens each call adds to the one before, on average
 
 
-def build_workload(tok: Any, context: int, max_turns: int, max_tokens: int, seed: int = 0) -> Workload:
+def build_workload(tok: Any, context: int, max_turns: int, max_tokens: int, seed: int = 0,
+                   step_tokens: int | None = None) -> Workload:
+    """Bodies growing evenly to `context` tokens at call `max_turns` (a tenth of it in the system prompt); with
+    `step_tokens`, every call adds about that many tokens and the system prompt holds the rest (a session that
+    starts from a long history, as a resumed or forked agent does)."""
     rng = random.Random(seed)
     sample = filler(rng, 20000)
     chars_per_token = len(sample) / len(tok.encode(sample, add_special_tokens=False))
     tools = tool_schemas()
+    head = 0.1 * context if step_tokens is None else max(0.0, context - step_tokens * max_turns)
     system = "You are a coding agent. Use the tools to inspect and change the repository.\n" + filler(
-        rng, int(0.1 * context * chars_per_token))
+        rng, int(head * chars_per_token))
     messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                       {"role": "user", "content": "Fix the failing test in src/app.py."}]
     base = len(tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)) \
         / chars_per_token
-    step_chars = max(1, int((context - base) / max_turns * chars_per_token))
+    step = (context - base) / max_turns if step_tokens is None else step_tokens
+    step_chars = max(1, int(step * chars_per_token))
     bodies, streams = [], []
     for t in range(max_turns):
         if t:
@@ -136,7 +147,8 @@ def build_workload(tok: Any, context: int, max_turns: int, max_tokens: int, seed
         bodies.append(json.dumps(body).encode())
         streams.append(json.dumps({**body, "stream": True}).encode())
     last = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-    return Workload(context, bodies, streams, len(tok.encode(last, add_special_tokens=False)))
+    last_tokens = len(tok.encode(last, add_special_tokens=False))
+    return Workload(context, bodies, streams, last_tokens, (last_tokens - base) / max(1, max_turns - 1))
 
 
 def hog_body(megabytes: float, max_tokens: int) -> bytes:
@@ -228,6 +240,8 @@ class Round:
     ttfts: list[float] = field(default_factory=list)
     seconds: float = 0.0
     proxy_cpu: float = 0.0
+    steady_cpu: float = 0.0  # with `steady`: the proxy's CPU over the calls after every session's first
+    steady_turns: int = 0
     waits: list[int] = field(default_factory=list)  # the durable-wait histogram's counts during the round
 
     @property
@@ -258,9 +272,11 @@ async def stats_waits(http: aiohttp.ClientSession, proxy: str) -> list[int]:
 
 async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, int], *, proxy: str, proxied: bool,
                     stream: bool = False, spread_s: float = 0.0, hog: bytes | None = None,
-                    pid: int | None = None) -> Round:
+                    pid: int | None = None, steady: bool = False) -> Round:
     """`sessions` sessions, each its calls one after another; `hog`: one more session sending that body
-    over and over until the others are done (its own calls are not counted)."""
+    over and over until the others are done (its own calls are not counted); `steady`: every session waits
+    after its first call until all have made theirs, and the proxy's CPU is also read there, so that the
+    calls that extend a session are measured apart from the first, which renders the whole history."""
     rnd = Round()
     headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
@@ -288,11 +304,16 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
                 if first is not None:
                     rnd.ttfts.append(first)
 
+        firsts = asyncio.Barrier(sessions)
+        steady_from: list[tuple[float, int]] = []  # (proxy CPU, turns answered) once every first call is answered
+
         async def session(s: int) -> None:
             await asyncio.sleep(spread_s * s / sessions)
             bodies = load.stream_bodies if stream else load.bodies
             for t in range(session_turns(s, *turns)):
                 await call(bodies[t], keys[s] if proxied else None, True, urls[s])
+                if steady and t == 0 and await firsts.wait() == 0:
+                    steady_from.append((tree_cpu_seconds(pid) if pid else 0.0, rnd.turns))
 
         async def hogging() -> None:
             while not done.is_set():
@@ -304,6 +325,9 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
         await asyncio.gather(*(session(s) for s in range(sessions)))
         rnd.seconds = time.perf_counter() - t0
         rnd.proxy_cpu = tree_cpu_seconds(pid) - cpu0 if pid else 0.0
+        if steady_from:
+            rnd.steady_cpu = rnd.proxy_cpu + cpu0 - steady_from[0][0]
+            rnd.steady_turns = rnd.turns - steady_from[0][1]
         done.set()
         if hogger is not None:
             await hogger
@@ -339,23 +363,25 @@ async def set_delay(upstream: str, **delays: float) -> None:
 # ---------------------------------------------------------------- the four tables
 
 
-def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: str, proxy: str, pid: int) -> int:
+def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: str, proxy: str, pid: int,
+              title: str = "1. proxy CPU per turn") -> int:
     asyncio.run(set_delay(upstream, s=0.0))
-    print(f"\n1. proxy CPU per turn: {args.cpu_sessions} sessions of {args.turns[0]}-{args.turns[1]} calls, upstream "
+    print(f"\n{title}: {args.cpu_sessions} sessions of {args.turns[0]}-{args.turns[1]} calls, upstream "
           f"answering at once; load average {os.getloadavg()[0]:.1f}")
-    print(f"  {'context':>8} {'last prompt':>11} {'turns':>6} {'proxy CPU ms/turn':>18} {'turns/s':>8} "
-          f"{'durable wait p50 / p99 ms':>26}")
+    print(f"  {'context':>8} {'last prompt':>11} {'added/call':>10} {'turns':>6} {'proxy CPU ms/turn':>18} "
+          f"{'after the 1st':>13} {'turns/s':>8} {'durable wait p50 / p99 ms':>26}")
     answered, per_turn = 0, {}
     for context, load in loads.items():
         rounds = [asyncio.run(run_round(proxy, load, args.cpu_sessions, tuple(args.turns), proxy=proxy, proxied=True,
-                                        pid=pid)) for _ in range(args.repeats)]
+                                        pid=pid, steady=True)) for _ in range(args.repeats)]
         turns = sum(r.turns for r in rounds)
         answered += turns
         cpu = 1000 * sum(r.proxy_cpu for r in rounds) / turns
+        steady = 1000 * sum(r.steady_cpu for r in rounds) / max(1, sum(r.steady_turns for r in rounds))
         per_turn[context] = cpu
         waits = [sum(c) for c in zip(*(r.waits for r in rounds))]
-        print(f"  {context:>8,} {load.last_prompt_tokens:>11,} {turns:>6} {cpu:>18.2f} "
-              f"{statistics.median(r.rate for r in rounds):>8.1f} "
+        print(f"  {context:>8,} {load.last_prompt_tokens:>11,} {load.added_tokens:>10,.0f} {turns:>6} {cpu:>18.2f} "
+              f"{steady:>13.2f} {statistics.median(r.rate for r in rounds):>8.1f} "
               f"{wait_pct(waits, 0.5):>12} / {wait_pct(waits, 0.99):<10}")
     if len(per_turn) > 1:
         lo, hi = min(per_turn.values()), max(per_turn.values())
@@ -427,6 +453,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, nargs=2, default=[20, 40], metavar=("MIN", "MAX"),
                     help="calls per session, spread evenly over MIN..MAX (default 20 40)")
     ap.add_argument("--cpu-sessions", type=int, default=32, help="sessions of the CPU-per-turn table (default 32)")
+    ap.add_argument("--step-tokens", type=int, default=150,
+                    help="table 1b: the CPU per turn again with every call adding about this many tokens, the rest "
+                         "of each context in the history a session starts with (default 150; 0: no table 1b)")
     ap.add_argument("--sessions", type=int, nargs="+", default=[32, 96, 192],
                     help="concurrent sessions of the throughput table (default 32 96 192)")
     ap.add_argument("--throughput-context", type=int, default=32000, help="context of the throughput table (32000)")
@@ -466,7 +495,12 @@ def main() -> None:
                           | ({min(args.contexts)} if "hog" in only else set()))
         if args.quick:
             args.throughput_context = 8000
-        loads = {c: build_workload(tok, c, 40 if not args.quick else args.turns[1], args.max_tokens) for c in contexts}
+        max_turns = 40 if not args.quick else args.turns[1]
+        loads = {c: build_workload(tok, c, max_turns, args.max_tokens) for c in contexts}
+        if args.step_tokens and args.step_tokens * max_turns >= min(args.contexts):
+            ap.error(f"--step-tokens {args.step_tokens} over {max_turns} calls is more than the smallest context")
+        stepped = {c: build_workload(tok, c, max_turns, args.max_tokens, step_tokens=args.step_tokens)
+                   for c in sorted(args.contexts)} if args.step_tokens and "cpu" in only else {}
         print(f"workload: sessions of {args.turns[0]}-{args.turns[1]} calls, each resending the whole history (a "
               f"system prompt, {len(tool_schemas())} tool schemas, one tool call and its result per earlier call); "
               "bodies prebuilt; every reply is one text and tool call")
@@ -481,6 +515,9 @@ def main() -> None:
             if "cpu" in only:
                 answered += table_cpu(args, {c: loads[c] for c in sorted(args.contexts)}, upstream, proxy,
                                       proxy_proc.pid)
+                if stepped:
+                    answered += table_cpu(args, stepped, upstream, proxy, proxy_proc.pid, title=(
+                        f"1b. the same, every call adding about {args.step_tokens:,} tokens to a long starting history"))
             if "throughput" in only:
                 answered += table_throughput(args, loads[args.throughput_context], upstream, proxy, proxy_proc.pid)
             if "hog" in only:
