@@ -33,10 +33,6 @@ from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
 from collectors.model.toolcalls import check_format, detect_format, parse_output
 
 
-# The Rust tokenizer's `encode` holds the GIL for its whole run (about a second per MB of text here), so a
-# render thread tokenizing a huge prompt would stop the event loop all the same; `encode_batch` lets other
-# threads run meanwhile and gives the same ids, at a small fixed cost that only pays for long texts.
-GIL_FREE_CHARS = 1 << 16
 
 
 def text_ids(sample: Sample) -> list[int]:
@@ -72,9 +68,11 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         if self._backend is not None:
-            if len(text) > GIL_FREE_CHARS:  # the same ids; `encode` would hold the GIL, the event loop's too
-                return self._backend.encode_batch([text], add_special_tokens=False)[0].ids
-            return self._backend.encode(text, add_special_tokens=False).ids
+            # The same ids as `encode`, which holds the GIL for its whole run (about a second per MB of text
+            # here: a render thread tokenizing a huge prompt would stop the event loop all the same);
+            # `encode_batch_fast` lets other threads run meanwhile and, tracking no offsets, takes about 30%
+            # less time at every length.
+            return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
