@@ -258,10 +258,12 @@ def session_turns(s: int, lo: int, hi: int) -> int:
 
 
 async def open_rollouts(http: aiohttp.ClientSession, proxy: str, n: int) -> list[tuple[str, str]]:
-    async def one() -> tuple[str, str]:  # (key, where its calls go)
+    async def one() -> tuple[str, str]:  # (key, where its calls go: its base URL, as an orchestrator hands it over)
         async with http.post(proxy + "/rollouts", json={"group_id": "bench"}) as resp:
-            body, own = await resp.json(), os.environ.get("PROXY_AGENTS_BASE_URLS") == "1"  # its base URL, not --port
-            return body["api_key"], body["base_urls"]["openai"].removesuffix("/v1") if own else proxy
+            body = await resp.json()
+            if os.environ.get("PROXY_AGENTS_SHARED_PORT") == "1":  # every call to --port (forwarded between workers)
+                return body["api_key"], proxy
+            return body["api_key"], body["base_urls"]["openai"].removesuffix("/v1")
     return list(await asyncio.gather(*(one() for _ in range(n))))
 
 
