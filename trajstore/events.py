@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import pyarrow.compute as pc
 
 from trajstore import ids, routes, versions
 from trajstore.errors import InvalidEventError
+from trajstore.json_text import json_text
 from trajstore.schema import (
     COLUMNS,
     COUNT_COLUMNS,
@@ -364,13 +364,6 @@ def _to_time(value: Any, now: datetime) -> datetime:
     return value
 
 
-_JSON_ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode  # what json.dumps builds per call
-
-
-def _json_text(value: Any) -> str | None:
-    return None if value is None else _JSON_ENCODE(value)
-
-
 def _rows_failing(values: list[Any], typ: pa.DataType) -> list[int]:
     bad = []
     for i, v in enumerate(values):
@@ -451,6 +444,33 @@ def to_columns(events: Sequence[Event | Mapping[str, Any]], *, now: datetime | N
     return _convert(records, now)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class PreparedBatch:
+    """Events validated and converted to Arrow columns (`prepare`): what `Writer.append` writes.
+
+    Preparing is the CPU of an append (validation, JSON text, token lists to Arrow); a writer given a
+    prepared batch only numbers, writes and syncs it, so a caller can prepare on its own thread while
+    another append holds the disk. Event ids are filled in here; duplicates are found when it is appended.
+    """
+
+    columns: Mapping[str, pa.Array]  # every column but the writer's (writer, writer_epoch, writer_seq)
+
+    def __len__(self) -> int:
+        return len(self.columns["event_id"])
+
+    @staticmethod
+    def join(batches: Sequence[PreparedBatch]) -> PreparedBatch:
+        """One batch holding `batches`' events in order (several callers' events, appended together)."""
+        if len(batches) == 1:
+            return batches[0]
+        return PreparedBatch({name: pa.concat_arrays([b.columns[name] for b in batches]) for name in batches[0].columns})
+
+
+def prepare(events: Sequence[Event | Mapping[str, Any]], *, now: datetime | None = None) -> PreparedBatch:
+    """Validate and convert events (`to_columns`); raises InvalidEventError listing every problem."""
+    return PreparedBatch(to_columns(events, now=now))
+
+
 _TYPES = {f.name: f.type for f in EVENT_SCHEMA}
 # The columns `_convert` builds: everything but what the writer and the counts fill in.
 _CONVERTED = tuple(n for n in COLUMNS if n not in WRITER_COLUMNS and n not in COUNT_COLUMNS)
@@ -475,6 +495,9 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
             columns[name] = nulls(n, typ)
             continue
         values = [r.get(name) for r in records]
+        if name not in _DEFAULTED and all(v is None for v in values):  # a typed event's unset fields: no conversion
+            columns[name] = nulls(n, typ)
+            continue
         if name in ELEMENT:
             column, found = list_column(name, values, typ)
             problems += found
@@ -500,8 +523,9 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
             texts = []
             for i, v in enumerate(values):
                 try:
-                    texts.append(_json_text(v))
-                except (RecursionError, ValueError) as exc:  # nested too deeply, or a circular reference
+                    texts.append(json_text(v))
+                except (RecursionError, ValueError, TypeError) as exc:  # nested too deeply, a circular reference,
+                    # or a dict key JSON cannot name (a tuple)
                     problems.append((i, f"{name} cannot be written as JSON ({exc}); keep it to plain, "
                                         "moderately nested values"))
                     texts.append(None)
@@ -513,7 +537,7 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
         elif name == "routed_experts":  # checked by `routes.problems` already; numpy in, one buffer out
             columns[name] = routes.column(values)
             continue
-        if values.count(None) == n:
+        if values.count(None) == n:  # JSON columns given as None
             columns[name] = nulls(n, typ)
             continue
         try:

@@ -67,6 +67,8 @@ _HOLD_BODY, _HOLD_LEN, _HOLD_FRAME = b"@@bodyc@", b"@@metalen@", b"@@frame@"
 _CONTINUATION = b"\xff\xff\xff\xff"
 _EOS = _CONTINUATION + b"\x00\x00\x00\x00"
 SCHEMA_MESSAGE = EVENT_SCHEMA.serialize().to_pybytes()
+# Given once: without options pyarrow reads two environment variables for every stream it opens.
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions()
 
 
 def segment_name(epoch: int, first_seq: int) -> str:
@@ -92,7 +94,7 @@ def encode_batch(batch: pa.RecordBatch, *, writer: str, epoch: int, first_seq: i
             _META_FIRST: str(first_seq).encode(), _META_LAST: str(last_seq).encode(),
             _META_BODY_CRC: _HOLD_BODY, _META_META_LEN: _HOLD_LEN, _META_FRAME_CRC: _HOLD_FRAME}
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, EVENT_SCHEMA) as stream:  # writes the schema, then the batch
+    with pa.ipc.new_stream(sink, EVENT_SCHEMA, options=_IPC_OPTIONS) as stream:  # writes the schema, then the batch
         stream.write_batch(batch, custom_metadata=meta)
         end = sink.tell()
     message = bytearray(sink.getvalue().to_pybytes()[len(SCHEMA_MESSAGE):end])

@@ -40,7 +40,7 @@ import pyarrow.dataset as ds
 from trajstore import owner, wal
 from trajstore.durable import fsync_path, write_durably
 from trajstore.errors import CorruptionError, WriterBusyError, WriterClosedError
-from trajstore.events import Event, to_columns
+from trajstore.events import Event, PreparedBatch, prepare
 from trajstore.location import Location
 from trajstore.schema import EVENT_SCHEMA
 from trajstore.table import Table, sealed_seq
@@ -285,17 +285,27 @@ class Writer:
 
     # ------------------------------------------------------------------ append
 
-    def append(self, events: Sequence[Event | Mapping[str, Any]]) -> AppendResult:
-        """Durably append events; returns after fsync. Re-appended event_ids are skipped.
+    @staticmethod
+    def prepare(events: Iterable[Event | Mapping[str, Any]] | Mapping[str, Any]) -> PreparedBatch:
+        """Validate and convert events for `append`, on the caller's thread, without touching the writer.
+
+        Raises InvalidEventError listing every problem of every event. This is all the CPU of an append but
+        the write itself: a caller that prepares first keeps its conversion out of the group commit."""
+        if isinstance(events, Mapping) or not isinstance(events, Sequence):
+            events = list(events) if not isinstance(events, Mapping) else [events]
+        return prepare(events)
+
+    def append(self, events: Iterable[Event | Mapping[str, Any]] | Mapping[str, Any] | PreparedBatch) -> AppendResult:
+        """Durably append events (or a batch from `prepare`); returns after fsync. Re-appended event_ids are
+        skipped.
 
         Raises InvalidEventError (nothing written) when any event is invalid.
         """
         self._check_open()
-        if isinstance(events, Mapping) or not isinstance(events, Sequence):
-            events = list(events) if not isinstance(events, Mapping) else [events]
-        if not events:
+        batch = events if isinstance(events, PreparedBatch) else self.prepare(events)
+        if not len(batch):
             return AppendResult(0, 0, None, None)
-        columns = to_columns(events)
+        columns = batch.columns
         event_ids = columns["event_id"].to_pylist()
         with self._state:
             self._check_open()
@@ -320,7 +330,7 @@ class Writer:
             self._wake.set()
         return AppendResult(n, len(event_ids) - n, first, last)
 
-    def _batch(self, columns: dict[str, pa.Array], keep: np.ndarray, first: int, n: int) -> pa.RecordBatch:
+    def _batch(self, columns: Mapping[str, pa.Array], keep: np.ndarray, first: int, n: int) -> pa.RecordBatch:
         total = len(keep)
         if n == total:
             seqs = pa.array(range(first, first + n), pa.int64())
