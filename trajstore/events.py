@@ -475,6 +475,7 @@ _TYPES = {f.name: f.type for f in EVENT_SCHEMA}
 # The columns `_convert` builds: everything but what the writer and the counts fill in.
 _CONVERTED = tuple(n for n in COLUMNS if n not in WRITER_COLUMNS and n not in COUNT_COLUMNS)
 _INT32 = pa.int32()
+_STRING = pa.string()
 
 
 @functools.lru_cache(maxsize=2048)
@@ -489,6 +490,7 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
     n = len(records)
     present = set().union(*records)
     columns: dict[str, pa.Array] = {}
+    strings: list[tuple[str, list[str | None]]] = []  # converted together, below
     for name in _CONVERTED:
         typ = _TYPES[name]
         if name not in present and name not in _DEFAULTED:
@@ -540,11 +542,15 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
         if values.count(None) == n:  # JSON columns given as None
             columns[name] = nulls(n, typ)
             continue
+        if typ == _STRING and all(v is None or type(v) is str for v in values):
+            strings.append((name, values))
+            continue
         try:
             columns[name] = pa.array(values, type=typ)
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             for row in _rows_failing(values, typ) or range(n):
                 problems.append((row, f"{name} cannot be stored as {typ}: {exc}"))
+    columns.update(_string_columns(strings, n))
     problems += _vector_checks(columns)  # also when another column failed: every problem is reported
     if problems:
         raise InvalidEventError(sorted(problems))
@@ -554,6 +560,17 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
     columns["output_tokens"] = _count_column(out_len, columns["output_ids"])
     columns["trainable_tokens"] = _trainable_counts(columns["output_mask"], out_len, columns["output_ids"])
     return columns
+
+
+def _string_columns(strings: list[tuple[str, list[str | None]]], n: int) -> dict[str, pa.Array]:
+    """Columns of `n` strings each, converted in one call and sliced apart: a dozen conversions of one value
+    cost more than the one of a dozen values (and pyarrow reads an environment variable for each)."""
+    if not strings:
+        return {}
+    flat = pa.array([v for _, values in strings for v in values], _STRING)
+    if isinstance(flat, pa.ChunkedArray):  # over 2 GiB of text: one conversion per column
+        return {name: pa.array(values, _STRING) for name, values in strings}
+    return {name: flat.slice(k * n, n) for k, (name, _) in enumerate(strings)}
 
 
 def _lengths(column: pa.ListArray) -> np.ndarray:

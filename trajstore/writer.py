@@ -333,13 +333,14 @@ class Writer:
     def _batch(self, columns: Mapping[str, pa.Array], keep: np.ndarray, first: int, n: int) -> pa.RecordBatch:
         total = len(keep)
         if n == total:
-            seqs = pa.array(range(first, first + n), pa.int64())
+            seqs = pa.array(np.arange(first, first + n, dtype=np.int64))
         else:  # duplicates keep a placeholder seq until they are filtered out below
             numbered = np.zeros(total, dtype=np.int64)
             numbered[keep] = np.arange(first, first + n, dtype=np.int64)
             seqs = pa.array(numbered)
+        # numbers from numpy, not Python lists: pyarrow reads an environment variable for every list it converts
         filled = {"writer": pa.array([self.name] * total, pa.string()),
-                  "writer_epoch": pa.array([self.epoch] * total, pa.int64()), "writer_seq": seqs}
+                  "writer_epoch": pa.array(np.full(total, self.epoch, dtype=np.int64)), "writer_seq": seqs}
         batch = pa.RecordBatch.from_arrays([filled[name] if name in filled else columns[name] for name in EVENT_SCHEMA.names],
                                            schema=EVENT_SCHEMA)
         return batch if n == total else batch.filter(pa.array(keep))
