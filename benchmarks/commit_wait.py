@@ -102,15 +102,19 @@ def main() -> None:
     print(f"{args.sessions} sessions x {args.turns} turns, upstream {args.upstream_ms:g} ms, {args.loop_ms:g} ms of "
           f"loop CPU per turn; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
     print(f"  request {args.request_kb:g} kB per turn; wait = asked -> durable (conversion included); "
-          "convert = the conversion's thread CPU per turn")
-    print(f"  {'appender':<40} {'turns':>6} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'convert ms':>11}")
+          "convert = the conversion's thread CPU per turn;\n  CPU/turn = the process's CPU per turn (all threads, fsync's kernel CPU included) less --loop-ms")
+    print(f"  {'appender':<40} {'turns':>6} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'convert ms':>11} "
+          f"{'CPU/turn':>9}")
     for _ in range(args.repeats):
         for name, module, prepare in modules:
             with tempfile.TemporaryDirectory(prefix="commit-wait-") as d:
+                cpu = time.process_time()
                 w, conv = asyncio.run(one_round(module, args, d, prepare))
+                cpu = (time.process_time() - cpu) / len(w) - args.loop_ms / 1e3  # less the simulated loop work
             at = [1e3 * w[min(len(w) - 1, int(q * len(w)))] for q in (0.5, 0.9, 0.99)]
             convert = f"{1e3 * sorted(conv)[len(conv) // 2]:.3f}" if conv else "(in commit)"
-            print(f"  {name:<40} {len(w):>6} {at[0]:>8.2f} {at[1]:>8.2f} {at[2]:>8.2f} {convert:>11}", flush=True)
+            print(f"  {name:<40} {len(w):>6} {at[0]:>8.2f} {at[1]:>8.2f} {at[2]:>8.2f} {convert:>11} "
+                  f"{1e3 * cpu:>9.2f}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
