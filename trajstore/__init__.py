@@ -21,8 +21,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("ArtifactError", "CommitConflictError", "CorruptionError", "InvalidEventError", "QueryError",
                      "StoreNotFoundError", "TrajstoreError", "VersionNotFoundError", "WriterBusyError",
                      "WriterClosedError"), "trajstore.errors"),
-    **dict.fromkeys(("Checkpoint", "Event", "Metric", "PreparedBatch", "Reward", "Status", "Teacher", "Turn"),
-                   "trajstore.events"),
+    **dict.fromkeys(("Checkpoint", "Event", "Metric", "Reward", "Status", "Teacher", "Turn"), "trajstore.events"),
+    "PreparedBatch": "trajstore.prepared",
     "Follower": "trajstore.follow",
     "new_id": "trajstore.ids",
     "Scope": "trajstore.read", "Snapshot": "trajstore.read",
@@ -49,7 +49,8 @@ if TYPE_CHECKING:
         WriterBusyError,
         WriterClosedError,
     )
-    from trajstore.events import Checkpoint, Event, Metric, PreparedBatch, Reward, Status, Teacher, Turn
+    from trajstore.events import Checkpoint, Event, Metric, Reward, Status, Teacher, Turn
+    from trajstore.prepared import PreparedBatch
     from trajstore.follow import Follower
     from trajstore.ids import new_id
     from trajstore.read import Scope, Snapshot

@@ -2,12 +2,12 @@
 
 An event is either one of the frozen dataclasses below (`Turn`, `Reward`, `Status`,
 `Checkpoint`, `Metric`, `Teacher`) or a plain dict shaped like a JSON line of `trajstore ingest`. Both
-are validated once, at the store's edge: `to_columns` (what `Writer.append` calls) checks a
+are validated once, at the store's edge: `to_columns` (what `Writer.prepare` and `Writer.append` call, through `trajstore.prepared`) checks a
 whole call at once and reports every problem; it never returns a partial batch. Building a
 typed event checks nothing, so a token list is read once on its way to the log. Checks that are O(1) per event run in Python; checks over token lists
 (non-negative ids, logprob range, element types) run vectorized on the Arrow columns
 (`trajstore.tokens` converts the lists strictly), so validation stays far cheaper than the
-fsync that follows it.
+fsync that follows it. The JSON columns' text is `trajstore.json_text`'s.
 """
 
 from __future__ import annotations
@@ -442,33 +442,6 @@ def to_columns(events: Sequence[Event | Mapping[str, Any]], *, now: datetime | N
                 problems += [(good[j], p) for j, p in exc.problems]
         raise InvalidEventError(sorted(problems))
     return _convert(records, now)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class PreparedBatch:
-    """Events validated and converted to Arrow columns (`prepare`): what `Writer.append` writes.
-
-    Preparing is the CPU of an append (validation, JSON text, token lists to Arrow); a writer given a
-    prepared batch only numbers, writes and syncs it, so a caller can prepare on its own thread while
-    another append holds the disk. Event ids are filled in here; duplicates are found when it is appended.
-    """
-
-    columns: Mapping[str, pa.Array]  # every column but the writer's (writer, writer_epoch, writer_seq)
-
-    def __len__(self) -> int:
-        return len(self.columns["event_id"])
-
-    @staticmethod
-    def join(batches: Sequence[PreparedBatch]) -> PreparedBatch:
-        """One batch holding `batches`' events in order (several callers' events, appended together)."""
-        if len(batches) == 1:
-            return batches[0]
-        return PreparedBatch({name: pa.concat_arrays([b.columns[name] for b in batches]) for name in batches[0].columns})
-
-
-def prepare(events: Sequence[Event | Mapping[str, Any]], *, now: datetime | None = None) -> PreparedBatch:
-    """Validate and convert events (`to_columns`); raises InvalidEventError listing every problem."""
-    return PreparedBatch(to_columns(events, now=now))
 
 
 _TYPES = {f.name: f.type for f in EVENT_SCHEMA}

@@ -7,7 +7,8 @@ recovers its segments (checksums verified, a torn tail cut at the last whole bat
 bumps its epoch and continues the sequence where the acknowledged events end.
 
 `append` validates the whole call, assigns sequence numbers, and returns after the
-segment is fsync'd. Concurrent appends from several threads share one fsync (group
+segment is fsync'd. Validation and conversion (all of an append's CPU but the write) can run
+first, on the caller's thread, with `prepare`; `append` then takes the `PreparedBatch`. Concurrent appends from several threads share one fsync (group
 commit): whichever thread holds the I/O lock writes every pending batch and syncs once.
 Full segments, and segments older than `seal_interval` seconds, are sealed into the Delta
 table by a background thread; `close` seals the rest. Sealing is idempotent across crashes
@@ -40,8 +41,9 @@ import pyarrow.dataset as ds
 from trajstore import owner, wal
 from trajstore.durable import fsync_path, write_durably
 from trajstore.errors import CorruptionError, WriterBusyError, WriterClosedError
-from trajstore.events import Event, PreparedBatch, prepare
+from trajstore.events import Event
 from trajstore.location import Location
+from trajstore.prepared import PreparedBatch, prepare
 from trajstore.schema import EVENT_SCHEMA
 from trajstore.table import Table, sealed_seq
 
