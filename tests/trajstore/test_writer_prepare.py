@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from trajstore import InvalidEventError, PreparedBatch, Status, Turn, WriterClosedError, open_store
+from trajstore import (
+    InvalidEventError,
+    PreparedBatch,
+    Status,
+    Turn,
+    WriterClosedError,
+    open_store,
+)
 
 
 def turn(rollout: str, event_id: str | None = None) -> Turn:
