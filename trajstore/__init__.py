@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
                      "StoreNotFoundError", "TrajstoreError", "VersionNotFoundError", "WriterBusyError",
                      "WriterClosedError"), "trajstore.errors"),
     **dict.fromkeys(("Checkpoint", "Event", "Metric", "Reward", "Status", "Teacher", "Turn"), "trajstore.events"),
+    "PreparedBatch": "trajstore.prepared",
     "Follower": "trajstore.follow",
     "new_id": "trajstore.ids",
     "Scope": "trajstore.read", "Snapshot": "trajstore.read",
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         WriterClosedError,
     )
     from trajstore.events import Checkpoint, Event, Metric, Reward, Status, Teacher, Turn
+    from trajstore.prepared import PreparedBatch
     from trajstore.follow import Follower
     from trajstore.ids import new_id
     from trajstore.read import Scope, Snapshot

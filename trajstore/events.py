@@ -2,19 +2,18 @@
 
 An event is either one of the frozen dataclasses below (`Turn`, `Reward`, `Status`,
 `Checkpoint`, `Metric`, `Teacher`) or a plain dict shaped like a JSON line of `trajstore ingest`. Both
-are validated once, at the store's edge: `to_columns` (what `Writer.append` calls) checks a
+are validated once, at the store's edge: `to_columns` (what `Writer.prepare` and `Writer.append` call, through `trajstore.prepared`) checks a
 whole call at once and reports every problem; it never returns a partial batch. Building a
 typed event checks nothing, so a token list is read once on its way to the log. Checks that are O(1) per event run in Python; checks over token lists
 (non-negative ids, logprob range, element types) run vectorized on the Arrow columns
 (`trajstore.tokens` converts the lists strictly), so validation stays far cheaper than the
-fsync that follows it.
+fsync that follows it. The JSON columns' text is `trajstore.json_text`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import pyarrow.compute as pc
 
 from trajstore import ids, routes, versions
 from trajstore.errors import InvalidEventError
+from trajstore.json_text import json_text
 from trajstore.schema import (
     COLUMNS,
     COUNT_COLUMNS,
@@ -364,13 +364,6 @@ def _to_time(value: Any, now: datetime) -> datetime:
     return value
 
 
-_JSON_ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode  # what json.dumps builds per call
-
-
-def _json_text(value: Any) -> str | None:
-    return None if value is None else _JSON_ENCODE(value)
-
-
 def _rows_failing(values: list[Any], typ: pa.DataType) -> list[int]:
     bad = []
     for i, v in enumerate(values):
@@ -455,6 +448,7 @@ _TYPES = {f.name: f.type for f in EVENT_SCHEMA}
 # The columns `_convert` builds: everything but what the writer and the counts fill in.
 _CONVERTED = tuple(n for n in COLUMNS if n not in WRITER_COLUMNS and n not in COUNT_COLUMNS)
 _INT32 = pa.int32()
+_STRING = pa.string()
 
 
 @functools.lru_cache(maxsize=2048)
@@ -469,12 +463,16 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
     n = len(records)
     present = set().union(*records)
     columns: dict[str, pa.Array] = {}
+    strings: list[tuple[str, list[str | None]]] = []  # converted together, below
     for name in _CONVERTED:
         typ = _TYPES[name]
         if name not in present and name not in _DEFAULTED:
             columns[name] = nulls(n, typ)
             continue
         values = [r.get(name) for r in records]
+        if name not in _DEFAULTED and all(v is None for v in values):  # a typed event's unset fields: no conversion
+            columns[name] = nulls(n, typ)
+            continue
         if name in ELEMENT:
             column, found = list_column(name, values, typ)
             problems += found
@@ -500,8 +498,9 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
             texts = []
             for i, v in enumerate(values):
                 try:
-                    texts.append(_json_text(v))
-                except (RecursionError, ValueError) as exc:  # nested too deeply, or a circular reference
+                    texts.append(json_text(v))
+                except (RecursionError, ValueError, TypeError) as exc:  # nested too deeply, a circular reference,
+                    # or a dict key JSON cannot name (a tuple)
                     problems.append((i, f"{name} cannot be written as JSON ({exc}); keep it to plain, "
                                         "moderately nested values"))
                     texts.append(None)
@@ -513,14 +512,18 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
         elif name == "routed_experts":  # checked by `routes.problems` already; numpy in, one buffer out
             columns[name] = routes.column(values)
             continue
-        if values.count(None) == n:
+        if values.count(None) == n:  # JSON columns given as None
             columns[name] = nulls(n, typ)
+            continue
+        if typ == _STRING and all(v is None or type(v) is str for v in values):
+            strings.append((name, values))
             continue
         try:
             columns[name] = pa.array(values, type=typ)
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             for row in _rows_failing(values, typ) or range(n):
                 problems.append((row, f"{name} cannot be stored as {typ}: {exc}"))
+    columns.update(_string_columns(strings, n))
     problems += _vector_checks(columns)  # also when another column failed: every problem is reported
     if problems:
         raise InvalidEventError(sorted(problems))
@@ -530,6 +533,17 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
     columns["output_tokens"] = _count_column(out_len, columns["output_ids"])
     columns["trainable_tokens"] = _trainable_counts(columns["output_mask"], out_len, columns["output_ids"])
     return columns
+
+
+def _string_columns(strings: list[tuple[str, list[str | None]]], n: int) -> dict[str, pa.Array]:
+    """Columns of `n` strings each, converted in one call and sliced apart: a dozen conversions of one value
+    cost more than the one of a dozen values (and pyarrow reads an environment variable for each)."""
+    if not strings:
+        return {}
+    flat = pa.array([v for _, values in strings for v in values], _STRING)
+    if isinstance(flat, pa.ChunkedArray):  # over 2 GiB of text: one conversion per column
+        return {name: pa.array(values, _STRING) for name, values in strings}
+    return {name: flat.slice(k * n, n) for k, (name, _) in enumerate(strings)}
 
 
 def _lengths(column: pa.ListArray) -> np.ndarray:

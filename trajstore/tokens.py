@@ -124,6 +124,8 @@ def _from_python(name: str, values: list[Any], typ: pa.ListType,
         if ids.min() < 0 or ids.max() > INT32_MAX:
             lengths = pc.list_value_length(arr).fill_null(0).to_numpy()
             return None, _id_range_problems(name, ids, lengths)
+        if not arr.null_count:  # in range: narrowing in numpy is twice as fast as Arrow's cast
+            return pa.ListArray.from_arrays(arr.offsets, pa.array(ids.astype(np.int32)), type=typ), []
     try:
         return arr.cast(typ), []
     except (pa.ArrowException, OverflowError):  # e.g. an int logprob float32 cannot hold exactly

@@ -67,6 +67,8 @@ _HOLD_BODY, _HOLD_LEN, _HOLD_FRAME = b"@@bodyc@", b"@@metalen@", b"@@frame@"
 _CONTINUATION = b"\xff\xff\xff\xff"
 _EOS = _CONTINUATION + b"\x00\x00\x00\x00"
 SCHEMA_MESSAGE = EVENT_SCHEMA.serialize().to_pybytes()
+# Given once: without options pyarrow reads two environment variables for every stream it opens.
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions()
 
 
 def segment_name(epoch: int, first_seq: int) -> str:
@@ -86,23 +88,26 @@ def _frame_crc(head: bytes | bytearray, frame_at: int) -> int:
     return zlib.crc32(view[frame_at + 8:], zlib.crc32(b"00000000", zlib.crc32(view[:frame_at])))
 
 
-def encode_batch(batch: pa.RecordBatch, *, writer: str, epoch: int, first_seq: int, last_seq: int) -> bytes:
-    """One record batch message with its checksums and framing (see the module docstring)."""
+def encode_batch(batch: pa.RecordBatch, *, writer: str, epoch: int, first_seq: int,
+                 last_seq: int) -> tuple[bytes, memoryview]:
+    """One record batch message with its checksums and framing (see the module docstring), as its head (the
+    prefix and the flatbuffer, patched) and its body, a view of Arrow's buffer: written one after the other,
+    the body is copied once, into the file (a 300 kB chat request is worth not copying four more times)."""
     meta = {_META_FORMAT: FORMAT, _META_WRITER: writer.encode(), _META_EPOCH: str(epoch).encode(),
             _META_FIRST: str(first_seq).encode(), _META_LAST: str(last_seq).encode(),
             _META_BODY_CRC: _HOLD_BODY, _META_META_LEN: _HOLD_LEN, _META_FRAME_CRC: _HOLD_FRAME}
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, EVENT_SCHEMA) as stream:  # writes the schema, then the batch
+    with pa.ipc.new_stream(sink, EVENT_SCHEMA, options=_IPC_OPTIONS) as stream:  # writes the schema, then the batch
         stream.write_batch(batch, custom_metadata=meta)
         end = sink.tell()
-    message = bytearray(sink.getvalue().to_pybytes()[len(SCHEMA_MESSAGE):end])
+    message = memoryview(sink.getvalue())[len(SCHEMA_MESSAGE):end]
     meta_len = struct.unpack_from("<i", message, 4)[0]
-    head = message[: 8 + meta_len]
+    head, body = bytearray(message[: 8 + meta_len]), message[8 + meta_len:]
     body_at, len_at, frame_at = head.find(_HOLD_BODY), head.find(_HOLD_LEN), head.find(_HOLD_FRAME)
-    message[body_at:body_at + 8] = b"%08x" % zlib.crc32(memoryview(message)[8 + meta_len:])
-    message[len_at:len_at + 10] = b"%010d" % meta_len
-    message[frame_at:frame_at + 8] = b"%08x" % _frame_crc(message[: 8 + meta_len], frame_at)
-    return bytes(message)
+    head[body_at:body_at + 8] = b"%08x" % zlib.crc32(body)
+    head[len_at:len_at + 10] = b"%010d" % meta_len
+    head[frame_at:frame_at + 8] = b"%08x" % _frame_crc(head, frame_at)
+    return bytes(head), body
 
 
 class SegmentWriter:
@@ -118,8 +123,9 @@ class SegmentWriter:
         self.bytes_written = self._file.tell()
 
     def write(self, batch: pa.RecordBatch, first_seq: int, last_seq: int) -> None:
-        self._file.write(encode_batch(batch, writer=self.writer, epoch=self.epoch, first_seq=first_seq,
-                                      last_seq=last_seq))
+        head, body = encode_batch(batch, writer=self.writer, epoch=self.epoch, first_seq=first_seq, last_seq=last_seq)
+        self._file.write(head)
+        self._file.write(body)
         self.bytes_written = self._file.tell()
 
     def sync(self) -> None:

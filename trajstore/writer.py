@@ -7,7 +7,8 @@ recovers its segments (checksums verified, a torn tail cut at the last whole bat
 bumps its epoch and continues the sequence where the acknowledged events end.
 
 `append` validates the whole call, assigns sequence numbers, and returns after the
-segment is fsync'd. Concurrent appends from several threads share one fsync (group
+segment is fsync'd. Validation and conversion (all of an append's CPU but the write) can run
+first, on the caller's thread, with `prepare`; `append` then takes the `PreparedBatch`. Concurrent appends from several threads share one fsync (group
 commit): whichever thread holds the I/O lock writes every pending batch and syncs once.
 Full segments, and segments older than `seal_interval` seconds, are sealed into the Delta
 table by a background thread; `close` seals the rest. Sealing is idempotent across crashes
@@ -40,8 +41,9 @@ import pyarrow.dataset as ds
 from trajstore import owner, wal
 from trajstore.durable import fsync_path, write_durably
 from trajstore.errors import CorruptionError, WriterBusyError, WriterClosedError
-from trajstore.events import Event, to_columns
+from trajstore.events import Event
 from trajstore.location import Location
+from trajstore.prepared import PreparedBatch, prepare
 from trajstore.schema import EVENT_SCHEMA
 from trajstore.table import Table, sealed_seq
 
@@ -285,17 +287,27 @@ class Writer:
 
     # ------------------------------------------------------------------ append
 
-    def append(self, events: Sequence[Event | Mapping[str, Any]]) -> AppendResult:
-        """Durably append events; returns after fsync. Re-appended event_ids are skipped.
+    @staticmethod
+    def prepare(events: Iterable[Event | Mapping[str, Any]] | Mapping[str, Any]) -> PreparedBatch:
+        """Validate and convert events for `append`, on the caller's thread, without touching the writer.
+
+        Raises InvalidEventError listing every problem of every event. This is all the CPU of an append but
+        the write itself: a caller that prepares first keeps its conversion out of the group commit."""
+        if isinstance(events, Mapping) or not isinstance(events, Sequence):
+            events = list(events) if not isinstance(events, Mapping) else [events]
+        return prepare(events)
+
+    def append(self, events: Iterable[Event | Mapping[str, Any]] | Mapping[str, Any] | PreparedBatch) -> AppendResult:
+        """Durably append events (or a batch from `prepare`); returns after fsync. Re-appended event_ids are
+        skipped.
 
         Raises InvalidEventError (nothing written) when any event is invalid.
         """
         self._check_open()
-        if isinstance(events, Mapping) or not isinstance(events, Sequence):
-            events = list(events) if not isinstance(events, Mapping) else [events]
-        if not events:
+        batch = events if isinstance(events, PreparedBatch) else self.prepare(events)
+        if not len(batch):
             return AppendResult(0, 0, None, None)
-        columns = to_columns(events)
+        columns = batch.columns
         event_ids = columns["event_id"].to_pylist()
         with self._state:
             self._check_open()
@@ -320,16 +332,17 @@ class Writer:
             self._wake.set()
         return AppendResult(n, len(event_ids) - n, first, last)
 
-    def _batch(self, columns: dict[str, pa.Array], keep: np.ndarray, first: int, n: int) -> pa.RecordBatch:
+    def _batch(self, columns: Mapping[str, pa.Array], keep: np.ndarray, first: int, n: int) -> pa.RecordBatch:
         total = len(keep)
         if n == total:
-            seqs = pa.array(range(first, first + n), pa.int64())
+            seqs = pa.array(np.arange(first, first + n, dtype=np.int64))
         else:  # duplicates keep a placeholder seq until they are filtered out below
             numbered = np.zeros(total, dtype=np.int64)
             numbered[keep] = np.arange(first, first + n, dtype=np.int64)
             seqs = pa.array(numbered)
+        # numbers from numpy, not Python lists: pyarrow reads an environment variable for every list it converts
         filled = {"writer": pa.array([self.name] * total, pa.string()),
-                  "writer_epoch": pa.array([self.epoch] * total, pa.int64()), "writer_seq": seqs}
+                  "writer_epoch": pa.array(np.full(total, self.epoch, dtype=np.int64)), "writer_seq": seqs}
         batch = pa.RecordBatch.from_arrays([filled[name] if name in filled else columns[name] for name in EVENT_SCHEMA.names],
                                            schema=EVENT_SCHEMA)
         return batch if n == total else batch.filter(pa.array(keep))
