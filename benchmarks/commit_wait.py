@@ -4,14 +4,9 @@ S sessions on one event loop, as in the proxy: each waits for its "upstream" (`-
 `--loop-ms` of CPU on the loop (what rendering, parsing and answering cost there), then appends one
 turn event (a few hundred prompt and output ids with logprobs, a 2 kB request) through
 `collectors.proxy.appender.BatchAppender` to a real store writer (fsync'd) in a temporary directory,
-and records the wait (appender.append asked -> durable: the turn's conversion to Arrow columns, then
-its group commit). The appender is given the writer's `prepare`, as the proxy does, so each turn is
-converted by its caller before it is queued; the table also shows the conversion's own thread CPU per
-turn, and `--no-prepare` runs the appender as before it had `prepare` (the commit thread converts).
-`--request-kb` sizes each turn's request JSON (280 for an 80k-context agent turn). `--appender
-FILE` loads another implementation of `BatchAppender` (e.g. an earlier version: `git show
-REV:collectors/proxy/appender.py > /tmp/old.py`) to compare in one run; the implementations take turns,
-`--repeats` rounds each.
+and records the wait. `--appender FILE` loads another implementation of `BatchAppender` (e.g. an
+earlier version: `git show REV:collectors/proxy/appender.py > /tmp/old.py`) to compare in one run;
+the implementations take turns, `--repeats` rounds each.
 
     python benchmarks/commit_wait.py                               # 32 sessions, ~1 minute
     python benchmarks/commit_wait.py --appender /tmp/old.py --repeats 2
@@ -31,11 +26,10 @@ from collectors.proxy import appender as current
 from trajstore import Turn, open_store
 
 
-def turn(session: int, index: int, request_kb: float) -> Turn:
-    messages = [{"role": "user", "content": "x" * 2000} for _ in range(max(1, int(request_kb / 2)))]
+def turn(session: int, index: int) -> Turn:
     return Turn(run="bench", group_id="g", rollout_id=f"r{session}", session_id="main", segment_id=f"s{session}",
                 turn_index=index, policy_version=0, prompt_ids=list(range(300)), output_ids=list(range(256)),
-                output_logprobs=[-0.1] * 256, finish_reason="stop", sampling={}, request={"messages": messages},
+                output_logprobs=[-0.1] * 256, finish_reason="stop", sampling={}, request={"m": "x" * 2000},
                 response={"id": f"r{session}-{index}"}, meta={})
 
 
@@ -45,20 +39,10 @@ def spin(ms: float) -> None:
         pass
 
 
-async def one_round(module: Any, args: argparse.Namespace, directory: str, prepare: bool
-                    ) -> tuple[list[float], list[float]]:
+async def one_round(module: Any, args: argparse.Namespace, directory: str) -> list[float]:
     waits: list[float] = []
-    converting: list[float] = []  # thread CPU of each turn's conversion, wherever it ran
     with open_store(directory).writer("bench") as writer:
-        def timed_prepare(events: Any) -> Any:
-            t = time.thread_time()
-            try:
-                return writer.prepare(events)
-            finally:
-                converting.append(time.thread_time() - t)
-
-        appender = (module.BatchAppender(writer.append, timed_prepare, inline_tokens=args.inline_tokens) if prepare
-                    else module.BatchAppender(writer.append))
+        appender = module.BatchAppender(writer.append)
 
         async def session(s: int) -> None:
             await asyncio.sleep(s * args.upstream_ms / 1e3 / args.sessions)  # starts spread over one upstream time
@@ -66,13 +50,13 @@ async def one_round(module: Any, args: argparse.Namespace, directory: str, prepa
                 await asyncio.sleep(args.upstream_ms / 1e3)
                 spin(args.loop_ms)
                 t0 = time.perf_counter()
-                await appender.append([turn(s, i, args.request_kb)])
+                await appender.append([turn(s, i)])
                 waits.append(time.perf_counter() - t0)
 
         await asyncio.gather(*(session(s) for s in range(args.sessions)))
         if hasattr(appender, "close"):
             appender.close()
-    return sorted(waits), converting
+    return sorted(waits)
 
 
 def load(path: str) -> Any:
@@ -89,32 +73,20 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=12, help="turns per session (default 12)")
     ap.add_argument("--upstream-ms", type=float, default=300.0, help="each turn's wait for its upstream (300)")
     ap.add_argument("--loop-ms", type=float, default=3.0, help="CPU each turn spends on the event loop (3)")
-    ap.add_argument("--request-kb", type=float, default=2.0, help="each turn's request JSON, in kB (2)")
-    ap.add_argument("--inline-tokens", type=int, default=current.INLINE_TOKENS,
-                    help=f"calls with more token ids convert on a preparing thread ({current.INLINE_TOKENS})")
-    ap.add_argument("--no-prepare", action="store_true", help="also run this appender without the writer's prepare")
-    ap.add_argument("--appender", help="a file defining another BatchAppender (taking only append), measured beside")
+    ap.add_argument("--appender", help="a file defining another BatchAppender, measured beside this one")
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
-    modules = [("this appender, prepare in the caller", current, True)]
-    modules += [("this appender, converting on commit", current, False)] if args.no_prepare else []
-    modules += [(f"--appender {args.appender}", load(args.appender), False)] if args.appender else []
+    modules = [("this appender", current)] + ([(f"--appender {args.appender}", load(args.appender))]
+                                              if args.appender else [])
     print(f"{args.sessions} sessions x {args.turns} turns, upstream {args.upstream_ms:g} ms, {args.loop_ms:g} ms of "
           f"loop CPU per turn; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
-    print(f"  request {args.request_kb:g} kB per turn; wait = asked -> durable (conversion included); "
-          "convert = the conversion's thread CPU per turn;\n  CPU/turn = the process's CPU per turn (all threads, fsync's kernel CPU included) less --loop-ms")
-    print(f"  {'appender':<40} {'turns':>6} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'convert ms':>11} "
-          f"{'CPU/turn':>9}")
+    print(f"  {'appender':<40} {'turns':>6} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8}")
     for _ in range(args.repeats):
-        for name, module, prepare in modules:
+        for name, module in modules:
             with tempfile.TemporaryDirectory(prefix="commit-wait-") as d:
-                cpu = time.process_time()
-                w, conv = asyncio.run(one_round(module, args, d, prepare))
-                cpu = (time.process_time() - cpu) / len(w) - args.loop_ms / 1e3  # less the simulated loop work
+                w = asyncio.run(one_round(module, args, d))
             at = [1e3 * w[min(len(w) - 1, int(q * len(w)))] for q in (0.5, 0.9, 0.99)]
-            convert = f"{1e3 * sorted(conv)[len(conv) // 2]:.3f}" if conv else "(in commit)"
-            print(f"  {name:<40} {len(w):>6} {at[0]:>8.2f} {at[1]:>8.2f} {at[2]:>8.2f} {convert:>11} "
-                  f"{1e3 * cpu:>9.2f}", flush=True)
+            print(f"  {name:<40} {len(w):>6} {at[0]:>8.2f} {at[1]:>8.2f} {at[2]:>8.2f}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
