@@ -16,7 +16,10 @@ again later") when admitting a request would pass its queue limit (`--max-num-qu
 before the request reaches the engine, so nothing was sampled and a retry is safe.
 
 Bodies are JSON written and read with orjson: a prompt of 80k token ids is 0.4 ms there and
-7.5 ms with the standard library (5 ms to read back an echoed prompt), per call. Where a request
+7.5 ms with the standard library (5 ms to read back an echoed prompt), per call. A prompt given
+as `TokenIds` (a session's ids with their JSON kept beside them, `collectors.policy.token_ids`)
+is written as its ready JSON, so only the ids new since the session's last call are encoded;
+nothing per call walks the prompt (the reply is checked against its length). Where a request
 or a reply is still large (a prompt of millions of tokens), the encoding or decoding runs on a
 thread, so that the event loop the caller serves other work from is never held by one call's size.
 """
@@ -41,6 +44,7 @@ from multidict import CIMultiDict
 
 from collectors.errors import CollectorError
 from collectors.policy.contract import Chunk, Sample, SamplingParams, support_from_sets
+from collectors.policy.token_ids import TokenIds
 from collectors.policy.versions import Label, Spans, parse_spans
 from trajstore.events import SUPPORT_IDS_CAP
 
@@ -78,12 +82,23 @@ OFF_LOOP_BYTES = 1 << 20  # a body past this is encoded or decoded on a thread (
 OFF_LOOP_TOKENS = OFF_LOOP_BYTES // 6  # a token id takes about 6 bytes of JSON
 
 
+def _ready(value: Any) -> Any:
+    """What orjson writes for a value it does not know: token ids' ready JSON (see the module docstring)."""
+    if isinstance(value, TokenIds):
+        return value.fragment()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, TokenIds) else int(value)
+
+
 def dumps(body: Any) -> bytes:
     """JSON of a request body (orjson; the standard library for what orjson refuses, such as huge integers)."""
     try:
-        return orjson.dumps(body)
+        return orjson.dumps(body, default=_ready)
     except TypeError:  # numbers orjson cannot write: past 64 bits, or numpy's
-        return json.dumps(body, default=int).encode()
+        return json.dumps(body, default=_plain).encode()
 
 
 def loads(data: bytes | str) -> Any:
@@ -97,6 +112,8 @@ def loads(data: bytes | str) -> Any:
 async def encoded(body: Any) -> bytes:
     """`dumps(body)`, on a thread when its token-id prompt is long."""
     prompt = body.get("prompt") if isinstance(body, dict) else None
+    if isinstance(prompt, TokenIds):  # only the tail is encoded
+        prompt = prompt.tail
     if isinstance(prompt, list) and len(prompt) > OFF_LOOP_TOKENS:
         return await asyncio.to_thread(dumps, body)
     return dumps(body)
@@ -290,7 +307,7 @@ class Http:
             self._session = None
 
 
-def completion_body(prompt_ids: list[int], sampling: SamplingParams, model: str | None, *,
+def completion_body(prompt_ids: Sequence[int], sampling: SamplingParams, model: str | None, *,
                     echo_prompt: bool = True) -> dict[str, Any]:
     """The /v1/completions request for one token-id prompt; `echo_prompt=False` asks a server that knows
     `return_prompt_token_ids` (the embedded one) not to send the prompt's ids back (vLLM ignores it and does)."""
@@ -376,7 +393,7 @@ def _support(choice: dict[str, Any], url: str, tokens: int | None) -> tuple[list
     return sizes, ids
 
 
-def _check_echo(choice: dict[str, Any], prompt_ids: list[int], url: str) -> None:
+def _check_echo(choice: dict[str, Any], prompt_ids: Sequence[int], url: str) -> None:
     echoed = choice.get("prompt_token_ids")
     if echoed is not None and echoed != prompt_ids:
         raise PolicyServerBadResponse(
@@ -404,7 +421,7 @@ def _spans(choice: dict[str, Any], n_tokens: int, label: Label | None, url: str)
     return spans
 
 
-def parse_completion(body: Any, prompt_ids: list[int], *, policy_version: int, url: str,
+def parse_completion(body: Any, prompt_ids: Sequence[int], *, policy_version: int, url: str,
                      top_logprobs: bool = False, label: Label | None = None) -> Sample:
     """A `Sample` from a /v1/completions response, or `PolicyServerBadResponse` naming what is missing.
     With `label`, the choice's `weight_versions` spans (when sent) stamp the tokens instead of `policy_version`."""
@@ -455,7 +472,7 @@ def routed_experts(choice: dict[str, Any], url: str, tokens: int | None = None) 
     return routes.astype(np.int16, copy=False)
 
 
-def parse_chunk(event: Any, prompt_ids: list[int], *, policy_version: int, url: str,
+def parse_chunk(event: Any, prompt_ids: Sequence[int], *, policy_version: int, url: str,
                 top_logprobs: bool = False, label: Label | None = None, n_before: int = 0) -> Chunk | None:
     """A `Chunk` from one event of a streamed /v1/completions response (vLLM's CompletionStreamResponse);
     None for the usage event, which has no choices."""
@@ -474,10 +491,14 @@ def parse_chunk(event: Any, prompt_ids: list[int], *, policy_version: int, url: 
                  version_starts=spans[0] if spans else None, version_values=spans[1] if spans else None)
 
 
-def prompt_list(prompt_ids: Sequence[int]) -> list[int]:
-    # a list is copied as it is (what a tokenizer gives: ints), anything else (arrays, tensors) converted per item:
-    # int() over 80k ids is milliseconds per call, the copy a tenth of one
-    ids = prompt_ids[:] if type(prompt_ids) is list else [int(t) for t in prompt_ids]
+def prompt_list(prompt_ids: Sequence[int]) -> list[int] | TokenIds:
+    """The prompt as sent and kept in the `Sample`: `TokenIds` as they are (read-only already), a list copied
+    (what a tokenizer gives: ints), anything else (arrays, tensors) converted per item: int() over 80k ids is
+    milliseconds per call, the copy a tenth of one."""
+    if isinstance(prompt_ids, TokenIds):
+        ids: list[int] | TokenIds = prompt_ids
+    else:
+        ids = prompt_ids[:] if type(prompt_ids) is list else [int(t) for t in prompt_ids]
     if not ids:
         raise ValueError("prompt_ids is empty; a completion needs at least one prompt token")
     return ids
