@@ -71,9 +71,10 @@ class Connections:
 
     async def _request(self, method: str, target: str, headers: Mapping[str, str] | None, body: bytes | None
                        ) -> tuple[int, CIMultiDict[str], bytes]:
+        head = self._head(method, target, headers, body)
         conn = self._kept() or await self._open()
         try:
-            conn.writer.write(self._head(method, target, headers, body))
+            conn.writer.write(head)
             if body:
                 conn.writer.write(body)
             status, head, data, keep = await self._answer(conn.reader)
