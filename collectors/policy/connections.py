@@ -113,7 +113,7 @@ class Connections:
         for name, value in (headers or {}).items():
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
                 raise ValueError(f"header {name!r} holds a line break or its name a colon; it cannot be sent")
-            lines.append(f"{name}: {value}\r\n".encode("utf-8"))
+            lines.append(f"{name}: {value}\r\n".encode())
         lines.append(b"\r\n")
         return b"".join(lines)
 

@@ -43,7 +43,12 @@ import orjson
 from multidict import CIMultiDict
 
 from collectors.errors import CollectorError
-from collectors.policy.connections import ConnectFailed, Connections, Disconnected, Malformed
+from collectors.policy.connections import (
+    ConnectFailed,
+    Connections,
+    Disconnected,
+    Malformed,
+)
 from collectors.policy.contract import Chunk, Sample, SamplingParams, support_from_sets
 from collectors.policy.token_ids import TokenIds
 from collectors.policy.versions import Label, Spans, parse_spans

@@ -30,7 +30,7 @@ def ids_json(ids: Sequence[int]) -> bytes:
 class TokenLog:
     """A session's token ids, append-only, and their JSON text without its closing bracket (module docstring)."""
 
-    __slots__ = ("ids", "_json")
+    __slots__ = ("_json", "ids")
 
     def __init__(self, ids: Sequence[int] = ()) -> None:
         self.ids: list[int] = []
@@ -70,7 +70,7 @@ class TokenLog:
 class TokenIds(Sequence[int]):
     """Token ids: the first `n` ids of a `TokenLog`, then `tail`; read-only, with their JSON ready (`json()`)."""
 
-    __slots__ = ("_log", "_n", "_end", "_tail")
+    __slots__ = ("_end", "_log", "_n", "_tail")
 
     def __init__(self, log: TokenLog, n: int, end: int, tail: list[int]) -> None:
         self._log, self._n, self._end, self._tail = log, n, end, tail

@@ -16,7 +16,12 @@ import orjson
 import pytest
 
 from collectors.embedded.app import RunningServer
-from collectors.policy import EmbeddedClient, SamplingParams, VLLMClient, completion_body
+from collectors.policy import (
+    EmbeddedClient,
+    SamplingParams,
+    VLLMClient,
+    completion_body,
+)
 from collectors.policy.http import dumps, prompt_list
 from collectors.policy.token_ids import TokenIds, TokenLog
 from collectors.policy.vllm_generate import generate_body
