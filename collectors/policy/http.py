@@ -1,4 +1,7 @@
-"""The HTTP side of every policy-server client: one aiohttp session, vLLM's `/v1/completions` body, named errors.
+"""The HTTP side of every policy-server client: its connections, vLLM's `/v1/completions` body, named errors.
+
+Requests to a plain-http server go over kept-alive asyncio connections (`collectors.policy.connections`,
+a third of aiohttp's CPU per request); streams, and https servers, over one aiohttp session.
 
 A token-id prompt goes to POST /v1/completions with `return_token_ids: true` and `logprobs: 0`
 (vLLM always returns the logprob of the sampled token; N > 0 would add the top N
@@ -158,8 +161,9 @@ UNAVAILABLE_BACKOFF_S = (0.05, 2.0)  # first pause after a 503, and the longest
 
 
 class Http:
-    """One aiohttp session (created on first use, in the caller's loop); transport failures
-    and HTTP errors become the named errors. `unavailable_retries` counts 503s retried."""
+    """A server's connections: `Connections` for plain-http requests, one aiohttp session for streams and https
+    (each created on first use, in the caller's loop); transport failures and HTTP errors become the named
+    errors. `unavailable_retries` counts 503s retried."""
 
     def __init__(self, base_url: str, *, hint: str, timeout_s: float, connect_retries: int,
                  retry_backoff_s: float, max_connections: int) -> None:

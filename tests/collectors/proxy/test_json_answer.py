@@ -1,4 +1,5 @@
-"""The proxy's JSON answers (`collectors.proxy.app.json_answer`) and streamed events (`wire.base.event_data`): orjson's bytes, read back as what was sent."""
+"""The proxy's JSON answers (`collectors.proxy.app.json_answer`) and streamed events (`wire.base.event_data`):
+orjson's bytes, read back as what was sent."""
 
 from __future__ import annotations
 
