@@ -57,7 +57,7 @@ class Connections:
 
     def __init__(self, host: str, port: int, host_header: str, limit: int = 0) -> None:
         self.host, self.port = host, port
-        self._host_header = f"Host: {host_header}\r\n".encode("idna")
+        self._host_header = b"Host: %s\r\n" % host_header.encode("ascii" if host_header.isascii() else "idna")
         self._idle: list[_Conn] = []
         self._slots = asyncio.Semaphore(limit) if limit > 0 else None
 
