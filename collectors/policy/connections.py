@@ -22,10 +22,12 @@ from collections.abc import Mapping
 
 from multidict import CIMultiDict
 
+from collectors.errors import CollectorError
+
 HEAD_LIMIT = 1 << 20  # the most bytes of status line and headers an answer may have
 
 
-class ConnectFailed(Exception):
+class ConnectFailed(CollectorError):
     """No connection could be opened (nothing was sent); `os_error` says why."""
 
     def __init__(self, os_error: OSError) -> None:
@@ -33,11 +35,11 @@ class ConnectFailed(Exception):
         self.os_error = os_error
 
 
-class Disconnected(Exception):
+class Disconnected(CollectorError):
     """The server closed the connection before its answer was complete."""
 
 
-class Malformed(Exception):
+class Malformed(CollectorError):
     """The answer is not HTTP/1.1 this client reads (a bad status line, length or chunk size)."""
 
 
