@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agent_upstream import start_upstream  # noqa: E402 - the fake policy server, its own process
+from agent_upstream import start_upstream  # the fake policy server, its own process
 
 DELTA = 200  # the ids new in a call (the rest is the session's log)
 
@@ -46,6 +46,21 @@ async def per_call(call: Callable[[], Awaitable[Any]], calls: int) -> float:
     return 1000 * (time.thread_time() - start) / calls
 
 
+async def one_row(client: Any, session: Any, conns: Any, upstream: str, ids: list[int], log: Any, body: bytes,
+                  sampling: Any, calls: int) -> tuple[float, float, float, float]:
+    """The four measures of one prompt length (see the module docstring)."""
+    headers = {"Content-Type": "application/json"}
+
+    async def aiohttp_post() -> None:
+        async with session.post(upstream + "/v1/completions", data=body, headers=headers) as resp:
+            await resp.read()
+
+    return (await per_call(lambda: client.complete(ids, sampling), calls),
+            await per_call(lambda: client.complete(log.view(ids[-DELTA:]), sampling), calls),
+            await per_call(aiohttp_post, calls),
+            await per_call(lambda: conns.request("POST", "/v1/completions", headers, body), calls))
+
+
 async def bench(upstream: str, contexts: list[int], calls: int) -> None:
     import aiohttp
     import orjson
@@ -57,26 +72,17 @@ async def bench(upstream: str, contexts: list[int], calls: int) -> None:
     sampling = SamplingParams(max_tokens=16, seed=1)
     url = urlsplit(upstream)
     conns = Connections(url.hostname or "127.0.0.1", url.port or 80, url.netloc)
-    headers = {"Content-Type": "application/json"}
     print(f"client thread CPU per call, ms (load average {os.getloadavg()[0]:.1f}; the machine may be shared)")
     print(f"{'context':>8} {'complete(list)':>15} {'complete(view)':>15} {'aiohttp POST':>13} {'Connections POST':>17}")
     async with EmbeddedClient(upstream) as client, aiohttp.ClientSession() as session:
         for context in contexts:
             rng = random.Random(context)
             ids = [rng.randrange(4000) for _ in range(context)]
-            log = TokenLog(ids[:-DELTA])
             body = orjson.dumps({"prompt": ids, "max_tokens": 16, "logprobs": 0, "return_token_ids": True,
                                  "return_prompt_token_ids": False})
-
-            async def aiohttp_post() -> None:
-                async with session.post(upstream + "/v1/completions", data=body, headers=headers) as resp:
-                    await resp.read()
-
-            listed = await per_call(lambda: client.complete(ids, sampling), calls)
-            viewed = await per_call(lambda: client.complete(log.view(ids[-DELTA:]), sampling), calls)
-            plain = await per_call(aiohttp_post, calls)
-            lean = await per_call(lambda: conns.request("POST", "/v1/completions", headers, body), calls)
-            print(f"{context:>8} {listed:>15.3f} {viewed:>15.3f} {plain:>13.3f} {lean:>17.3f}", flush=True)
+            row = await one_row(client, session, conns, upstream, ids, TokenLog(ids[:-DELTA]), body, sampling,
+                                calls)
+            print(f"{context:>8} " + " ".join(f"{ms:>{w}.3f}" for ms, w in zip(row, (15, 15, 13, 17))), flush=True)
     conns.close()
 
 
