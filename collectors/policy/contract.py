@@ -85,7 +85,7 @@ class SamplingParams:
 class Sample:
     """One completion, exactly as the engine produced it."""
 
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]  # as sent: a list, or `TokenIds` (a session's ids with their JSON, read-only)
     output_ids: list[int]
     output_logprobs: list[float]
     text: str
@@ -136,7 +136,7 @@ class StreamedSample:
 
     Version spans come from the chunks' versions as they change, unless a chunk carries the server's spans."""
 
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[str, float]] | None = None

@@ -1,4 +1,7 @@
-"""The HTTP side of every policy-server client: one aiohttp session, vLLM's `/v1/completions` body, named errors.
+"""The HTTP side of every policy-server client: its connections, vLLM's `/v1/completions` body, named errors.
+
+Requests to a plain-http server go over kept-alive asyncio connections (`collectors.policy.connections`,
+a third of aiohttp's CPU per request); streams, and https servers, over one aiohttp session.
 
 A token-id prompt goes to POST /v1/completions with `return_token_ids: true` and `logprobs: 0`
 (vLLM always returns the logprob of the sampled token; N > 0 would add the top N
@@ -16,7 +19,10 @@ again later") when admitting a request would pass its queue limit (`--max-num-qu
 before the request reaches the engine, so nothing was sampled and a retry is safe.
 
 Bodies are JSON written and read with orjson: a prompt of 80k token ids is 0.4 ms there and
-7.5 ms with the standard library (5 ms to read back an echoed prompt), per call. Where a request
+7.5 ms with the standard library (5 ms to read back an echoed prompt), per call. A prompt given
+as `TokenIds` (a session's ids with their JSON kept beside them, `collectors.policy.token_ids`)
+is written as its ready JSON, so only the ids new since the session's last call are encoded;
+nothing per call walks the prompt (the reply is checked against its length). Where a request
 or a reply is still large (a prompt of millions of tokens), the encoding or decoding runs on a
 thread, so that the event loop the caller serves other work from is never held by one call's size.
 """
@@ -32,7 +38,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 import numpy as np
@@ -40,7 +46,14 @@ import orjson
 from multidict import CIMultiDict
 
 from collectors.errors import CollectorError
+from collectors.policy.connections import (
+    ConnectFailed,
+    Connections,
+    Disconnected,
+    Malformed,
+)
 from collectors.policy.contract import Chunk, Sample, SamplingParams, support_from_sets
+from collectors.policy.token_ids import TokenIds
 from collectors.policy.versions import Label, Spans, parse_spans
 from trajstore.events import SUPPORT_IDS_CAP
 
@@ -78,12 +91,23 @@ OFF_LOOP_BYTES = 1 << 20  # a body past this is encoded or decoded on a thread (
 OFF_LOOP_TOKENS = OFF_LOOP_BYTES // 6  # a token id takes about 6 bytes of JSON
 
 
+def _ready(value: Any) -> Any:
+    """What orjson writes for a value it does not know: token ids' ready JSON (see the module docstring)."""
+    if isinstance(value, TokenIds):
+        return value.fragment()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, TokenIds) else int(value)
+
+
 def dumps(body: Any) -> bytes:
     """JSON of a request body (orjson; the standard library for what orjson refuses, such as huge integers)."""
     try:
-        return orjson.dumps(body)
+        return orjson.dumps(body, default=_ready)
     except TypeError:  # numbers orjson cannot write: past 64 bits, or numpy's
-        return json.dumps(body, default=int).encode()
+        return json.dumps(body, default=_plain).encode()
 
 
 def loads(data: bytes | str) -> Any:
@@ -97,6 +121,8 @@ def loads(data: bytes | str) -> Any:
 async def encoded(body: Any) -> bytes:
     """`dumps(body)`, on a thread when its token-id prompt is long."""
     prompt = body.get("prompt") if isinstance(body, dict) else None
+    if isinstance(prompt, TokenIds):  # only the tail is encoded
+        prompt = prompt.tail
     if isinstance(prompt, list) and len(prompt) > OFF_LOOP_TOKENS:
         return await asyncio.to_thread(dumps, body)
     return dumps(body)
@@ -135,8 +161,9 @@ UNAVAILABLE_BACKOFF_S = (0.05, 2.0)  # first pause after a 503, and the longest
 
 
 class Http:
-    """One aiohttp session (created on first use, in the caller's loop); transport failures
-    and HTTP errors become the named errors. `unavailable_retries` counts 503s retried."""
+    """A server's connections: `Connections` for plain-http requests, one aiohttp session for streams and https
+    (each created on first use, in the caller's loop); transport failures and HTTP errors become the named
+    errors. `unavailable_retries` counts 503s retried."""
 
     def __init__(self, base_url: str, *, hint: str, timeout_s: float, connect_retries: int,
                  retry_backoff_s: float, max_connections: int) -> None:
@@ -145,12 +172,27 @@ class Http:
         self.max_connections = max_connections
         self.unavailable_retries = 0
         self._session: aiohttp.ClientSession | None = None
+        url = urlsplit(base_url)
+        # plain http goes through `Connections` (a third of aiohttp's CPU per request); https through aiohttp
+        self._plain = (url.hostname, url.port or 80, url.netloc.rpartition("@")[2], url.path.rstrip("/")) \
+            if url.scheme == "http" and url.hostname else None
+        self._conns: tuple[asyncio.AbstractEventLoop, Connections] | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             # limit=0: no cap; the collector bounds its own concurrency
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.max_connections))
         return self._session
+
+    def _connections(self) -> Connections | None:
+        """The kept-alive connections of this event loop (a loop's connections serve no other), or None for https."""
+        if self._plain is None:
+            return None
+        loop = asyncio.get_running_loop()
+        if self._conns is None or self._conns[0] is not loop:
+            host, port, host_header, _ = self._plain
+            self._conns = (loop, Connections(host, port, host_header, self.max_connections))
+        return self._conns[1]
 
     async def call(self, method: str, route: str, *, body: Any = None, params: Mapping[str, str] | None = None,
                    headers: Mapping[str, str] | None = None, timeout_s: float | None = None,
@@ -179,12 +221,18 @@ class Http:
             headers = {"Content-Type": "application/json", **(headers or {})}
         attempts = 1 + (self.connect_retries if idempotent else 0)
         attempt, stale_retried = 0, False
+        conns = self._connections()
         while True:
             try:
+                if conns is not None and self._plain is not None:
+                    target = self._plain[3] + route + (f"?{urlencode(params)}" if params else "")
+                    async with asyncio.timeout(timeout):
+                        status, head, raw = await conns.request(method, target, headers, data)
+                    return Reply(status, head, raw)
                 async with self._get_session().request(method, url, data=data, params=params, headers=headers,
                                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                     return Reply(resp.status, CIMultiDict(resp.headers), await resp.read())
-            except aiohttp.ClientConnectorError as exc:  # nothing was sent: safe to retry where idempotent
+            except (aiohttp.ClientConnectorError, ConnectFailed) as exc:  # nothing was sent: retry where idempotent
                 if attempt + 1 < attempts:
                     await asyncio.sleep(self.retry_backoff_s * 2**attempt)
                     attempt += 1
@@ -197,14 +245,14 @@ class Http:
                     f"the policy server at {self.base_url} did not answer {method} {route} within {limit:g} s; "
                     "it may be overloaded or stuck, or the call needs a longer timeout (timeout_s=...)",
                     url=self.base_url) from exc
-            except aiohttp.ServerDisconnectedError as exc:
+            except (aiohttp.ServerDisconnectedError, Disconnected) as exc:
                 if not stale_retried:  # an idle pooled connection the server had closed: once more (module doc)
                     stale_retried = True
                     continue
                 raise PolicyServerUnreachable(
                     f"the policy server at {self.base_url} closed the connection during {method} {route} "
                     f"({exc}); {self.hint}", url=self.base_url) from exc
-            except aiohttp.ClientError as exc:
+            except (aiohttp.ClientError, Malformed) as exc:
                 raise PolicyServerUnreachable(
                     f"the connection to the policy server at {self.base_url} failed during {method} {route} "
                     f"({type(exc).__name__}: {exc}); {self.hint}", url=self.base_url) from exc
@@ -285,12 +333,15 @@ class Http:
                 url=self.base_url) from None
 
     async def close(self) -> None:
+        if self._conns is not None:
+            self._conns[1].close()
+            self._conns = None
         if self._session is not None:
             await self._session.close()
             self._session = None
 
 
-def completion_body(prompt_ids: list[int], sampling: SamplingParams, model: str | None, *,
+def completion_body(prompt_ids: Sequence[int], sampling: SamplingParams, model: str | None, *,
                     echo_prompt: bool = True) -> dict[str, Any]:
     """The /v1/completions request for one token-id prompt; `echo_prompt=False` asks a server that knows
     `return_prompt_token_ids` (the embedded one) not to send the prompt's ids back (vLLM ignores it and does)."""
@@ -376,7 +427,7 @@ def _support(choice: dict[str, Any], url: str, tokens: int | None) -> tuple[list
     return sizes, ids
 
 
-def _check_echo(choice: dict[str, Any], prompt_ids: list[int], url: str) -> None:
+def _check_echo(choice: dict[str, Any], prompt_ids: Sequence[int], url: str) -> None:
     echoed = choice.get("prompt_token_ids")
     if echoed is not None and echoed != prompt_ids:
         raise PolicyServerBadResponse(
@@ -404,7 +455,7 @@ def _spans(choice: dict[str, Any], n_tokens: int, label: Label | None, url: str)
     return spans
 
 
-def parse_completion(body: Any, prompt_ids: list[int], *, policy_version: int, url: str,
+def parse_completion(body: Any, prompt_ids: Sequence[int], *, policy_version: int, url: str,
                      top_logprobs: bool = False, label: Label | None = None) -> Sample:
     """A `Sample` from a /v1/completions response, or `PolicyServerBadResponse` naming what is missing.
     With `label`, the choice's `weight_versions` spans (when sent) stamp the tokens instead of `policy_version`."""
@@ -455,7 +506,7 @@ def routed_experts(choice: dict[str, Any], url: str, tokens: int | None = None) 
     return routes.astype(np.int16, copy=False)
 
 
-def parse_chunk(event: Any, prompt_ids: list[int], *, policy_version: int, url: str,
+def parse_chunk(event: Any, prompt_ids: Sequence[int], *, policy_version: int, url: str,
                 top_logprobs: bool = False, label: Label | None = None, n_before: int = 0) -> Chunk | None:
     """A `Chunk` from one event of a streamed /v1/completions response (vLLM's CompletionStreamResponse);
     None for the usage event, which has no choices."""
@@ -474,10 +525,14 @@ def parse_chunk(event: Any, prompt_ids: list[int], *, policy_version: int, url: 
                  version_starts=spans[0] if spans else None, version_values=spans[1] if spans else None)
 
 
-def prompt_list(prompt_ids: Sequence[int]) -> list[int]:
-    # a list is copied as it is (what a tokenizer gives: ints), anything else (arrays, tensors) converted per item:
-    # int() over 80k ids is milliseconds per call, the copy a tenth of one
-    ids = prompt_ids[:] if type(prompt_ids) is list else [int(t) for t in prompt_ids]
+def prompt_list(prompt_ids: Sequence[int]) -> list[int] | TokenIds:
+    """The prompt as sent and kept in the `Sample`: `TokenIds` as they are (read-only already), a list copied
+    (what a tokenizer gives: ints), anything else (arrays, tensors) converted per item: int() over 80k ids is
+    milliseconds per call, the copy a tenth of one."""
+    if isinstance(prompt_ids, TokenIds):
+        ids: list[int] | TokenIds = prompt_ids
+    else:
+        ids = prompt_ids[:] if type(prompt_ids) is list else [int(t) for t in prompt_ids]
     if not ids:
         raise ValueError("prompt_ids is empty; a completion needs at least one prompt token")
     return ids

@@ -196,7 +196,7 @@ class VLLMClient:
             raise
         return self._http.json(reply, route)
 
-    def _sample(self, body: Any, ids: list[int], model: str | None, version: int, sampling: SamplingParams,
+    def _sample(self, body: Any, ids: Sequence[int], model: str | None, version: int, sampling: SamplingParams,
                 label: Label | None = None) -> Sample:
         self._check_model(body, model)
         return parse_completion(body, ids, policy_version=version, url=self.base_url,

@@ -18,7 +18,7 @@ run while the requests kept across the reload hold their blocks).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from collectors.policy.contract import SamplingParams
@@ -29,7 +29,7 @@ SCALE_OUT_HINT = ("vLLM serves POST /inference/v1/generate (the route that retur
                   "only when started with --enable-scale-out; `collectors.policy.vllm_server.start_vllm` does")
 
 
-def generate_body(prompt_ids: list[int], sampling: SamplingParams, model: str | None, version: int,
+def generate_body(prompt_ids: Sequence[int], sampling: SamplingParams, model: str | None, version: int,
                   stream: bool = False, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The generate request for one token-id prompt, its prefix cache keyed by `version`.
 

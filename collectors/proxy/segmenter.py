@@ -12,8 +12,9 @@ nearly every turn although the model's context did not change at all. The check 
 done on rendered text, and the tokens are spliced:
 
 - after each call the session keeps `text` = the rendered prompt + the sampled text (decoded
-  with special tokens kept: exactly what the model saw and wrote), and `ids` = the prompt ids
-  sent + the *sampled* output ids;
+  with special tokens kept: exactly what the model saw and wrote; kept as its two parts, never
+  joined), and `ids` = the prompt ids sent + the *sampled* output ids (a `TokenLog`: the next
+  call's ids are a view of it plus the delta, and its JSON is encoded once, as it grows);
 - the next call continues the segment iff its rendered prompt text starts with `text`: the
   template rendered the reply the agent sent back to exactly what the model wrote. Its
   prompt ids are the tokens of the rest of the text (what the template writes after the
@@ -27,6 +28,9 @@ done on rendered text, and the tokens are spliced:
 - any other mismatch (compaction, edited or dropped messages, changed tools or system
   prompt) forks with reason `history_rewrite`.
 
+Nothing here copies or encodes the session's history per call: the prefix check compares
+text, the ids to send are a view (`TokenIds`), and the session's ids grow in place.
+
 The check is made once, on the prompt the next call renders anyway, so a reply is never
 rendered a second time just to predict what the agent will send. Only text the template emits
 itself (what follows the sampled text, and the new messages) is ever tokenized; every token the
@@ -39,6 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from collectors.policy.token_ids import TokenLog
 from collectors.proxy.reconcile import Answered
 
 Encode = Callable[[str], list[int]]
@@ -52,8 +57,20 @@ class Held:
     """What a segment holds after a call (see the module docstring)."""
 
     prompt_text: str  # the last call's rendered prompt
-    text: str  # that prompt + the text the model sampled (special tokens kept)
-    ids: list[int]  # prompt ids + sampled output ids, in order
+    sampled_text: str  # the text the model sampled after it (special tokens kept)
+    ids: TokenLog  # prompt ids + sampled output ids, in order
+
+    @property
+    def text(self) -> str:
+        """The prompt and the sampled text, joined (a copy of the whole: `rest` checks without one)."""
+        return self.prompt_text + self.sampled_text
+
+    def rest(self, prompt_text: str) -> str | None:
+        """What `prompt_text` adds after the held text, or None when it does not start with it."""
+        end = len(self.prompt_text)
+        if not (prompt_text.startswith(self.prompt_text) and prompt_text.startswith(self.sampled_text, end)):
+            return None
+        return prompt_text[end + len(self.sampled_text):]
 
 
 @dataclass
@@ -77,7 +94,7 @@ class TurnPlan:
     segment_id: str
     turn_index: int
     prompt_ids: list[int]  # the turn event's prompt: whole on a new segment, the delta otherwise
-    full_ids: list[int]  # what the policy is sent
+    full_ids: Sequence[int]  # what the policy is sent: on a continued segment a view of the held ids + the delta
     fork: str | None  # why a new segment starts (None: first call of the session, or continued)
     previous_segment: str | None
 
@@ -87,12 +104,13 @@ def plan_turn(state: SessionState, prompt_text: str, encode: Encode, new_segment
     held = state.held
     fork: str | None = None
     if held is not None and state.segment_id is not None:
-        if prompt_text.startswith(held.text):
-            delta = encode(prompt_text[len(held.text):])
-            return TurnPlan(state.segment_id, state.next_turn, delta, held.ids + delta, None, None)
+        rest = held.rest(prompt_text)
+        if rest is not None:
+            delta = encode(rest)
+            return TurnPlan(state.segment_id, state.next_turn, delta, held.ids.view(delta), None, None)
         fork = TEMPLATE_DRIFT if prompt_text.startswith(held.prompt_text) else HISTORY_REWRITE
     ids = encode(prompt_text)
-    return TurnPlan(new_segment_id(), 0, ids, list(ids), fork, state.segment_id)
+    return TurnPlan(new_segment_id(), 0, ids, TokenLog().view(ids), fork, state.segment_id)
 
 
 def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_ids: Sequence[int],
@@ -106,9 +124,9 @@ def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_id
     state.next_turn = plan.turn_index + 1
     state.turns += 1
     if plan.turn_index == 0 or state.held is None:
-        ids = plan.full_ids + list(output_ids)
-    else:  # the session's ids grow in place: a long episode is not copied again on every call
+        ids = TokenLog(plan.full_ids)
+    else:  # the session's ids grow in place: a long episode is not copied or encoded again on every call
         ids = state.held.ids
         ids.extend(plan.prompt_ids)
-        ids.extend(output_ids)
-    state.held = Held(prompt_text=prompt_text, text=prompt_text + sampled_text, ids=ids)
+    ids.extend(output_ids)
+    state.held = Held(prompt_text=prompt_text, sampled_text=sampled_text, ids=ids)

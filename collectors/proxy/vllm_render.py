@@ -158,7 +158,7 @@ def plan_rendered(state: SessionState, prompt_text: str, ids: list[int], decode:
         if prompt_text.startswith(held.text):
             k = token_boundary(ids, held.text, decode)
             delta = list(ids[k:]) if k is not None else encode(prompt_text[len(held.text):])
-            return RenderedPlan(state.segment_id, state.next_turn, delta, held.ids + delta, None, None, **extra)
+            return RenderedPlan(state.segment_id, state.next_turn, delta, held.ids.view(delta), None, None, **extra)
         fork = TEMPLATE_DRIFT if prompt_text.startswith(held.prompt_text) else HISTORY_REWRITE
     return RenderedPlan(new_segment_id(), 0, list(ids), list(ids), fork, state.segment_id, **extra)
 

@@ -227,3 +227,18 @@ def test_a_client_that_disconnects_leaves_one_line_in_the_log_not_a_traceback(
         time.sleep(0.1)
     time.sleep(1.0)  # time for any late traceback of the server's cancelled handlers to be logged
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+@pytest.mark.parametrize("raw", [b'{"a": [1, -2.5e-3, null, true], "b": "na\xc3\xafve \\ud83d\\ude00"}', b'{"a":1,"a":2}',
+                                 b'[NaN, -Infinity]', b'1e400', b'[18446744073709551616]', '{"x": 1}'.encode("utf-16"),
+                                 b'  {"deep": ' + b"[" * 600 + b"]" * 600 + b"}  "])
+def test_a_body_reads_as_the_standard_library_reads_it(raw: bytes) -> None:
+    """decode_json reads with orjson and falls back to the standard library for what orjson refuses: either way
+    the value is the standard library's."""
+    assert collectors.serving.decode_json(raw) == json.loads(raw)
+
+
+@pytest.mark.parametrize("raw", [b'{"a": "\\ud800"}', b"{", b"[" * 5000 + b"]" * 5000])
+def test_a_body_the_standard_library_refuses_is_a_bad_request(raw: bytes) -> None:
+    with pytest.raises(collectors.serving.BadRequest):
+        collectors.serving.decode_json(raw)

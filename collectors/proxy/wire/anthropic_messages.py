@@ -29,7 +29,6 @@ RawMessageDeltaEvent, RawMessageStopEvent):
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,7 +41,7 @@ from collectors.proxy.chat import (
     start_request,
     template_tools,
 )
-from collectors.proxy.wire.base import Event
+from collectors.proxy.wire.base import Event, event_data
 
 PROTOCOL = "anthropic"
 CALL_ID_PREFIX = "toolu_"
@@ -229,7 +228,7 @@ def response(reply: ChatReply, options: Mapping[str, Any] | None = None) -> dict
 
 
 def _event(name: str, data: dict[str, Any]) -> str:
-    return f"event: {name}\ndata: {json.dumps({'type': name, **data}, ensure_ascii=False)}\n\n"
+    return f"event: {name}\ndata: {event_data({'type': name, **data})}\n\n"
 
 
 class EventWriter:

@@ -13,10 +13,23 @@ protocol's server-sent events, then closes the stream with the final reply (or a
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+import orjson
+
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
+
+
+def event_data(value: Any) -> str:
+    """The JSON of a streamed event's `data:` line: orjson's (text as UTF-8, one line; a token's event in a tenth
+    of the standard library's time, and a stream sends one per token), the standard library's for what orjson
+    refuses (integers past 64 bits)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False)
 
 Event = tuple[Any, ...]  # ("reasoning" | "content", text) or ("tool_call", index, ToolCall)
 

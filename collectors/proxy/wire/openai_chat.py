@@ -26,7 +26,6 @@ ChatCompletionChunk, ChoiceDeltaToolCall, CompletionUsage) and vLLM's extensions
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,7 +38,7 @@ from collectors.proxy.chat import (
     start_request,
     template_tools,
 )
-from collectors.proxy.wire.base import Event
+from collectors.proxy.wire.base import Event, event_data
 
 PROTOCOL = "openai"
 CALL_ID_PREFIX = "call_"
@@ -239,7 +238,7 @@ def response(reply: ChatReply, options: Mapping[str, Any] | None = None) -> dict
 
 
 def _sse(data: Any) -> bytes:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    return f"data: {event_data(data)}\n\n".encode()
 
 
 class ChunkWriter:

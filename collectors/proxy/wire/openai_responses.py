@@ -28,13 +28,12 @@ ResponseOutputMessage, ResponseFunctionToolCall, ResponseReasoningItem, Response
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from collectors.policy import SamplingParams
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message, Problems, start_request, template_tools
-from collectors.proxy.wire.base import Event
+from collectors.proxy.wire.base import Event, event_data
 from collectors.proxy.wire.openai_chat import error_body, logprob_entries, top_logprobs
 
 PROTOCOL = "responses"
@@ -274,7 +273,7 @@ class EventWriter:
     def _event(self, kind: str, **data: Any) -> bytes:
         body = {"type": kind, "sequence_number": self.seq, **data}
         self.seq += 1
-        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
+        return f"event: {kind}\ndata: {event_data(body)}\n\n".encode()
 
     def start(self) -> bytes:
         snapshot = _envelope(self.head, self.options, "in_progress")

@@ -1,0 +1,122 @@
+"""`TokenLog`/`TokenIds`: a session's ids with their JSON kept beside them, sent byte for byte as a plain list.
+
+The request a policy server gets from a `TokenIds` prompt must be exactly the one it would get from
+the same ids as a list (vLLM and the embedded server read plain JSON ids), however the log grew;
+a view must not change as its log grows afterwards; both clients must send and check it like a list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from collectors.embedded.app import RunningServer
+from collectors.policy import (
+    EmbeddedClient,
+    SamplingParams,
+    VLLMClient,
+    completion_body,
+)
+from collectors.policy.http import dumps, prompt_list
+from collectors.policy.token_ids import TokenIds, TokenLog
+from collectors.policy.vllm_generate import generate_body
+from tests.collectors.fake_vllm import fake_vllm
+
+
+def grown(rng: random.Random) -> tuple[TokenLog, list[int]]:
+    """A log grown by a few extends of random sizes (empty ones included), and the same ids as a list."""
+    log, plain = TokenLog(), []
+    for _ in range(rng.randrange(0, 6)):
+        more = [rng.randrange(0, 200_000) for _ in range(rng.choice([0, 1, 2, 50]))]
+        log.extend(more)
+        plain += more
+    return log, plain
+
+
+def test_a_view_writes_exactly_the_json_of_its_ids_as_a_list() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        log, plain = grown(rng)
+        delta = [rng.randrange(0, 200_000) for _ in range(rng.choice([0, 1, 3, 40]))]
+        view = log.view(delta)
+        assert view.json() == orjson.dumps(plain + delta)
+        assert view == plain + delta and plain + delta == view and len(view) == len(plain) + len(delta)
+
+
+def test_a_view_does_not_change_as_its_log_grows() -> None:
+    log = TokenLog([1, 2, 3])
+    view = log.view([4, 5])
+    log.extend([4, 5])
+    log.extend([6, 7])
+    assert view == [1, 2, 3, 4, 5] and view.json() == b"[1,2,3,4,5]"
+    assert log.view().json() == b"[1,2,3,4,5,6,7]" and log.view() == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_view_reads_as_the_list_it_stands_for() -> None:
+    log = TokenLog([10, 11, 12])
+    view, plain = log.view([13, 14]), [10, 11, 12, 13, 14]
+    assert list(view) == plain and view[0] == 10 and view[3] == 13 and view[-1] == 14 and view[-4] == 11
+    for cut in (slice(None), slice(1, 4), slice(-2, None), slice(3, 100), slice(None, -1), slice(None, None, 2),
+                slice(5, 2)):
+        assert view[cut] == plain[cut], cut
+    with pytest.raises(IndexError):
+        view[5]
+    assert view != [10, 11, 12, 13] and view != [10, 11, 12, 13, 15] and view != "abcde"
+    log.extend(np.array([13, 14], dtype=np.int64))  # ids of any integer type are kept as Python ints
+    assert log.view().json() == b"[10,11,12,13,14]" and all(type(t) is int for t in log.ids)
+
+
+def test_a_request_with_a_view_is_byte_for_byte_the_request_with_the_list() -> None:
+    rng = random.Random(1)
+    sampling = SamplingParams(max_tokens=7, temperature=0.5, top_k=3, seed=9, stop=("x",), logprobs=2)
+    for _ in range(50):
+        log, plain = grown(rng)
+        delta = [rng.randrange(0, 50_000) for _ in range(rng.randrange(1, 30))]
+        view = log.view(delta)
+        assert dumps(completion_body(view, sampling, "m", echo_prompt=False)) == \
+            orjson.dumps(completion_body(plain + delta, sampling, "m", echo_prompt=False))
+        assert dumps(generate_body(view, sampling, None, 3, extra={"sampling_params": {"n": 1}})) == \
+            orjson.dumps(generate_body(plain + delta, sampling, None, 3, extra={"sampling_params": {"n": 1}}))
+    # what orjson cannot write falls back to the standard library, the view as its ids
+    assert orjson.loads(dumps({"prompt": TokenLog([1]).view([2]), "seed": 2**70})) == {"prompt": [1, 2], "seed": 2**70}
+
+
+def test_the_clients_keep_a_view_as_the_prompt_without_copying_it() -> None:
+    view = TokenLog([1, 2]).view([3])
+    assert prompt_list(view) is view
+    assert isinstance(prompt_list([1, 2]), list) and prompt_list(np.array([1, 2])) == [1, 2]
+    with pytest.raises(ValueError, match="empty"):
+        prompt_list(TokenLog().view())
+
+
+def test_vllm_is_sent_a_view_as_plain_token_ids() -> None:
+    async def scenario() -> None:
+        log = TokenLog([50, 51])
+        async with fake_vllm() as fake, VLLMClient(fake.url) as client:
+            sample = await client.complete(log.view([52, 53]), SamplingParams(max_tokens=3, seed=4))
+            log.extend([52, 53, *sample.output_ids])
+            assert fake.served[0].body["prompt"] == [50, 51, 52, 53]  # the lora path sends /v1/completions
+            assert isinstance(sample.prompt_ids, TokenIds) and sample.prompt_ids == [50, 51, 52, 53]
+            again = await client.complete(log.view([54]), SamplingParams(max_tokens=3, seed=4))
+            assert fake.served[1].body["prompt"] == [50, 51, 52, 53, *sample.output_ids, 54]
+            assert again.prompt_ids == fake.served[1].body["prompt"]
+    asyncio.run(scenario())
+
+
+def test_the_embedded_server_samples_from_a_view_as_from_the_list(server: RunningServer, tiny_model: Path) -> None:
+    async def scenario() -> None:
+        params = SamplingParams(max_tokens=5, seed=3)
+        async with EmbeddedClient(server.url) as client:
+            plain = await client.complete([50, 51, 52, 53], params)
+            log = TokenLog([50, 51])
+            viewed = await client.complete(log.view([52, 53]), params)
+            assert viewed.prompt_ids == [50, 51, 52, 53]  # the server's count of the prompt matched its length
+            assert (viewed.output_ids, viewed.output_logprobs) == (plain.output_ids, plain.output_logprobs)
+            chunks = [c async for c in client.stream(log.view([52, 53]), params)]
+            assert [t for c in chunks for t in c.output_ids] == plain.output_ids
+    asyncio.run(scenario())
