@@ -8,11 +8,13 @@ token lists as they are written.
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import trajstore
@@ -126,6 +128,20 @@ def test_typed_events_are_checked_at_the_store_edge_like_dicts() -> None:
     with pytest.raises(InvalidEventError, match="finish_reason 'eos'"):
         to_columns([Turn(group_id="g", rollout_id="r", segment_id="s", turn_index=0, policy_version=0,
                          prompt_ids=[1], output_ids=[2], output_logprobs=[-1.0], finish_reason="eos")])
+
+
+def test_a_lone_surrogate_in_a_text_column_is_an_invalid_event_naming_it() -> None:
+    """A Python str may hold "\\ud800", which no UTF-8 column can: refused by name, with the event's other text
+    columns converted as usual (before, a bare UnicodeEncodeError escaped the append)."""
+    events = [turn(session_id="fine"), turn(session_id="a\ud800"), turn(rollout_id="b\udfff")]
+    with pytest.raises(InvalidEventError) as err:
+        to_columns(events)
+    text = str(err.value)
+    assert "event 1: session_id holds a lone UTF-16 surrogate" in text and "event 2: rollout_id" in text
+    assert "event 0" not in text
+    columns = to_columns([turn(session_id="naïve 東京", meta={"note": "é" * 300_000}), turn(session_id=None)])
+    assert columns["session_id"].to_pylist() == ["naïve 東京", None] and columns["session_id"].type == pa.string()
+    assert json.loads(columns["meta"][0].as_py()) == {"note": "é" * 300_000}
 
 
 @pytest.mark.parametrize("name", ["writer", "writer_epoch", "writer_seq",
