@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import numpy as np
+import orjson
 from aiohttp import ClientPayloadError, web
 
 from collectors.errors import CollectorError
@@ -80,8 +82,34 @@ def _lone_surrogate(value: Any) -> str | None:
     return None
 
 
+# orjson reads an integer past 64 bits as a float, where `json` keeps it exact; a body with a run of this many
+# digits anywhere (in a string too: that only costs the slower decode) is left to `json`
+_LONG_DIGITS = 19
+
+
+def _has_long_digit_run(raw: bytes) -> bool:
+    """Whether `raw` holds `_LONG_DIGITS` ASCII digits in a row (vectorized: a regex takes ten times orjson's time)."""
+    run = (np.frombuffer(raw, np.uint8) - ord("0")) < 10  # digits, by unsigned wrap-around
+    width = 1
+    while width < _LONG_DIGITS and run.size:  # after each step, run[i]: digits at i .. i + 2*width - 1 (capped)
+        step = min(width, _LONG_DIGITS - width)
+        run = run[:-step] & run[step:]
+        width += step
+    return bool(run.any())
+
+
 def decode_json(raw: bytes) -> Any:
-    """A request body as JSON, or BadRequest saying what is wrong with it."""
+    """A request body as JSON, or BadRequest saying what is wrong with it.
+
+    orjson decodes what it accepts several times faster than `json` and to the same values; whatever it refuses
+    (NaN, lone surrogates, a byte order mark, UTF-16, nesting past 1024 levels, invalid JSON) or might read
+    otherwise (integers past 64 bits) is decoded by `json` as before, with its errors and messages. orjson
+    accepts no lone surrogate, so only `json`'s result needs the walk for one."""
+    if not _has_long_digit_run(raw):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
     try:
         value = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

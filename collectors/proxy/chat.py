@@ -59,6 +59,10 @@ class ChatRequest:
     stream: bool = False
     continue_final: bool = False  # the last message is an assistant prefill to continue
     options: dict[str, Any] = field(default_factory=dict)  # protocol-specific (include_usage, logprobs, top_logprobs)
+    # the size of the JSON body it was translated from: its text has at most this many characters (every string of
+    # `messages` and `tools` is one of the body's, each character at least one byte there, or a constant such as a
+    # role, shorter than the JSON around it); None when unknown
+    body_bytes: int | None = None
 
     def sampling_for(self, max_tokens: int) -> SamplingParams:
         """The sampling parameters of this call, sampling at most `max_tokens`."""
