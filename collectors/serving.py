@@ -48,7 +48,8 @@ from collectors.errors import CollectorError
 ALLOWED_HOSTS_ENV = "TRAJSTORE_ALLOWED_HOSTS"
 Start = Callable[[], Awaitable[tuple[web.AppRunner, str]]]
 DECODE_OFF_LOOP_BYTES = 256 << 10  # smaller bodies decode faster than a hop to a worker thread
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate, paired or not
+# a JSON escape of a UTF-16 surrogate, paired or not, or a surrogate's own UTF-8 bytes (which `json` decodes)
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
 
@@ -116,7 +117,7 @@ def decode_json(raw: bytes) -> Any:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
     except RecursionError:
         raise BadRequest("the request body is JSON nested too deeply to read (hundreds of levels)") from None
-    if _SURROGATE_ESCAPE.search(raw):  # rare: only then walk the strings
+    if _SURROGATE.search(raw):  # rare: only then walk the strings
         where = _lone_surrogate(value)
         if where is not None:
             raise BadRequest(f"{where} holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), "
