@@ -126,7 +126,7 @@ def translate_tools(tools: Any, problems: Problems) -> list[dict[str, Any]] | No
 
     return template_tools(tools, problems, fields, lambda where, kind: (
         f'{where} must be {{"type": "function", "function": {{"name", "description", "parameters"}}}} '
-        "(custom tools are not supported)"), "parameters")
+        "(custom tools are not supported)"), "parameters", protocol=PROTOCOL)
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, problems: Problems) -> bool:
