@@ -167,11 +167,15 @@ class Capture:
         self.stats = ProxyStats(upstream=self.upstream)
         self._appender = BatchAppender(writer.append)  # concurrent turns share one append and its fsync
         self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="proxy-render")
+        # a reply's text tokenized again (turn meta `output_retokenizes`) is a tokenizer run per turn as long as the
+        # reply: off the event loop, on a thread of its own so that it never waits behind a long render
+        self._retokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="proxy-retokenize")
         self._extender = Extender(renderer)  # a call that extends its session's last renders only what is new
 
     def close(self) -> None:
         """Stop the render and commit threads (the app's cleanup; calls in flight have finished by then)."""
         self._render_pool.shutdown(wait=False, cancel_futures=True)
+        self._retokenize_pool.shutdown(wait=False, cancel_futures=True)
         self._appender.close()
 
     async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest, body: Any = None
@@ -241,7 +245,8 @@ class Capture:
                      body_text: str, body: Any) -> None:
         """Append the turn and wait until it is durable; then advance the session."""
         renderer, req, plan, state = self.renderer, prep.req, prep.plan, prep.slot.state
-        retokenizes = renderer.encode(body_text) == text_ids(sample)
+        retokenizes = await asyncio.get_running_loop().run_in_executor(
+            self._retokenize_pool, renderer.retokenizes, body_text, text_ids(sample))
         meta = {"protocol": prep.wire.name, "stream": req.stream, "fork": plan.fork, "history": prep.history,
                 "previous_segment": plan.previous_segment, "output_retokenizes": retokenizes,
                 "forks_in_session": sum(state.forks.values()) + (plan.fork is not None)}

@@ -81,6 +81,12 @@ class ChatRenderer:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def retokenizes(self, text: str, ids: list[int]) -> bool:
+        """Whether `text` tokenizes to exactly `ids`; other threads (the event loop) run meanwhile."""
+        if self._backend is not None:  # `encode_batch` lets go of the GIL; the same ids as `encode`
+            return self._backend.encode_batch([text], add_special_tokens=False)[0].ids == ids
+        return self.encode(text) == ids
+
     def decode(self, ids: list[int]) -> str:
         """Text of sampled ids with special tokens kept: exactly what the model wrote."""
         if self._backend is not None:
