@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import cProfile
+import dataclasses
 import json
 import os
 import pstats

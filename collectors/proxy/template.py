@@ -7,8 +7,8 @@ call makes (`collectors.proxy.extend`) that costs as much as the template itself
 messages and tools are plain JSON values already (decoded from a request body, or built from
 strings), so `Template.render` does the rest of what it does, with the same compiled template
 (transformers' own, cached by it) and the same variables, and gives the same text. A
-tokenizer whose class renders otherwise (one that overrides `apply_chat_template`) is not
-rendered here (`Template.of` gives None), nor is an empty conversation or an assistant prefill
+tokenizer whose class renders otherwise (one that overrides `apply_chat_template`), or a
+transformers without those helpers, is not rendered here (`Template.of` gives None), nor is an empty conversation or an assistant prefill
 (`continue_final_message`), whose handling is left to transformers.
 """
 
@@ -17,7 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
-from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
+
+try:  # transformers' own helpers; a version without them renders through `apply_chat_template`
+    from transformers.utils.chat_template_utils import (
+        _compile_jinja_template,
+        _plain_template_data,
+    )
+except ImportError:  # pragma: no cover - depends on the installed transformers
+    _compile_jinja_template = _plain_template_data = None
 
 # the names a message's reasoning is read under, as transformers aliases them (`_alias_reasoning_fields`)
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -34,7 +41,8 @@ class Template:
     @classmethod
     def of(cls, tokenizer: Any) -> Template | None:
         """A direct renderer for `tokenizer`, or None when its class renders its own way."""
-        if getattr(type(tokenizer), "apply_chat_template", None) is not PreTrainedTokenizerBase.apply_chat_template:
+        if _compile_jinja_template is None or getattr(
+                type(tokenizer), "apply_chat_template", None) is not PreTrainedTokenizerBase.apply_chat_template:
             return None
         return cls(tokenizer)
 

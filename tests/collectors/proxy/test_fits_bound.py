@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-import collectors.proxy.render as render
+from collectors.proxy import render
 from collectors.proxy.chat import ChatError
 from collectors.proxy.render import ChatRenderer, _text_chars
 from collectors.proxy.wire import AnthropicMessages, OpenAIChat, OpenAIResponses

@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from collectors.model.chat_template import CHAT_TEMPLATE
-from collectors.model.family_templates import HARMONY_CHAT_TEMPLATE, LLAMA3_CHAT_TEMPLATE
+from collectors.model.family_templates import (
+    HARMONY_CHAT_TEMPLATE,
+    LLAMA3_CHAT_TEMPLATE,
+)
 from collectors.proxy.render import ChatRenderer
 from collectors.proxy.template import Template
 
