@@ -45,6 +45,7 @@ message ever repeats a key from the URL.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -62,7 +63,7 @@ from aiohttp import web
 
 from collectors.policy import PolicyClient
 from collectors.proxy.capture import Capture
-from collectors.proxy.chat import ChatError, is_int
+from collectors.proxy.chat import ChatError, ChatRequest, is_int
 from collectors.proxy.protocol import SESSION_HEADER, split_key
 from collectors.model.toolcalls import FORMATS
 from collectors.proxy.render import ChatRenderer
@@ -228,6 +229,14 @@ async def _body(request: web.Request) -> Any:
     return await read_json(request, MAX_BODY)
 
 
+async def _chat_request(request: web.Request, parse: Callable[[Any], ChatRequest]) -> tuple[ChatRequest, Any]:
+    """A chat route's request (parsed by `parse`) and its decoded body; the request knows the body's size, which
+    spares `ChatRenderer.check_fits` counting the text of a body too small to be refused."""
+    body = await _body(request)
+    req = parse(body)
+    return dataclasses.replace(req, body_bytes=len(await request.read())), body  # read: aiohttp's kept copy
+
+
 def _header_keys(request: web.Request) -> list[str]:
     keys = [key for key in (bearer_token(request), (header_text(request, "x-api-key") or "").strip()) if key]
     return keys
@@ -247,8 +256,7 @@ async def chat(request: web.Request, wire: WireProtocol) -> web.StreamResponse:
     capture.stats.requests += 1
     rollout, session = capture.registry.resolve(request.match_info.get("key"), _header_keys(request),
                                                 request.headers.get(SESSION_HEADER))
-    body = await _body(request)
-    req = wire.parse_request(body)
+    req, body = await _chat_request(request, wire.parse_request)
     await state.check_model(req.model)
     if not req.stream:
         _, answer = await capture.turn(rollout, session, req, body, wire)
@@ -272,7 +280,7 @@ async def count_tokens(request: web.Request, wire: WireProtocol) -> web.Response
     state = request.app[STATE]
     rollout, session = state.capture.registry.resolve(request.match_info.get("key"), _header_keys(request),
                                                       request.headers.get(SESSION_HEADER))
-    req = wire.parse_count(await _body(request))
+    req, _ = await _chat_request(request, wire.parse_count)
     await state.check_model(req.model)
     return json_answer(wire.count_response(await state.capture.count_tokens(rollout, session, req)))
 

@@ -59,6 +59,10 @@ class ChatRequest:
     stream: bool = False
     continue_final: bool = False  # the last message is an assistant prefill to continue
     options: dict[str, Any] = field(default_factory=dict)  # protocol-specific (include_usage, logprobs, top_logprobs)
+    # the size of the JSON body it was translated from: its text has at most this many characters (every string of
+    # `messages` and `tools` is one of the body's, each character at least one byte there, or a constant such as a
+    # role, shorter than the JSON around it); None when unknown
+    body_bytes: int | None = None
 
     def sampling_for(self, max_tokens: int) -> SamplingParams:
         """The sampling parameters of this call, sampling at most `max_tokens`."""
@@ -216,14 +220,41 @@ def template_tool(name: Any, description: Any, schema: Any, problems: Problems, 
 ToolFields = Callable[[dict[str, Any], str], "tuple[Any, Any, Any, str] | None"]
 
 
+# An agent sends the same tool list on every call: a valid list is translated once per protocol, found by its JSON
+# text and taken when equal to the list it was made from (orjson writes NaN as null; NaN equals nothing, so such a
+# list is translated each time). The translation is shared by the calls that send it: nothing may change it.
+# Bounded, as above.
+_TOOL_LISTS: OrderedDict[bytes, tuple[list[Any], list[dict[str, Any]] | None]] = OrderedDict()
+TOOL_LIST_CACHE_SIZE = 256
+
+
 def template_tools(tools: Any, problems: Problems, fields: ToolFields, refusal: Callable[[str, Any], str],
-                   schema_field: str, *, schema_required: bool = False) -> list[dict[str, Any]] | None:
-    """Validate a request's tool list into template tools; `refusal(where, type)` says what is supported."""
+                   schema_field: str, *, protocol: str, schema_required: bool = False) -> list[dict[str, Any]] | None:
+    """Validate a request's tool list into template tools (`protocol`'s shape: `fields` reads a tool);
+    `refusal(where, type)` says what is supported."""
     if tools is None:
         return None
     if not isinstance(tools, list):
         problems.add("tools", "`tools` must be a list of tools")
         return None
+    try:
+        key: bytes | None = protocol.encode() + b"\0" + orjson.dumps(tools)
+    except (TypeError, orjson.JSONEncodeError):  # what orjson cannot write (integers past 64 bits): uncached
+        key = None
+    if key is not None and key in _TOOL_LISTS and _TOOL_LISTS[key][0] == tools:
+        _TOOL_LISTS.move_to_end(key)
+        return _TOOL_LISTS[key][1]
+    known = len(problems.items)
+    translated = _template_tools(tools, problems, fields, refusal, schema_field, schema_required)
+    if key is not None and len(problems.items) == known:  # only a valid list: a refused one is named each time
+        _TOOL_LISTS[key] = (tools, translated)
+        if len(_TOOL_LISTS) > TOOL_LIST_CACHE_SIZE:
+            _TOOL_LISTS.popitem(last=False)
+    return translated
+
+
+def _template_tools(tools: list[Any], problems: Problems, fields: ToolFields, refusal: Callable[[str, Any], str],
+                    schema_field: str, schema_required: bool) -> list[dict[str, Any]] | None:
     out = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"

@@ -109,7 +109,14 @@ def _exact(sent: Message, answered: Message) -> bool:
 
 
 def _same(sent: Message, before: Message) -> bool:
-    return same_reply(sent, before) if sent.get("role") == "assistant" else sent == before
+    """An earlier message of the call means what it meant in the last call: equal, or the same reply."""
+    return sent == before or (sent.get("role") == "assistant" and same_reply(sent, before))
+
+
+def _same_history(sent: list[Message], before: list[Message]) -> bool:
+    """`_same` for each message, one for one; an agent that sends its history back unchanged (the common case) is
+    answered by one comparison of the lists in C, whatever the history's length."""
+    return sent == before or all(_same(m, b) for m, b in zip(sent, before))
 
 
 def reconcile(messages: list[Message], answered: Answered | None) -> tuple[list[Message], str]:
@@ -118,7 +125,7 @@ def reconcile(messages: list[Message], answered: Answered | None) -> tuple[list[
     if answered is None:
         return messages, FIRST
     k = len(answered.messages) - answered.continue_final  # a continued prefill comes back merged with its reply
-    if len(messages) <= k or not all(_same(m, b) for m, b in zip(messages[:k], answered.messages)):
+    if len(messages) <= k or not _same_history(messages[:k], answered.messages[:k]):
         return messages, REWRITTEN
     reply = messages[k]
     if not same_reply(reply, answered.reply):

@@ -18,6 +18,8 @@ tokens than the context holds: no token of the vocabulary spells more than
 `longest_token_chars` characters, so N characters of text are at least N / that many tokens.
 The bound is exact (never refuses a prompt that fits) and catches a prompt far over the
 context, whose rendering and tokenization would be the costliest work a request can ask for.
+Its text is counted only when the request's JSON body (`ChatRequest.body_bytes`, which bounds
+the characters of its text) is large enough to be refused: an ordinary call costs nothing here.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from jinja2 import TemplateError
 
 from collectors.policy import Sample
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
+from collectors.proxy.template import Template
 from collectors.model.toolcalls import check_format, detect_format, parse_output
 
 
@@ -62,6 +65,7 @@ class ChatRenderer:
         plain = backend is not None and backend.truncation is None and backend.padding is None and not (
             getattr(tokenizer, "split_special_tokens", False) or backend.encode_special_tokens)
         self._backend = backend if plain else None
+        self._template = Template.of(tokenizer)  # renders as apply_chat_template does, without its copies
         # byte-level and SentencePiece vocabularies spell a token with at least as many symbols as its text has
         # characters; added tokens (control tokens) are written by the template, not by the request's text
         self.longest_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
@@ -84,6 +88,8 @@ class ChatRenderer:
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
                generation_prompt: bool, continue_final: bool = False) -> str:
         try:
+            if self._template is not None and messages and not continue_final:  # the same text, sooner
+                return self._template.render(messages, tools, generation_prompt=generation_prompt)
             return self.tokenizer.apply_chat_template(
                 messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt,
                 continue_final_message=continue_final)
@@ -97,6 +103,8 @@ class ChatRenderer:
 
     def check_fits(self, req: ChatRequest, max_model_len: int) -> None:
         """Refuse `req` when its text alone needs more tokens than `max_model_len` (see the module docstring)."""
+        if req.body_bytes is not None and math.ceil(req.body_bytes / self.longest_token_chars) <= max_model_len:
+            return  # the body is too small to hold that much text: counting it would refuse nothing
         chars = _text_chars([req.messages, req.tools])
         at_least = math.ceil(chars / self.longest_token_chars)
         if at_least > max_model_len:

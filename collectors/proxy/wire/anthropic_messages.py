@@ -156,7 +156,7 @@ def translate_tools(tools: Any, problems: Problems) -> list[dict[str, Any]] | No
         lambda t, where: (t.get("name"), t.get("description"), t.get("input_schema"), where)
         if t.get("type") in (None, "custom") else None,
         lambda where, kind: f"{where} has type {kind!r}: only custom tools with an input_schema are supported",
-        "input_schema", schema_required=True)
+        "input_schema", protocol=PROTOCOL, schema_required=True)
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, problems: Problems) -> bool:

@@ -91,27 +91,27 @@ def translate_messages(messages: Any, problems: Problems) -> list[Message]:
         return []
     out: list[Message] = []
     for i, m in enumerate(messages):
-        where = f"messages[{i}]"
         role = m.get("role") if isinstance(m, dict) else None
         if role not in _ROLES:
-            problems.add(where, f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}")
+            problems.add(f"messages[{i}]", f"messages[{i}].role must be one of {', '.join(_ROLES)}, got {role!r}")
             continue
+        content = m.get("content")
+        if type(content) is not str and not (content is None and role == "assistant"):
+            content = _text(content, f"messages[{i}].content", problems, nullable=role == "assistant")
         if role == "assistant":
-            msg: Message = {"role": "assistant",
-                            "content": _text(m.get("content"), f"{where}.content", problems, nullable=True)}
+            msg: Message = {"role": "assistant", "content": content}
             reasoning = m.get("reasoning_content", m.get("reasoning"))
             if isinstance(reasoning, str) and reasoning:
                 msg["reasoning_content"] = reasoning
             if m.get("tool_calls"):
-                msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls", problems)
+                msg["tool_calls"] = _tool_calls(m["tool_calls"], f"messages[{i}].tool_calls", problems)
             if m.get("function_call"):
-                problems.add(where, f"{where}.function_call is the deprecated format; send tool_calls")
+                problems.add(f"messages[{i}]", f"messages[{i}].function_call is the deprecated format; send "
+                                               "tool_calls")
         elif role == "tool":
-            msg = {"role": "tool", "content": _text(m.get("content"), f"{where}.content", problems),
-                   "tool_call_id": m.get("tool_call_id")}
+            msg = {"role": "tool", "content": content, "tool_call_id": m.get("tool_call_id")}
         else:
-            msg = {"role": "system" if role == "developer" else role,
-                   "content": _text(m.get("content"), f"{where}.content", problems)}
+            msg = {"role": "system" if role == "developer" else role, "content": content}
         out.append(msg)
     return out
 
@@ -125,7 +125,7 @@ def translate_tools(tools: Any, problems: Problems) -> list[dict[str, Any]] | No
 
     return template_tools(tools, problems, fields, lambda where, kind: (
         f'{where} must be {{"type": "function", "function": {{"name", "description", "parameters"}}}} '
-        "(custom tools are not supported)"), "parameters")
+        "(custom tools are not supported)"), "parameters", protocol=PROTOCOL)
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, problems: Problems) -> bool:

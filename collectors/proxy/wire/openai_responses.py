@@ -140,7 +140,7 @@ def translate_tools(tools: Any, p: Problems) -> list[dict[str, Any]] | None:
         tools, p, lambda t, where: (t.get("name"), t.get("description"), t.get("parameters"), where)
         if t.get("type") == "function" else None,
         lambda where, kind: f"{where} has type {kind!r}: only function tools are supported "
-                            '({"type": "function", "name", "description", "parameters"})', "parameters")
+                            '({"type": "function", "name", "description", "parameters"})', "parameters", protocol=PROTOCOL)
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None, p: Problems) -> bool:

@@ -5,8 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from collectors.proxy.reconcile import EXACT, FIRST, RESERIALIZED, REWRITTEN, Answered, reconcile, reply_message
+from collectors.proxy.reconcile import (
+    EXACT,
+    FIRST,
+    RESERIALIZED,
+    REWRITTEN,
+    Answered,
+    _same,
+    _same_history,
+    reconcile,
+    reply_message,
+)
 
 USER = {"role": "user", "content": "2+2?"}
 RAW = '<think>\nadd\n</think>\n\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>'
@@ -76,3 +88,28 @@ def test_a_continued_prefill_comes_back_merged() -> None:
                         sampled={"role": "assistant", "content": '{"answer": 4}'}, continue_final=True)
     messages, how = reconcile([USER, {"role": "assistant", "content": '{"answer": 4}'}, USER], answered)
     assert how == EXACT and messages == [USER, {"role": "assistant", "content": '{"answer": 4}'}, USER]
+
+
+def test_an_earlier_reply_sent_back_unchanged_is_the_same_whatever_it_holds() -> None:
+    """A reply with its <think> block left in the content, sent back in the history exactly as in the last call,
+    is that call's message (it was taken for a rewrite: its reasoning split off compared unequal to itself)."""
+    inline = {"role": "assistant", "content": "<think>\nhm\n</think>\n\nLet me add."}
+    before = [USER, inline, RESULT]
+    answered = Answered(messages=before, prompt_messages=before, reply=REPLY, sampled=SAMPLED, continue_final=False)
+    messages, how = reconcile([*before, sent(reasoning="add"), RESULT], answered)
+    assert how == EXACT and messages == [*before, SAMPLED, RESULT]
+
+
+MESSAGES = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "tool"]), "content": st.sampled_from(["a", "a ", "b"])}),
+    st.builds(sent, content=st.sampled_from([None, "", "<think>\nr\n</think>\n\nx", " x"]),
+              reasoning=st.sampled_from([None, "r", " r"]),
+              args=st.sampled_from(['{"a": 2}', '{"a":2}', {"a": 2}, "{"]), name=st.sampled_from(["add", "sub"])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(before=st.lists(MESSAGES, max_size=4), after=st.lists(MESSAGES, max_size=4), copy=st.booleans())
+def test_one_comparison_of_the_history_says_what_each_message_does(before: list[dict[str, Any]],
+                                                                    after: list[dict[str, Any]], copy: bool) -> None:
+    sent_back = [dict(m) for m in before] if copy else after
+    assert _same_history(sent_back, before) == all(_same(m, b) for m, b in zip(sent_back, before))
