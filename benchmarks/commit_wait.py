@@ -2,9 +2,12 @@
 
 S sessions on one event loop, as in the proxy: each waits for its "upstream" (`--upstream-ms`), spends
 `--loop-ms` of CPU on the loop (what rendering, parsing and answering cost there), then appends one
-turn event (a few hundred prompt and output ids with logprobs, a 2 kB request) through
-`collectors.proxy.appender.BatchAppender` to a real store writer (fsync'd) in a temporary directory,
-and records the wait. `--appender FILE` loads another implementation of `BatchAppender` (e.g. an
+turn event (a few hundred prompt and output ids with logprobs, a `--request-kb` request) through
+`collectors.proxy.appender.BatchAppender`, given the writer's `prepare` as the proxy gives it, to a
+real store writer (fsync'd) in a temporary directory, and records the wait twice: from `append`
+asked, and from the turn handed to the commit thread (what `append` returns, and what the proxy's
+/stats `durable_wait` counts: a turn that finds the commit thread idle is converted first, by its
+caller). `--appender FILE` loads another implementation of `BatchAppender` (e.g. an
 earlier version: `git show REV:collectors/proxy/appender.py > /tmp/old.py`) to compare in one run;
 the implementations take turns, `--repeats` rounds each.
 
@@ -26,10 +29,11 @@ from collectors.proxy import appender as current
 from trajstore import Turn, open_store
 
 
-def turn(session: int, index: int) -> Turn:
+def turn(session: int, index: int, request_kb: float) -> Turn:
+    messages = [{"role": "user", "content": "x" * 2000} for _ in range(max(1, round(request_kb / 2)))]
     return Turn(run="bench", group_id="g", rollout_id=f"r{session}", session_id="main", segment_id=f"s{session}",
                 turn_index=index, policy_version=0, prompt_ids=list(range(300)), output_ids=list(range(256)),
-                output_logprobs=[-0.1] * 256, finish_reason="stop", sampling={}, request={"m": "x" * 2000},
+                output_logprobs=[-0.1] * 256, finish_reason="stop", sampling={}, request={"messages": messages},
                 response={"id": f"r{session}-{index}"}, meta={})
 
 
@@ -39,24 +43,32 @@ def spin(ms: float) -> None:
         pass
 
 
-async def one_round(module: Any, args: argparse.Namespace, directory: str) -> list[float]:
+async def one_round(module: Any, args: argparse.Namespace, directory: str) -> tuple[list[float], list[float]]:
+    """Each turn's wait from `append` asked to durable, and the wait `append` reports (handed to the commit ->
+    durable: without the conversion its caller may do first), sorted."""
     waits: list[float] = []
+    commits: list[float] = []
     with open_store(directory).writer("bench") as writer:
-        appender = module.BatchAppender(writer.append)
+        try:  # given the writer's `prepare`, as the proxy does
+            appender = module.BatchAppender(writer.append, writer.prepare)
+        except TypeError:  # an earlier appender without it
+            appender = module.BatchAppender(writer.append)
 
         async def session(s: int) -> None:
             await asyncio.sleep(s * args.upstream_ms / 1e3 / args.sessions)  # starts spread over one upstream time
             for i in range(args.turns):
                 await asyncio.sleep(args.upstream_ms / 1e3)
                 spin(args.loop_ms)
+                event = turn(s, i, args.request_kb)
                 t0 = time.perf_counter()
-                await appender.append([turn(s, i)])
+                reported = await appender.append([event])
                 waits.append(time.perf_counter() - t0)
+                commits.append(reported if isinstance(reported, float) else waits[-1])
 
         await asyncio.gather(*(session(s) for s in range(args.sessions)))
         if hasattr(appender, "close"):
             appender.close()
-    return sorted(waits)
+    return sorted(waits), sorted(commits)
 
 
 def load(path: str) -> Any:
@@ -73,6 +85,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=12, help="turns per session (default 12)")
     ap.add_argument("--upstream-ms", type=float, default=300.0, help="each turn's wait for its upstream (300)")
     ap.add_argument("--loop-ms", type=float, default=3.0, help="CPU each turn spends on the event loop (3)")
+    ap.add_argument("--request-kb", type=float, default=2.0,
+                    help="each turn's request JSON in kB (default 2; an agent's 32k-token context is ~120)")
     ap.add_argument("--appender", help="a file defining another BatchAppender, measured beside this one")
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
@@ -80,13 +94,15 @@ def main() -> None:
                                               if args.appender else [])
     print(f"{args.sessions} sessions x {args.turns} turns, upstream {args.upstream_ms:g} ms, {args.loop_ms:g} ms of "
           f"loop CPU per turn; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
-    print(f"  {'appender':<40} {'turns':>6} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8}")
+    print(f"  {'appender':<30} {'turns':>6} {'asked -> durable p50 / p90 / p99 ms':>36} "
+          f"{'handed to the commit -> durable p50 / p90 / p99 ms':>52}")
     for _ in range(args.repeats):
         for name, module in modules:
             with tempfile.TemporaryDirectory(prefix="commit-wait-") as d:
-                w = asyncio.run(one_round(module, args, d))
-            at = [1e3 * w[min(len(w) - 1, int(q * len(w)))] for q in (0.5, 0.9, 0.99)]
-            print(f"  {name:<40} {len(w):>6} {at[0]:>8.2f} {at[1]:>8.2f} {at[2]:>8.2f}", flush=True)
+                waits, commits = asyncio.run(one_round(module, args, d))
+            at = [[1e3 * w[min(len(w) - 1, int(q * len(w)))] for q in (0.5, 0.9, 0.99)] for w in (waits, commits)]
+            print(f"  {name:<30} {len(waits):>6} {' / '.join(f'{x:.2f}' for x in at[0]):>36} "
+                  f"{' / '.join(f'{x:.2f}' for x in at[1]):>52}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 

@@ -100,7 +100,7 @@ class ProxyStats:
     rollouts_opened: int = 0
     rollouts_closed: int = 0
     upstream: Upstream | None = None  # its outage and cancellation counters
-    durable_wait: WaitHistogram = field(default_factory=WaitHistogram)  # per turn: append asked -> durable
+    durable_wait: WaitHistogram = field(default_factory=WaitHistogram)  # per turn: handed to the commit -> durable
 
     def as_json(self, open_rollouts: int) -> dict[str, Any]:
         return {"requests": self.requests, "turns": self.turns, "streamed": self.streamed,
@@ -166,7 +166,7 @@ class Capture:
         self.registry = Registry()
         self.upstream = Upstream(client.base_url, upstream_wait_s)  # outages waited out, calls cancelled on close
         self.stats = ProxyStats(upstream=self.upstream)
-        self._appender = BatchAppender(writer.append)  # concurrent turns share one append and its fsync
+        self._appender = BatchAppender(writer.append, writer.prepare)  # concurrent turns share one append and its fsync
         self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="proxy-render")
         self._extender = Extender(renderer)  # a call that extends its session's last renders only what is new
 
@@ -189,9 +189,10 @@ class Capture:
         prompt_text = self._extender.prompt_text(req, messages, history, state.answered, last_prompt)
         return messages, history, prompt_text, plan_turn(state, prompt_text, self.renderer.encode, new_id)
 
-    async def _append(self, events: list[Any]) -> None:
+    async def _append(self, events: list[Any]) -> float:
+        """Append `events` and wait until they are durable; returns the seconds waited for the commit."""
         try:
-            await self._appender.append(events)
+            return await self._appender.append(events)
         except InvalidEventError as exc:  # values the request carried that the store cannot take
             raise ChatError(f"nothing was recorded: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - the agent must hear why nothing was recorded
@@ -253,8 +254,7 @@ class Capture:
                 "forks_in_session": sum(state.forks.values()) + (plan.fork is not None)}
         sampling = {**req.sampling_for(prep.max_tokens).as_json(), "requested_max_tokens": req.max_tokens}
         rollout = prep.rollout
-        asked = time.perf_counter()
-        await self._append([Turn(
+        waited = await self._append([Turn(
             run=rollout.run, group_id=rollout.group_id, rollout_id=rollout.rollout_id, session_id=prep.session,
             segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
             prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
@@ -262,7 +262,7 @@ class Capture:
             request=body, response=response, meta=meta, support_sizes=sample.support_sizes,
             support_ids=sample.support_ids, output_version_starts=sample.version_starts,
             output_version_values=sample.version_values, **sample_routes(sample, len(plan.prompt_ids)))])
-        self.stats.durable_wait.observe(time.perf_counter() - asked)
+        self.stats.durable_wait.observe(waited)
         sampled_text = body_text + renderer.decode(sample.output_ids[len(body_ids):])
         record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)
         prefill = (req.messages[-1].get("content") or "") if req.continue_final else ""

@@ -1,4 +1,5 @@
-"""The proxy's group commit: concurrent calls share one `Writer.append`, a refused call fails alone."""
+"""The proxy's group commit: concurrent calls share one `Writer.append`, a refused call fails alone; a call that
+finds the commit thread idle is converted by its caller (`Writer.prepare`), a large one or one that queues is not."""
 
 from __future__ import annotations
 
@@ -9,18 +10,19 @@ from typing import Any
 
 import pytest
 
-from collectors.proxy.appender import BatchAppender
-from trajstore import InvalidEventError, Status, Writer, open_store
+from collectors.proxy.appender import INLINE_TOKENS, BatchAppender
+from trajstore import InvalidEventError, PreparedBatch, Status, Turn, Writer, open_store
 
 
 class Counted:
     """A real store writer whose append calls are counted."""
 
     def __init__(self, writer: Writer) -> None:
-        self.writer, self.calls = writer, []
+        self.writer, self.calls, self.given = writer, [], []
 
-    def append(self, events: Sequence[Any]) -> object:
+    def append(self, events: Sequence[Any] | PreparedBatch) -> object:
         self.calls.append(len(events))
+        self.given.append(type(events).__name__)
         return self.writer.append(events)
 
 
@@ -33,18 +35,36 @@ def stored(tmp_path: Path) -> list[str]:
     return [r["rollout_id"] for r in rows]
 
 
-def test_a_lone_call_is_written_at_once(tmp_path: Path) -> None:
+def appender_of(append: Any, writer: Writer, prepare: bool) -> BatchAppender:
+    return BatchAppender(append, writer.prepare) if prepare else BatchAppender(append)
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["commit-converts", "caller-converts"])
+def test_a_lone_call_is_written_at_once(tmp_path: Path, prepare: bool) -> None:
     with open_store(tmp_path).writer("w") as writer:
         counted = Counted(writer)
-        asyncio.run(BatchAppender(counted.append).append([status("r1"), status("r1b")]))
-        assert counted.calls == [2]
+        waited = asyncio.run(appender_of(counted.append, writer, prepare).append([status("r1"), status("r1b")]))
+        assert counted.calls == [2] and waited >= 0
+        assert counted.given == ["PreparedBatch" if prepare else "list"]  # idle: its caller converted it
     assert stored(tmp_path) == ["r1", "r1b"]
 
 
-def test_concurrent_calls_share_appends_and_keep_each_calls_events_together(tmp_path: Path) -> None:
+def test_a_large_call_is_converted_by_the_commit_thread_not_on_the_event_loop(tmp_path: Path) -> None:
+    big = Turn(run="t", group_id="g", rollout_id="big", session_id="s", segment_id="x", turn_index=0,
+               policy_version=0, prompt_ids=[1] * (INLINE_TOKENS + 1), output_ids=[2], output_logprobs=[-0.5],
+               finish_reason="stop")
     with open_store(tmp_path).writer("w") as writer:
         counted = Counted(writer)
-        appender = BatchAppender(counted.append)
+        asyncio.run(BatchAppender(counted.append, writer.prepare).append([big]))
+        assert counted.given == ["list"]
+    assert stored(tmp_path) == ["big"]
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["commit-converts", "caller-converts"])
+def test_concurrent_calls_share_appends_and_keep_each_calls_events_together(tmp_path: Path, prepare: bool) -> None:
+    with open_store(tmp_path).writer("w") as writer:
+        counted = Counted(writer)
+        appender = appender_of(counted.append, writer, prepare)
 
         async def run() -> None:
             await asyncio.gather(*(appender.append([status(f"r{i}a"), status(f"r{i}b")]) for i in range(40)))
@@ -52,30 +72,44 @@ def test_concurrent_calls_share_appends_and_keep_each_calls_events_together(tmp_
         asyncio.run(run())
         assert sum(counted.calls) == 80
         assert len(counted.calls) < 40  # callers that arrive while a batch is written go in the next one
+        if prepare:  # the first found the thread idle and came converted (the batch it leads may hold raw calls)
+            assert counted.given[0] == "PreparedBatch"
     order = stored(tmp_path)
     assert sorted(order) == sorted(f"r{i}{x}" for i in range(40) for x in "ab")
     for i in range(40):
         assert order.index(f"r{i}b") == order.index(f"r{i}a") + 1
 
 
-def test_a_refused_call_fails_alone_and_the_rest_of_its_batch_is_stored(tmp_path: Path) -> None:
+@pytest.mark.parametrize("prepare", [False, True], ids=["commit-converts", "caller-converts"])
+def test_a_refused_call_fails_alone_and_the_rest_of_its_batch_is_stored(tmp_path: Path, prepare: bool) -> None:
     bad = {"kind": "status", "group_id": "g", "rollout_id": "bad"}  # no status: the writer refuses it
     with open_store(tmp_path).writer("w") as writer:
-        appender = BatchAppender(writer.append)
+        appender = appender_of(writer.append, writer, prepare)
 
         async def run() -> list[BaseException | None]:
             calls = [[status("r0")], [status("r1")], [bad, status("r2-with-bad")], [status("r3")]]
             return await asyncio.gather(*(appender.append(c) for c in calls), return_exceptions=True)
 
         results = asyncio.run(run())
-        assert results[0] is None and results[1] is None and results[3] is None
-        assert isinstance(results[2], InvalidEventError)
+        assert [type(r) for r in results] == [float, float, InvalidEventError, float]
     assert sorted(stored(tmp_path)) == ["r0", "r1", "r3"]  # nothing of the refused call, not even its good event
 
 
-def test_a_caller_that_goes_away_does_not_stop_the_others(tmp_path: Path) -> None:
+def test_an_invalid_call_on_an_idle_appender_fails_in_its_caller_and_nothing_is_written(tmp_path: Path) -> None:
     with open_store(tmp_path).writer("w") as writer:
-        appender = BatchAppender(writer.append)
+        counted = Counted(writer)
+        appender = BatchAppender(counted.append, writer.prepare)
+        with pytest.raises(InvalidEventError, match="status"):
+            asyncio.run(appender.append([status("ok"), {"kind": "status", "group_id": "g", "rollout_id": "bad"}]))
+        assert counted.calls == []  # refused by its own conversion, before it was handed over
+        asyncio.run(appender.append([status("after")]))
+    assert stored(tmp_path) == ["after"]
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["commit-converts", "caller-converts"])
+def test_a_caller_that_goes_away_does_not_stop_the_others(tmp_path: Path, prepare: bool) -> None:
+    with open_store(tmp_path).writer("w") as writer:
+        appender = appender_of(writer.append, writer, prepare)
 
         async def run() -> None:
             first = asyncio.create_task(appender.append([status("r0")]))
