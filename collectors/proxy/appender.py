@@ -13,8 +13,8 @@ A call that finds the commit thread idle (nothing queued, nothing being written)
 written alone, so converting it first costs nothing that batching would save: given the
 writer's `prepare`, its caller converts it (`Writer.prepare`: validation, Arrow columns)
 before handing it over, and the commit thread only writes and fsyncs it. That conversion runs
-at once in the caller when the call is small (up to `INLINE_TOKENS` token ids and logprobs: a
-few hundred microseconds); a larger call is handed over as it is, so nothing of a call's size
+at once in the caller when the call is small (up to `INLINE_TOKENS` token ids and logprobs, and
+a request body of at most `INLINE_BODY_BYTES`: a few hundred microseconds); a larger call is handed over as it is, so nothing of a call's size
 runs on the event loop. Under load the queue is never empty and the commit thread converts
 each batch in one go.
 
@@ -42,6 +42,7 @@ from trajstore import PreparedBatch
 # The most token ids and logprobs a call may carry to be converted by its caller on the event loop (about 25
 # microseconds per thousand); a larger one is converted by the commit thread.
 INLINE_TOKENS = 16_384
+INLINE_BODY_BYTES = 1 << 20  # a request body up to this size is written as JSON in about a millisecond at most
 _TOKEN_FIELDS = ("prompt_ids", "output_ids", "output_logprobs", "support_ids", "teacher_logprobs")
 
 
@@ -83,10 +84,12 @@ class BatchAppender:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    async def append(self, events: list[Any]) -> float:
+    async def append(self, events: list[Any], *, small: bool = True) -> float:
+        """`small`: the caller knows its events hold no large value but their token lists (a request body of
+        at most `INLINE_BODY_BYTES`), so they may be converted on the event loop."""
         loop = asyncio.get_running_loop()
         pending = _Pending(events, loop, loop.create_future())
-        if self._prepare is not None and not self._queue and not self._writing and \
+        if self._prepare is not None and small and not self._queue and not self._writing and \
                 token_count(events) <= INLINE_TOKENS:  # it would be written alone: convert it here
             pending.events = self._prepare(events)  # an invalid call fails here, alone, before anything is queued
         with self._ready:

@@ -52,7 +52,7 @@ from typing import Any
 
 from collectors.errors import CollectorError
 from collectors.policy import Chunk, PolicyClient, Sample, StreamedSample
-from collectors.proxy.appender import BatchAppender
+from collectors.proxy.appender import INLINE_BODY_BYTES, BatchAppender
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.extend import Extender
 from collectors.proxy.reconcile import Answered, reconcile, reply_message
@@ -189,10 +189,11 @@ class Capture:
         prompt_text = self._extender.prompt_text(req, messages, history, state.answered, last_prompt)
         return messages, history, prompt_text, plan_turn(state, prompt_text, self.renderer.encode, new_id)
 
-    async def _append(self, events: list[Any]) -> float:
-        """Append `events` and wait until they are durable; returns the seconds waited for the commit."""
+    async def _append(self, events: list[Any], *, small: bool = True) -> float:
+        """Append `events` and wait until they are durable; returns the seconds waited for the commit. `small`:
+        see `BatchAppender.append`."""
         try:
-            return await self._appender.append(events)
+            return await self._appender.append(events, small=small)
         except InvalidEventError as exc:  # values the request carried that the store cannot take
             raise ChatError(f"nothing was recorded: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - the agent must hear why nothing was recorded
@@ -261,7 +262,8 @@ class Capture:
             output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
             request=body, response=response, meta=meta, support_sizes=sample.support_sizes,
             support_ids=sample.support_ids, output_version_starts=sample.version_starts,
-            output_version_values=sample.version_values, **sample_routes(sample, len(plan.prompt_ids)))])
+            output_version_values=sample.version_values, **sample_routes(sample, len(plan.prompt_ids)))],
+            small=req.body_bytes is not None and req.body_bytes <= INLINE_BODY_BYTES)
         self.stats.durable_wait.observe(waited)
         sampled_text = body_text + renderer.decode(sample.output_ids[len(body_ids):])
         record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)

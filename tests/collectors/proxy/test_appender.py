@@ -60,6 +60,14 @@ def test_a_large_call_is_converted_by_the_commit_thread_not_on_the_event_loop(tm
     assert stored(tmp_path) == ["big"]
 
 
+def test_a_call_its_caller_does_not_call_small_is_converted_by_the_commit_thread(tmp_path: Path) -> None:
+    with open_store(tmp_path).writer("w") as writer:
+        counted = Counted(writer)
+        asyncio.run(BatchAppender(counted.append, writer.prepare).append([status("huge-body")], small=False))
+        assert counted.given == ["list"]
+    assert stored(tmp_path) == ["huge-body"]
+
+
 @pytest.mark.parametrize("prepare", [False, True], ids=["commit-converts", "caller-converts"])
 def test_concurrent_calls_share_appends_and_keep_each_calls_events_together(tmp_path: Path, prepare: bool) -> None:
     with open_store(tmp_path).writer("w") as writer:
