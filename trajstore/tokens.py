@@ -192,6 +192,25 @@ def _assemble(name: str, parts: list[np.ndarray], lengths: np.ndarray, nulls: np
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=typ, mask=mask), []
 
 
+# Converting Python ints holds the GIL for the whole call (tens of milliseconds for a million ids): lists longer
+# than this in all are converted a slice at a time, so that other threads (a server's event loop) run in between.
+LONG_LISTS = 1 << 16
+
+
+def _in_slices(values: list[Any] | tuple[Any, ...]) -> np.ndarray | None:
+    """`values` as numpy, converted a `LONG_LISTS` slice at a time by pyarrow's strict inference (the interpreter may
+    switch threads between slices); None when a slice does not convert or the slices disagree on the type (mixed
+    or wrong values: the whole-column conversion then names the problem)."""
+    try:
+        parts = pa.chunked_array([pa.array(values[i:i + LONG_LISTS]) for i in range(0, len(values), LONG_LISTS)])
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None
+    if parts.null_count or not (pa.types.is_integer(parts.type) or pa.types.is_floating(parts.type)
+                                or pa.types.is_boolean(parts.type)):
+        return None
+    return np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in parts.chunks])
+
+
 def list_column(name: str, values: list[Any], typ: pa.ListType) -> tuple[pa.Array | None, list[tuple[int, str]]]:
     """Convert one token/logprob/mask column strictly; returns (column, []) or (None, problems).
 
@@ -199,6 +218,11 @@ def list_column(name: str, values: list[Any], typ: pa.ListType) -> tuple[pa.Arra
     a bad row) goes row by row, which names each offending row.
     """
     element = ELEMENT[name]
+    if all(v is None or type(v) is list or type(v) is tuple for v in values) and \
+            sum(len(v) for v in values if v is not None) > LONG_LISTS:
+        sliced = [v if v is None else _in_slices(v) for v in values]
+        if all(v is not None for v, given in zip(sliced, values) if given is not None):  # else: as one, below
+            values = sliced
     if all(type(v) is np.ndarray for v in values):
         arr, problems = _from_numpy(name, values, typ, element)
         if arr is not None or problems:

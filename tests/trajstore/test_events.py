@@ -333,3 +333,29 @@ def test_typed_events_of_every_kind_round_trip(store: trajstore.Store) -> None:
     assert (rows["st"]["status"], rows["st"]["error"], rows["st"]["group_size"]) == ("failed", "boom", 2)
     assert rows["ck"]["consumed"] == ["r"] and rows["ck"]["policy_version"] == 3
     assert dict(rows["mt"]["metrics"]) == {"loss": 0.1, "kl": 0.01}
+
+
+@pytest.mark.parametrize("tail", [-3, "x", 1.5, 2**40, True, None])
+def test_a_long_token_list_is_checked_as_a_short_one(tail: Any) -> None:
+    """Lists past `LONG_LISTS` ids are converted a slice at a time; the same values are refused for the same reason."""
+    from trajstore.tokens import LONG_LISTS
+
+    short, long = [1, tail], [1] * (LONG_LISTS + 5) + [tail]
+    reasons = []
+    for ids in (short, long):
+        with pytest.raises(InvalidEventError) as err:
+            to_columns([turn(prompt_ids=ids)])
+        reasons.append(str(err.value).splitlines()[-1].split(": ", 2)[-1].split(" (item")[0])
+    assert reasons[0] == reasons[1]
+
+
+def test_a_long_token_list_is_stored_whole_and_exact() -> None:
+    """A million ids (converted a slice at a time) and long logprob and mask lists come back exactly."""
+    ids = list(range(1_000_000))
+    mask = [i % 3 == 0 for i in range(200_000)]
+    columns = to_columns([turn(prompt_ids=ids, output_ids=[1] * 200_000, output_logprobs=[-0.5] * 200_000,
+                               output_mask=mask), turn()])
+    assert columns["prompt_ids"][0].values.to_numpy().tolist() == ids
+    assert columns["prompt_ids"].type == pa.list_(pa.int32()) and columns["prompt_tokens"].to_pylist() == [1_000_000, 3]
+    assert columns["output_logprobs"].type == pa.list_(pa.float32())
+    assert columns["output_mask"][0].as_py() == mask and columns["trainable_tokens"].to_pylist()[0] == sum(mask)
