@@ -23,6 +23,7 @@ _EXPORTS: dict[str, str] = {
                      "WriterClosedError"), "trajstore.errors"),
     **dict.fromkeys(("Checkpoint", "Event", "Metric", "Reward", "Status", "Teacher", "Turn"), "trajstore.events"),
     "PreparedBatch": "trajstore.prepared",
+    "JSONText": "trajstore.json_text",
     "Follower": "trajstore.follow",
     "new_id": "trajstore.ids",
     "Scope": "trajstore.read", "Snapshot": "trajstore.read",
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     )
     from trajstore.events import Checkpoint, Event, Metric, Reward, Status, Teacher, Turn
     from trajstore.prepared import PreparedBatch
+    from trajstore.json_text import JSONText
     from trajstore.follow import Follower
     from trajstore.ids import new_id
     from trajstore.read import Scope, Snapshot

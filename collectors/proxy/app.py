@@ -79,6 +79,7 @@ from collectors.serving import (
     check_control,
     header_text,
     read_json,
+    read_json_text,
     run_until_interrupted,
     start_app,
 )
@@ -231,10 +232,11 @@ async def _body(request: web.Request) -> Any:
 
 async def _chat_request(request: web.Request, parse: Callable[[Any], ChatRequest]) -> tuple[ChatRequest, Any]:
     """A chat route's request (parsed by `parse`) and its decoded body; the request knows the body's size, which
-    spares `ChatRenderer.check_fits` counting the text of a body too small to be refused."""
-    body = await _body(request)
+    spares `ChatRenderer.check_fits` counting the text of a body too small to be refused, and its text, which
+    the turn stores as its `request` without writing the body's value again."""
+    body, text = await read_json_text(request, MAX_BODY)
     req = parse(body)
-    return dataclasses.replace(req, body_bytes=len(await request.read())), body  # read: aiohttp's kept copy
+    return dataclasses.replace(req, body_bytes=len(await request.read()), body_json=text), body  # aiohttp's copy
 
 
 def _header_keys(request: web.Request) -> list[str]:

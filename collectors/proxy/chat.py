@@ -63,6 +63,9 @@ class ChatRequest:
     # `messages` and `tools` is one of the body's, each character at least one byte there, or a constant such as a
     # role, shorter than the JSON around it); None when unknown
     body_bytes: int | None = None
+    # the body's own text when it is strict JSON: stored as the turn's `request` as it is (None: the decoded value
+    # is written as JSON instead)
+    body_json: str | None = None
 
     def sampling_for(self, max_tokens: int) -> SamplingParams:
         """The sampling parameters of this call, sampling at most `max_tokens`."""

@@ -74,3 +74,14 @@ def test_nesting_json_may_refuse_is_left_to_json(depth: int) -> None:
 ])
 def test_a_float_that_may_be_an_integer_past_64_bits_is_left_to_json(value: Any, reads: bool) -> None:
     assert _as_json_reads(value) == reads
+
+
+def test_the_body_text_comes_back_only_when_it_is_strict_json() -> None:
+    from collectors.serving import decode_json_text
+
+    raw = '{ "a" : [1, 2.5], "b": "caf\u00e9" }'.encode()
+    value, text = decode_json_text(raw)
+    assert value == {"a": [1, 2.5], "b": "café"} and text == raw.decode()
+    for loose in (b'{"a": NaN}', b'\xef\xbb\xbf{"a": 1}', b'{"a": 123456789012345678901234567890}'):
+        value, text = decode_json_text(loose)
+        assert text is None and value is not None  # read by json (as before), written again from the value

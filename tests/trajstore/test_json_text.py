@@ -126,3 +126,12 @@ def test_nan_in_a_json_column_is_stored_as_the_stdlib_writes_it_and_reads_back(t
     text = store.query("SELECT request FROM events").to_pylist()[0]["request"]
     assert text == '{"temperature":NaN,"top_p":0.5}'
     assert math.isnan(json.loads(text)["temperature"])
+
+
+def test_json_text_is_stored_as_it_is() -> None:
+    from trajstore import JSONText
+
+    text = '{ "b" : [1, 2.50, "caf\\u00e9"],\n "a": null }'
+    stored = json_text(JSONText(text))
+    assert stored == text and type(stored) is str
+    assert json_text({"b": [1, 2.5, "café"], "a": None}) != text  # a value is written in the encoder's own form

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -185,3 +186,21 @@ def test_the_renderer_tokenizes_every_kind_of_text_as_the_tokenizer_does(tiny_mo
     for text in texts:
         expected = tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
         assert renderer.encode(text) == expected == tok.encode(text, add_special_tokens=False), text[:40]
+
+
+def test_a_turn_stores_the_request_body_as_the_agent_sent_it(proxy: Harness) -> None:
+    """Strict JSON is stored as its own text (never written again from its value: an 80k-token history costs
+    nothing more to store); a body only Python's json reads (NaN) is stored as its value, written as JSON."""
+    rollout = proxy.open()
+    sent = ('{ "model" : "%s",\n  "max_tokens": 3, "temperature": 1.0,\n'
+            '  "messages": [ {"role": "user", "content": "caf\\u00e9 \u00e9t\u00e9"} ] }' % MODEL).encode()
+    assert call(proxy.url + "/v1/chat/completions", data=sent, key=rollout["api_key"]).status == 200
+    loose = json.dumps({"model": MODEL, "max_tokens": 3, "metadata": {"x": float("nan")},
+                        "messages": [{"role": "user", "content": "hi"}]}).encode()
+    assert b"NaN" in loose
+    reply = call(proxy.url + "/v1/chat/completions", data=loose, key=rollout["api_key"],
+                 headers={"X-Trajstore-Session": "other"})
+    assert reply.status == 200, reply.body
+    stored = {t["session_id"]: t["request"] for t in proxy.turns(rollout["rollout_id"])}
+    assert stored["main"] == sent.decode()
+    assert json.loads(stored["other"])["messages"] == [{"role": "user", "content": "hi"}]
