@@ -93,7 +93,7 @@ def test_the_preset_is_servable_by_vllm() -> None:
 def test_the_closed_loop_makes_the_model_pack_the_right_item(tmp_path: Path) -> None:
     result = run_demo(DemoSettings.quick(tmp_path / "demo"), say=lambda line: None)
     rows = result.by_version
-    # budgeted by steps: the time limit is a safety net (an hour for what takes about 4 minutes on 2 idle cores)
+    # budgeted by steps: the time limit is a safety net (an hour for what takes about 6.5 minutes on 2 idle cores)
     assert result.cut_short is None and result.steps == result.planned_steps == 60, (
         f"{result.cut_short}; the learner made {result.steps} steps; see {result.directory / 'learn.log'}")
     first, late = rows[0], last_quarter(rows)
