@@ -37,7 +37,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import orjson
@@ -117,6 +117,9 @@ def _as_json_reads(value: Any) -> bool:
     return True
 
 
+T = TypeVar("T")
+
+
 def decode_json(raw: bytes) -> Any:
     """A request body as JSON, or BadRequest saying what is wrong with it.
 
@@ -124,19 +127,25 @@ def decode_json(raw: bytes) -> Any:
     byte order mark, UTF-16, invalid JSON) or might read otherwise (integers past 64 bits, nesting `json`
     refuses; `_as_json_reads`) is decoded by `json` as before, to its values, errors and messages. orjson accepts
     no lone surrogate, so only `json`'s result needs the walk for one."""
-    return decode_json_text(raw)[0]
+    return _decode(raw)[0]
 
 
 def decode_json_text(raw: bytes) -> tuple[Any, JSONText | None]:
     """`decode_json(raw)`, and the body's own text when it is strict JSON (RFC 8259, read by orjson): a store keeps
     that text as the value's JSON as it is, without writing the value again (None otherwise: NaN, say)."""
+    value, strict = _decode(raw)
+    return value, JSONText.parsed(raw.decode()) if strict else None  # orjson checked the UTF-8 and the JSON
+
+
+def _decode(raw: bytes) -> tuple[Any, bool]:
+    """`decode_json`'s value, and whether orjson read it (the body is strict JSON)."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         pass
     else:
         if _as_json_reads(value):
-            return value, JSONText(raw.decode())  # orjson checked the UTF-8
+            return value, True
     try:
         value = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -148,16 +157,20 @@ def decode_json_text(raw: bytes) -> tuple[Any, JSONText | None]:
         if where is not None:
             raise BadRequest(f"{where} holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), "
                              "which is not Unicode text; send valid UTF-8")
-    return value, None
+    return value, False
 
 
 async def read_json(request: web.Request, max_bytes: int) -> Any:
     """The request's JSON body (see the module docstring); BadRequest or ClientGone otherwise."""
-    return (await read_json_text(request, max_bytes))[0]
+    return await _read_decoded(request, max_bytes, decode_json)
 
 
 async def read_json_text(request: web.Request, max_bytes: int) -> tuple[Any, JSONText | None]:
     """`read_json`, with the body's own text when it is strict JSON (`decode_json_text`)."""
+    return await _read_decoded(request, max_bytes, decode_json_text)
+
+
+async def _read_decoded(request: web.Request, max_bytes: int, decode: Callable[[bytes], T]) -> T:
     if request.content_length is not None and request.content_length > max_bytes:
         raise BadRequest(f"the request body is {request.content_length:,} bytes; this server takes at most "
                          f"{max_bytes:,} ({max_bytes >> 20} MiB)", status=413)
@@ -169,8 +182,8 @@ async def read_json_text(request: web.Request, max_bytes: int) -> tuple[Any, JSO
     except (ConnectionResetError, ClientPayloadError) as exc:
         raise ClientGone(f"the client of {request.method} {request.path} disconnected while sending ({exc})") from exc
     if len(raw) > DECODE_OFF_LOOP_BYTES:
-        return await asyncio.to_thread(decode_json_text, raw)
-    return decode_json_text(raw)
+        return await asyncio.to_thread(decode, raw)
+    return decode(raw)
 
 
 def header_text(request: web.Request, name: str) -> str | None:

@@ -62,10 +62,19 @@ def _plain(value: Any, depth: int) -> bool:
 
 
 class JSONText(str):
-    """JSON text kept as it is: a JSON column given one stores this text, without writing its value again (a
-    server keeps a request body it has parsed as strict JSON this way). Whoever makes one vouches that it is
-    valid JSON."""
+    """JSON text kept as it is: a JSON column given one stores this text, without writing its value again. It is
+    checked to be JSON when appended (an event holding text that is not is refused), unless it was made by
+    `JSONText.parsed`, for text its maker has just parsed as strict JSON (a server's request body)."""
 
+    __slots__ = ()
+
+    @staticmethod
+    def parsed(text: str) -> JSONText:
+        """`text`, which the caller has parsed as strict JSON (RFC 8259) already: stored without a second check."""
+        return _ParsedText(text)
+
+
+class _ParsedText(JSONText):
     __slots__ = ()
 
 
@@ -77,8 +86,11 @@ def json_text(value: Any) -> str | None:
     str, int, float, bool or None)."""
     if value is None:
         return None
-    if type(value) is JSONText:
-        return str.__str__(value)  # a plain str: text columns convert plain strs fastest
+    if isinstance(value, JSONText):
+        text = str.__str__(value)  # a plain str: text columns convert plain strs fastest
+        if type(value) is not _ParsedText:
+            orjson.loads(text)  # not JSON: its JSONDecodeError (a ValueError) refuses the event
+        return text
     if _plain(value, 0):
         try:
             return orjson.dumps(value).decode()

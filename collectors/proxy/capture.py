@@ -63,7 +63,7 @@ from collectors.proxy.streaming import LocalPieces
 from collectors.proxy.upstream import OUTAGE_WAIT_S, Upstream
 from collectors.proxy.waits import WaitHistogram
 from collectors.proxy.wire import WireProtocol, stream_body
-from trajstore import InvalidEventError, JSONText, Reward, Status, Turn, Writer, new_id, routes
+from trajstore import InvalidEventError, Reward, Status, Turn, Writer, new_id, routes
 from trajstore.schema import TERMINAL_STATUSES
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ class Capture:
             segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
             prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
             output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
-            request=body if req.body_json is None else JSONText(req.body_json), response=response, meta=meta,
+            request=body if req.body_json is None else req.body_json, response=response, meta=meta,
             support_sizes=sample.support_sizes, support_ids=sample.support_ids, output_version_starts=sample.version_starts,
             output_version_values=sample.version_values, **sample_routes(sample, len(plan.prompt_ids)))],
             small=req.body_bytes is not None and req.body_bytes <= INLINE_BODY_BYTES)

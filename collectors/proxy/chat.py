@@ -27,6 +27,7 @@ from jsonschema.validators import validator_for
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 from collectors.model.toolcalls import ToolCall
+from trajstore import JSONText
 
 Message = dict[str, Any]
 
@@ -65,7 +66,7 @@ class ChatRequest:
     body_bytes: int | None = None
     # the body's own text when it is strict JSON: stored as the turn's `request` as it is (None: the decoded value
     # is written as JSON instead)
-    body_json: str | None = None
+    body_json: JSONText | None = None
 
     def sampling_for(self, max_tokens: int) -> SamplingParams:
         """The sampling parameters of this call, sampling at most `max_tokens`."""

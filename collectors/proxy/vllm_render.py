@@ -155,9 +155,10 @@ def plan_rendered(state: SessionState, prompt_text: str, ids: list[int], decode:
     held = state.held
     fork: str | None = None
     if held is not None and state.segment_id is not None:
-        if prompt_text.startswith(held.text):
+        rest = held.rest(prompt_text)
+        if rest is not None:
             k = token_boundary(ids, held.text, decode)
-            delta = list(ids[k:]) if k is not None else encode(prompt_text[len(held.text):])
+            delta = list(ids[k:]) if k is not None else encode(rest)
             return RenderedPlan(state.segment_id, state.next_turn, delta, held.ids.view(delta), None, None, **extra)
         fork = TEMPLATE_DRIFT if prompt_text.startswith(held.prompt_text) else HISTORY_REWRITE
     return RenderedPlan(new_segment_id(), 0, list(ids), list(ids), fork, state.segment_id, **extra)

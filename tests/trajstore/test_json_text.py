@@ -135,3 +135,18 @@ def test_json_text_is_stored_as_it_is() -> None:
     stored = json_text(JSONText(text))
     assert stored == text and type(stored) is str
     assert json_text({"b": [1, 2.5, "café"], "a": None}) != text  # a value is written in the encoder's own form
+
+
+def test_json_text_that_is_not_json_is_refused_unless_its_maker_parsed_it() -> None:
+    from trajstore import InvalidEventError, JSONText, Turn
+    from trajstore.events import to_columns
+
+    def turn(request: JSONText) -> Turn:
+        return Turn(run="r", group_id="g", rollout_id="x", session_id="s", segment_id="t", turn_index=0,
+                    policy_version=0, prompt_ids=[1], output_ids=[2], output_logprobs=[-0.5], finish_reason="stop",
+                    request=request)
+
+    with pytest.raises(InvalidEventError, match="request cannot be written as JSON"):
+        to_columns([turn(JSONText('{"a": 1'))])
+    assert to_columns([turn(JSONText(' {"a": 1} '))])["request"].to_pylist() == [' {"a": 1} ']
+    assert JSONText.parsed('{"a": 1}') == '{"a": 1}' and isinstance(JSONText.parsed("1"), JSONText)

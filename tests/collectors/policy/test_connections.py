@@ -30,6 +30,17 @@ async def server(app: web.Application) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+@asynccontextmanager
+async def client_of(app: web.Application) -> AsyncIterator[Http]:
+    """An `Http` client of `app` served on loopback, closed afterwards."""
+    async with server(app) as url:
+        client = http(url)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+
 def http(url: str) -> Http:
     return Http(url, hint="(test)", timeout_s=5, connect_retries=0, retry_backoff_s=0.01, max_connections=0)
 
@@ -61,56 +72,44 @@ def echo_app(peers: list[object]) -> web.Application:
 def test_answers_of_every_framing_are_read_whole_and_connections_are_kept() -> None:
     async def scenario() -> None:
         peers: list[object] = []
-        async with server(echo_app(peers)) as url:
-            client = http(url)
-            try:
-                for i in range(3):
-                    reply = await client.call("POST", "/v1/x", body={"i": i}, headers={"X-Session-ID": f"s{i}"})
-                    assert client.json(reply, "/v1/x") == {"path": "/v1/x", "query": {}, "body": f'{{"i":{i}}}',
-                                                          "session": f"s{i}"}
-                assert len(set(peers)) == 1  # one kept connection served all three
-                chunked = await client.call("GET", "/c", params={"chunked": "1"})
-                assert client.json(chunked, "/c") == {"path": "/c", "chunked": True}
-                closed = await client.call("GET", "/d", params={"close": "1", "a": "b c"})
-                assert client.json(closed, "/d")["query"] == {"close": "1", "a": "b c"}
-                again = await client.call("GET", "/e")  # the server closed the last one: a new connection
-                assert client.json(again, "/e")["path"] == "/e" and len(set(peers)) == 2
-            finally:
-                await client.close()
+        async with client_of(echo_app(peers)) as client:
+            for i in range(3):
+                reply = await client.call("POST", "/v1/x", body={"i": i}, headers={"X-Session-ID": f"s{i}"})
+                assert client.json(reply, "/v1/x") == {"path": "/v1/x", "query": {}, "body": f'{{"i":{i}}}',
+                                                      "session": f"s{i}"}
+            assert len(set(peers)) == 1  # one kept connection served all three
+            chunked = await client.call("GET", "/c", params={"chunked": "1"})
+            assert client.json(chunked, "/c") == {"path": "/c", "chunked": True}
+            closed = await client.call("GET", "/d", params={"close": "1", "a": "b c"})
+            assert client.json(closed, "/d")["query"] == {"close": "1", "a": "b c"}
+            again = await client.call("GET", "/e")  # the server closed the last one: a new connection
+            assert client.json(again, "/e")["path"] == "/e" and len(set(peers)) == 2
     asyncio.run(scenario())
 
 
 def test_a_cancelled_or_timed_out_request_never_leaves_its_answer_to_the_next() -> None:
     async def scenario() -> None:
-        async with server(echo_app([])) as url:
-            client = http(url)
-            try:
-                slow = asyncio.ensure_future(client.call("POST", "/slow", params={"delay": "0.3"}, body={"n": 1}))
-                await asyncio.sleep(0.1)
-                slow.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await slow
-                with pytest.raises(PolicyServerTimeout, match="did not answer POST /late"):
-                    await client.call("POST", "/late", params={"delay": "0.5"}, body={"n": 2}, timeout_s=0.1)
-                await asyncio.sleep(0.6)  # both late answers have been written by now, to closed connections
-                reply = await client.call("POST", "/next", body={"n": 3})
-                assert client.json(reply, "/next")["path"] == "/next"
-            finally:
-                await client.close()
+        async with client_of(echo_app([])) as client:
+            slow = asyncio.ensure_future(client.call("POST", "/slow", params={"delay": "0.3"}, body={"n": 1}))
+            await asyncio.sleep(0.1)
+            slow.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            with pytest.raises(PolicyServerTimeout, match="did not answer POST /late"):
+                await client.call("POST", "/late", params={"delay": "0.5"}, body={"n": 2}, timeout_s=0.1)
+            await asyncio.sleep(0.6)  # both late answers have been written by now, to closed connections
+            reply = await client.call("POST", "/next", body={"n": 3})
+            assert client.json(reply, "/next")["path"] == "/next"
     asyncio.run(scenario())
 
 
 def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -> None:
     async def scenario() -> None:
         peers: list[object] = []
-        async with server(echo_app(peers)) as url:
-            client = http(url)
-            try:
-                with pytest.raises(ValueError, match="line break"):
-                    await client.call("POST", "/x", body={}, headers={"X-Session-ID": "a\r\nX-Evil: 1"})
-                assert peers == []
-            finally:
-                await client.close()
+        async with client_of(echo_app(peers)) as client:
+            with pytest.raises(ValueError, match="line break"):
+                await client.call("POST", "/x", body={}, headers={"X-Session-ID": "a\r\nX-Evil: 1"})
+            assert peers == []
     asyncio.run(scenario())
 
 
