@@ -12,6 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from trajstore import arrow_memory  # noqa: F401 - Arrow's allocator, chosen before any array is made
+
 SCHEMA_VERSION = 1
 
 _SCALARS: dict[str, pa.DataType] = {

@@ -1,0 +1,40 @@
+"""Arrow's allocator for the store's processes: jemalloc (else the system's), unless the user chose one.
+
+pyarrow's wheels default to mimalloc. On the capture proxy's work (a turn converted on the event
+loop, written and freed on the commit thread, one every few milliseconds) mimalloc hands freed
+pages back and takes them again, and every few turns one conversion of an event's text to Arrow
+stalls for 5-15 ms while holding the GIL: an 80k-context turn's `Writer.prepare` takes 1.5 ms at
+the median and 8-15 ms at p99 with mimalloc, against about 2 ms at p99 with jemalloc or the
+system allocator, and the proxy's CPU per turn is some 20% higher. The stall lands on whichever
+thread converts (the event loop, for a turn that finds the commit idle), so it also delays every
+other session. jemalloc comes first because, like mimalloc, it keeps freed memory for reuse (over
+about a second) where the system allocator maps and faults in every large buffer anew; the system
+allocator serves where a pyarrow build lacks jemalloc.
+`python benchmarks/arrow_allocator.py` compares the three side by side.
+
+A user who sets `ARROW_DEFAULT_MEMORY_POOL` (`jemalloc`, `mimalloc`, `system`) keeps that choice:
+pyarrow reads it when it loads, and this module then changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+
+ENV = "ARROW_DEFAULT_MEMORY_POOL"
+
+
+def choose_allocator() -> str:
+    """Make jemalloc (or, without it, the system allocator) Arrow's default unless `ARROW_DEFAULT_MEMORY_POOL`
+    names one; returns the allocator in use (its backend name)."""
+    if not os.environ.get(ENV):
+        try:
+            pool = pa.jemalloc_memory_pool()
+        except NotImplementedError:  # a pyarrow built without jemalloc
+            pool = pa.system_memory_pool()
+        pa.set_memory_pool(pool)
+    return pa.default_memory_pool().backend_name
+
+
+ALLOCATOR = choose_allocator()  # before the store makes any array: every module that converts imports the schema
