@@ -9,10 +9,12 @@ asked, and from the turn handed to the commit thread (what `append` returns, and
 /stats `durable_wait` counts: a turn that finds the commit thread idle is converted first, by its
 caller). `--appender FILE` loads another implementation of `BatchAppender` (e.g. an
 earlier version: `git show REV:collectors/proxy/appender.py > /tmp/old.py`) to compare in one run;
-the implementations take turns, `--repeats` rounds each.
+the implementations take turns, `--repeats` rounds each, and so do the thread switch intervals of `--switch-ms`
+(the servers run with `collectors.serving.SWITCH_INTERVAL_S`).
 
     python benchmarks/commit_wait.py                               # 32 sessions, ~1 minute
     python benchmarks/commit_wait.py --appender /tmp/old.py --repeats 2
+    python benchmarks/commit_wait.py --sessions 96 --loop-ms 3 --switch-ms 5 0.5 --repeats 3   # thread switch interval
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import itertools
 import os
+import sys
 import tempfile
 import time
 from typing import Any
 
 from collectors.proxy import appender as current
+from collectors.serving import SWITCH_INTERVAL_S
 from trajstore import Turn, open_store
 
 
@@ -89,19 +94,23 @@ def main() -> None:
                     help="each turn's request JSON in kB (default 2; an agent's 32k-token context is ~120)")
     ap.add_argument("--appender", help="a file defining another BatchAppender, measured beside this one")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--switch-ms", type=float, nargs="+", default=[SWITCH_INTERVAL_S * 1e3],
+                    help="the interpreter's thread switch interval(s) to run with, in turn (default: the servers' "
+                         f"{SWITCH_INTERVAL_S * 1e3:g} ms; Python's own is 5)")
     args = ap.parse_args()
     modules = [("this appender", current)] + ([(f"--appender {args.appender}", load(args.appender))]
                                               if args.appender else [])
     print(f"{args.sessions} sessions x {args.turns} turns, upstream {args.upstream_ms:g} ms, {args.loop_ms:g} ms of "
           f"loop CPU per turn; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
-    print(f"  {'appender':<30} {'turns':>6} {'asked -> durable p50 / p90 / p99 ms':>36} "
+    print(f"  {'appender':<30} {'switch':>7} {'turns':>6} {'asked -> durable p50 / p90 / p99 ms':>36} "
           f"{'handed to the commit -> durable p50 / p90 / p99 ms':>52}")
     for _ in range(args.repeats):
-        for name, module in modules:
+        for (name, module), switch_ms in itertools.product(modules, args.switch_ms):
+            sys.setswitchinterval(switch_ms / 1e3)
             with tempfile.TemporaryDirectory(prefix="commit-wait-") as d:
                 waits, commits = asyncio.run(one_round(module, args, d))
             at = [[1e3 * w[min(len(w) - 1, int(q * len(w)))] for q in (0.5, 0.9, 0.99)] for w in (waits, commits)]
-            print(f"  {name:<30} {len(waits):>6} {' / '.join(f'{x:.2f}' for x in at[0]):>36} "
+            print(f"  {name:<30} {switch_ms:>5g}ms {len(waits):>6} {' / '.join(f'{x:.2f}' for x in at[0]):>36} "
                   f"{' / '.join(f'{x:.2f}' for x in at[1]):>52}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 

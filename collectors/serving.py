@@ -33,6 +33,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -327,11 +328,27 @@ async def _start_on(app: web.Application, host: str, socks: Sequence[socket.sock
     return runner
 
 
+# How long a thread may run Python before another that waits for the GIL gets it (Python's default: 5 ms). A
+# server's event loop runs Python nearly all the time under load, while its helper threads (the proxy's commit
+# thread woken for a turn or back from an fsync, a render thread back from the tokenizer) need the GIL only
+# briefly: at 5 ms each of those can wait that long behind the loop, and the turn's durable commit with it.
+# Each switch costs microseconds. `python benchmarks/commit_wait.py --switch-ms 5 0.5` runs the group commit
+# beside a busy loop with both.
+SWITCH_INTERVAL_S = 0.0005
+
+
+def serving_process() -> None:
+    """Set up this process to serve in the foreground (`run_until_interrupted`, `serve_sockets`): thread switches
+    every `SWITCH_INTERVAL_S`."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
 def serve_sockets(app: web.Application, host: str, socks: Sequence[socket.socket], started: Callable[[], None], *,
                   middlewares: Sequence[Any] = ()) -> None:
     """Serve `app` on listening sockets bound to `host` (shared with other processes: a proxy's workers) until
     SIGINT or SIGTERM, calling `started()` once it serves. Further signals during the cleanup are ignored:
     a supervisor's SIGTERM after the terminal's SIGINT must not cut the store's sealing short."""
+    serving_process()
 
     async def main() -> None:
         runner = await _start_on(app, host, socks, middlewares=middlewares)
@@ -366,6 +383,7 @@ def app_in_thread(start: Start, *, name: str, timeout: float = 60) -> Iterator[t
 def run_until_interrupted(start: Start, banner: Callable[[web.AppRunner, str], str]) -> None:
     """Serve in the foreground, print `banner(runner, url)`, stop cleanly on Ctrl-C or SIGTERM (`kill PID`):
     the app's cleanup runs either way (the proxy's store writer seals what it appended)."""
+    serving_process()
 
     async def main() -> None:
         runner, url = await start()
