@@ -3,11 +3,12 @@
 It answers at once or after a fixed delay (POST /bench/delay sets it):
 
 - POST /v1/completions   what the proxy calls: vLLM's completions from token ids, the request read
-                         by the embedded server's own parser (so every option it takes is honoured)
+                         as the embedded server reads it (`read_json`, then its own parser, so every
+                         option it takes is honoured)
                          and answered in its JSON, streamed too; the reply is always the same text
                          and tool call, the one the next request's history holds;
 - POST /v1/chat/completions  what the direct rounds call with the very same bodies: the body is
-                         decoded, as any server would, and the same reply is answered.
+                         decoded the same way, as any server would, and the same reply is answered.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 MODEL = "bench"
+MAX_BODY = 256 << 20  # the huge-body table's 2M-token prompt included
 SAID = "I will read the next file."
 CALL = {"name": "read_file", "arguments": {"path": "src/app.py"}}
 REPLY = f"{SAID}\n<tool_call>\n{json.dumps(CALL)}\n</tool_call>"  # what the fake policy always samples
@@ -36,6 +38,7 @@ def upstream_app(model_dir: str) -> Any:
         parse_completion_request,
         stream_event,
     )
+    from collectors.serving import read_json
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     ids = tok.encode(REPLY, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
@@ -50,7 +53,7 @@ def upstream_app(model_dir: str) -> Any:
 
     async def completions(request: web.Request) -> web.StreamResponse:
         try:
-            job = parse_completion_request(json.loads(await request.read()))
+            job = parse_completion_request(await read_json(request, MAX_BODY))
         except RequestError as exc:
             return web.json_response(exc.body(), status=exc.status)
         prompt = list(job.prompt) if isinstance(job.prompt, list) else tok.encode(job.prompt)
@@ -79,7 +82,7 @@ def upstream_app(model_dir: str) -> Any:
         return resp
 
     async def chat(request: web.Request) -> web.Response:
-        json.loads(await request.read())  # what any server does with the body
+        await read_json(request, MAX_BODY)  # what any server does with the body
         await asyncio.sleep(delay["s"])
         return web.json_response(chat_answer)
 
@@ -90,7 +93,7 @@ def upstream_app(model_dir: str) -> Any:
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
 
-    app = web.Application(client_max_size=256 << 20)
+    app = web.Application(client_max_size=MAX_BODY)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/bench/delay", delay_route)
