@@ -48,10 +48,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from collectors.errors import CollectorError
 from collectors.policy import Chunk, PolicyClient, Sample, StreamedSample
+from collectors.policy.token_ids import SLICE
 from collectors.proxy.appender import INLINE_BODY_BYTES, BatchAppender
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.extend import Extender
@@ -69,6 +70,8 @@ from trajstore.schema import TERMINAL_STATUSES
 log = logging.getLogger(__name__)
 RENDER_THREADS = 4  # prompts rendered at once; more wait their turn, off the event loop
 INLINE_RETOKENIZE_CHARS = 4096  # a reply up to this long is tokenized again on the event loop (~0.3 ms at most)
+LONG_TURN_IDS = SLICE  # a turn whose prompt holds more ids is recorded into its session off the event loop
+T = TypeVar("T")
 
 
 def sample_routes(sample: Sample, stored_prompt: int) -> dict[str, Any]:
@@ -189,6 +192,13 @@ class Capture:
         prompt_text = self._extender.prompt_text(req, messages, history, state.answered, last_prompt)
         return messages, history, prompt_text, plan_turn(state, prompt_text, self.renderer.encode, new_id)
 
+    async def _sized(self, large: bool, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)`: at once when not `large` (a hop to a thread costs more than the work), else on a render
+        thread, off the event loop (work that grows with a call's size: see the module docstring)."""
+        if not large:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._render_pool, fn, *args)
+
     async def _append(self, events: list[Any], *, small: bool = True) -> float:
         """Append `events` and wait until they are durable; returns the seconds waited for the commit. `small`:
         see `BatchAppender.append`."""
@@ -245,11 +255,9 @@ class Capture:
         """Append the turn and wait until it is durable; then advance the session."""
         renderer, req, plan, state = self.renderer, prep.req, prep.plan, prep.slot.state
         body_ids = text_ids(sample)
-        # the reply's text tokenized again (turn meta `output_retokenizes`): a short reply at once (a hop to a
-        # thread costs more than its tokenization), a long one on a render thread, off the event loop
-        retokenizes = (renderer.encode(body_text) if len(body_text) <= INLINE_RETOKENIZE_CHARS else await
-                       asyncio.get_running_loop().run_in_executor(self._render_pool, renderer.encode, body_text)
-                       ) == body_ids
+        # the reply's text tokenized again (turn meta `output_retokenizes`)
+        retokenizes = await self._sized(len(body_text) > INLINE_RETOKENIZE_CHARS, renderer.encode, body_text
+                                        ) == body_ids
         meta = {"protocol": prep.wire.name, "stream": req.stream, "fork": plan.fork, "history": prep.history,
                 "previous_segment": plan.previous_segment, "output_retokenizes": retokenizes,
                 "forks_in_session": sum(state.forks.values()) + (plan.fork is not None)}
@@ -266,7 +274,8 @@ class Capture:
             small=req.body_bytes is not None and req.body_bytes <= INLINE_BODY_BYTES)
         self.stats.durable_wait.observe(waited)
         sampled_text = body_text + renderer.decode(sample.output_ids[len(body_ids):])
-        record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)
+        await self._sized(len(plan.prompt_ids) > LONG_TURN_IDS, record_turn, state, plan, prep.prompt_text,
+                          sample.output_ids, sampled_text)  # copies and encodes the prompt ids: a long one off the loop
         prefill = (req.messages[-1].get("content") or "") if req.continue_final else ""
         answered = reply_message(prefill + reply.content, reply.reasoning, [(c.name, c.arguments)
                                                                            for c in reply.tool_calls])
