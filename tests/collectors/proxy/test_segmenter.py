@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import itertools
 
+import orjson
+
+from collectors.policy import token_ids
+
 from collectors.proxy.segmenter import (
     HISTORY_REWRITE,
     TEMPLATE_DRIFT,
@@ -120,3 +124,21 @@ def test_a_long_chain_sends_every_prompt_delta_and_sampled_id_in_order() -> None
         delta = f"\nU{k + 1}\nA:"
         prompt = prompt + f"r{k}" + END + delta
         expected = expected + encode(delta)
+
+
+def test_a_stored_call_grows_the_session_by_the_json_its_prompt_was_sent_with(monkeypatch) -> None:
+    """The prompt ids are encoded to JSON once per call (for the policy server); recording the call takes that JSON
+    (a huge call's ids are millions): only the sampled ids are encoded there."""
+    state, new_id = SessionState("main"), ids_factory()
+    for prompt, sampled in (("U:hi\nA:", "yo" + END), ("U:hi\nA:yo" + END + "\nU:more\nA:", "ok" + END),
+                            ("U:other\nA:", "no" + END)):  # a first call, a continued one, a fork
+        plan = plan_turn(state, prompt, encode, new_id)
+        sent = plan.full_ids.json()  # what the policy client sends
+        encoded: list[int] = []
+        dumps = token_ids.orjson.dumps
+        monkeypatch.setattr(token_ids.orjson, "dumps", lambda ids: encoded.append(len(ids)) or dumps(ids))
+        output = [1000 + i for i in range(len(sampled))]
+        record_turn(state, plan, prompt, output, sampled)
+        monkeypatch.undo()
+        assert encoded == [len(output)], encoded
+        assert state.held.ids.view().json() == sent[:-1] + b"," + orjson.dumps(output)[1:]
