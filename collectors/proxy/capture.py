@@ -31,7 +31,10 @@ rollout, and /health, is answered meanwhile. A rollout runs at most
 `collectors.proxy.sessions.RENDERS_PER_ROLLOUT` of these at once, whatever number of sessions
 it opens, so one rollout cannot take every render thread; and a request whose text alone is
 more tokens than the context holds is refused by its size before anything is rendered
-(`ChatRenderer.check_fits`). Rollout open and close write
+(`ChatRenderer.check_fits`). A call over `HEAVY_BODY_BYTES` is rendered on threads of its own
+at a lower CPU priority (`collectors.proxy.priority`): on busy cores the other sessions' work
+goes first. What grows with a call's size after the sample (recording a turn of more than
+`LONG_TURN_IDS` prompt ids into its session) runs on a render thread too. Rollout open and close write
 `status` (and `reward`) events; a rollout id the caller chooses is refused when the store
 already holds it (opened by another proxy, or by this one before a restart): a rollout is
 opened once, so nobody can overwrite another's reward or status.
@@ -56,6 +59,7 @@ from collectors.policy.token_ids import SLICE
 from collectors.proxy.appender import INLINE_BODY_BYTES, BatchAppender
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.extend import Extender
+from collectors.proxy.priority import heavy_pool
 from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.segmenter import SessionState, TurnPlan, plan_turn, record_turn
@@ -70,6 +74,7 @@ from trajstore.schema import TERMINAL_STATUSES
 log = logging.getLogger(__name__)
 RENDER_THREADS = 4  # prompts rendered at once; more wait their turn, off the event loop
 INLINE_RETOKENIZE_CHARS = 4096  # a reply up to this long is tokenized again on the event loop (~0.3 ms at most)
+HEAVY_BODY_BYTES = 1 << 20  # a call this large is rendered on threads of a lower CPU priority (`priority`)
 LONG_TURN_IDS = SLICE  # a turn whose prompt holds more ids is recorded into its session off the event loop
 T = TypeVar("T")
 
@@ -171,11 +176,13 @@ class Capture:
         self.stats = ProxyStats(upstream=self.upstream)
         self._appender = BatchAppender(writer.append, writer.prepare)  # concurrent turns share one append and its fsync
         self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="proxy-render")
+        self._heavy_pool = heavy_pool("proxy-heavy")  # huge calls' renders, at a lower CPU priority
         self._extender = Extender(renderer)  # a call that extends its session's last renders only what is new
 
     def close(self) -> None:
         """Stop the render and commit threads (the app's cleanup; calls in flight have finished by then)."""
         self._render_pool.shutdown(wait=False, cancel_futures=True)
+        self._heavy_pool.shutdown(wait=False, cancel_futures=True)
         self._appender.close()
 
     async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest, body: Any = None
@@ -183,8 +190,10 @@ class Capture:
         """`req` (sent as `body`) reconciled with `state`, rendered and planned: on a render thread (see the
         module docstring)."""
         self.renderer.check_fits(req, self.max_model_len)
+        heavy = req.body_bytes is not None and req.body_bytes > HEAVY_BODY_BYTES
         async with rollout.renders:
-            return await asyncio.get_running_loop().run_in_executor(self._render_pool, self._render, state, req)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._heavy_pool if heavy else self._render_pool, self._render, state, req)
 
     def _render(self, state: SessionState, req: ChatRequest) -> tuple[list[Message], str, str, TurnPlan]:
         messages, history = reconcile(req.messages, state.answered)
