@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
 from typing import Any, overload
+from weakref import WeakValueDictionary
 
 import orjson
 
@@ -68,14 +69,25 @@ def _copy_into(out: list[int], ids: Sequence[int], start: int, stop: int) -> Non
         out += ids[at:min(at + SLICE, stop)]
 
 
+def drain(log: TokenLog) -> None:
+    """Empty a long `log` a slice at a time, unless a view of it is alive: a log dropped at once frees its millions
+    of ids in one call, a hold of the GIL for tens of milliseconds. For a log its owner is done with (a session's
+    last segment, replaced by a new one); a view still being read keeps the log as it is."""
+    if len(log.ids) > SLICE and not log._views:
+        while log.ids:
+            del log.ids[-SLICE:]
+        log._json = bytearray(b"[")
+
+
 class TokenLog:
     """A session's token ids, append-only, and their JSON text without its closing bracket (module docstring)."""
 
-    __slots__ = ("_json", "ids")
+    __slots__ = ("_json", "_views", "ids")
 
     def __init__(self, ids: Sequence[int] = ()) -> None:
         self.ids: list[int] = []
         self._json = bytearray(b"[")
+        self._views: WeakValueDictionary[int, TokenIds] = WeakValueDictionary()  # alive, by id (a view is unhashable)
         self.extend(ids)
 
     def __len__(self) -> int:
@@ -116,11 +128,12 @@ class TokenLog:
 class TokenIds(Sequence[int]):
     """Token ids: the first `n` ids of a `TokenLog`, then `tail`; read-only, with their JSON ready (`json()`)."""
 
-    __slots__ = ("_end", "_log", "_n", "_tail", "_tail_json")
+    __slots__ = ("__weakref__", "_end", "_log", "_n", "_tail", "_tail_json")
 
     def __init__(self, log: TokenLog, n: int, end: int, tail: list[int]) -> None:
         self._log, self._n, self._end, self._tail = log, n, end, tail
         self._tail_json: bytes | None = None
+        log._views[id(self)] = self  # `drain` leaves a log with a view alive as it is
 
     def __len__(self) -> int:
         return self._n + len(self._tail)

@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from collectors.policy.token_ids import TokenIds, TokenLog
+from collectors.policy.token_ids import TokenIds, TokenLog, drain
 from collectors.proxy.reconcile import Answered
 
 Encode = Callable[[str], list[int]]
@@ -131,4 +131,7 @@ def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_id
         ids.extend(plan.prompt_ids, full.tail_json() if isinstance(full, TokenIds) and full.tail is plan.prompt_ids
                    else None)
     ids.extend(output_ids)
+    dropped = state.held.ids if state.held is not None and state.held.ids is not ids else None
     state.held = Held(prompt_text=prompt_text, sampled_text=sampled_text, ids=ids)
+    if dropped is not None:  # a new segment: the last one's ids are freed here, a slice at a time
+        drain(dropped)

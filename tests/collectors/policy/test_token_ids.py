@@ -185,3 +185,17 @@ def test_a_view_of_no_log_brings_its_json_to_the_log_it_starts(monkeypatch: pyte
     log = TokenLog(view)  # the ids a new segment was sent with: its log takes their JSON, encoded once
     log.extend([8, 9], log.view([8, 9]).tail_json())
     assert counting.encoded == [3, 2] and log.view().json() == b"[5,6,7,8,9]" and log.ids == [5, 6, 7, 8, 9]
+
+
+def test_a_long_log_nothing_else_holds_is_drained_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(token_ids, "SLICE", 8)
+    log = TokenLog(list(range(100)))
+    view = log.view([100])
+    token_ids.drain(log)  # a view of it is alive: it reads the log, which stays as it is
+    assert view == list(range(101)) and view.json() == orjson.dumps(list(range(101)))
+    del view
+    token_ids.drain(log)
+    assert log.ids == [] and log.view().json() == b"[]"
+    short = TokenLog([1, 2, 3])
+    token_ids.drain(short)  # a short one is freed at once, as usual
+    assert short.ids == [1, 2, 3]
