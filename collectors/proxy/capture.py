@@ -183,6 +183,7 @@ class Capture:
         """Stop the render and commit threads (the app's cleanup; calls in flight have finished by then)."""
         self._render_pool.shutdown(wait=False, cancel_futures=True)
         self._heavy_pool.shutdown(wait=False, cancel_futures=True)
+        self.renderer.close()
         self._appender.close()
 
     async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest, body: Any = None
