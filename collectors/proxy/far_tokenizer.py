@@ -4,9 +4,10 @@ The Rust tokenizer releases the GIL while it tokenizes, but handing its ids to P
 text of megabytes is millions of ids, and turning them into a Python list holds the GIL for tens
 of milliseconds at once (the event loop and every other thread stopped meanwhile). A text over
 `FAR_CHARS` characters is therefore tokenized by a helper process (started on the first such
-text, spawned, holding only the tokenizer, at nice +10: on busy cores the proxy's other work goes
-first) which sends the ids back as raw 32-bit integers; they become a Python list here a slice at
-a time. The ids are those the tokenizer gives in this process (the same tokenizer, from its JSON).
+text, holding only the tokenizer, at the nice value of `collectors.proxy.priority`'s threads: on
+busy cores the proxy's other work goes first) which sends the ids back as raw 32-bit integers;
+they become a Python list here a slice at a time. The ids are those the tokenizer gives in this
+process (the same tokenizer, from its JSON). One text at a time: a second huge call waits.
 
 A helper that dies (killed, out of memory) is started again on the next text; a text it could not
 tokenize is tokenized here, as before.
@@ -24,10 +25,10 @@ import threading
 from typing import IO, Any
 
 from collectors.policy.token_ids import SLICE
+from collectors.proxy.priority import HEAVY_NICE
 
 log = logging.getLogger(__name__)
 FAR_CHARS = 1 << 20  # a text this long is tokenized in the helper process
-FAR_NICE = 10
 _SIZE = struct.Struct("<Q")  # each message: its length, then its bytes (a text as UTF-8; ids as native uint32)
 
 
@@ -48,12 +49,12 @@ def _send(stream: IO[bytes], data: bytes) -> None:
     stream.flush()
 
 
-def serve() -> None:
-    """The helper process: its tokenizer's JSON first, then texts to ids until its input closes."""
+def serve(nice: int = HEAVY_NICE) -> None:
+    """The helper process, at `nice`: its tokenizer's JSON first, then texts to ids until its input closes."""
     from tokenizers import Tokenizer
 
     try:
-        os.nice(FAR_NICE)
+        os.nice(nice)
     except OSError:  # not permitted here: it runs at the proxy's priority
         pass
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -80,15 +81,15 @@ def ids_from_bytes(raw: bytes) -> list[int]:
 class FarTokenizer:
     """A tokenizer's `encode` for huge texts, run in a helper process (module docstring); one text at a time."""
 
-    def __init__(self, backend: Any) -> None:
-        self._backend = backend  # a `tokenizers.Tokenizer`
+    def __init__(self, backend: Any, nice: int = HEAVY_NICE) -> None:
+        self._backend, self._nice = backend, nice  # a `tokenizers.Tokenizer`; the helper's nice value
         self._helper: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
     def _started(self) -> subprocess.Popen[bytes]:
         if self._helper is None or self._helper.poll() is not None:
             self._helper = subprocess.Popen(
-                [sys.executable, "-c", "from collectors.proxy.far_tokenizer import serve; serve()"],
+                [sys.executable, "-c", f"from collectors.proxy.far_tokenizer import serve; serve({int(self._nice)})"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(
                     p for p in sys.path if p)})
             _send(self._helper.stdin, self._backend.to_str().encode())
