@@ -142,9 +142,9 @@ def attribute(stall: tuple[float, float], spans: list[tuple[str, str, float, flo
     start, end = stall
     by_thread: dict[str, tuple[float, str]] = {}
     for label, thread, t0, t1 in spans:
-        if t0 <= start and t1 >= end - 0.0005:  # the probe wakes a little after the hold ends
-            if thread not in by_thread or t1 - t0 < by_thread[thread][0]:
-                by_thread[thread] = (t1 - t0, label)
+        covers = t0 <= start and t1 >= end - 0.0005  # the probe wakes a little after the hold ends
+        if covers and (thread not in by_thread or t1 - t0 < by_thread[thread][0]):
+            by_thread[thread] = (t1 - t0, label)
     if not by_thread:
         return "(outside the wrapped stages)"
     return " | ".join(f"{label} [{thread}]" for thread, (_, label) in sorted(by_thread.items()))

@@ -30,7 +30,6 @@ from weakref import WeakValueDictionary
 
 import orjson
 
-
 SLICE = 1 << 16  # ids per call over a long list (about a millisecond of work each)
 
 

@@ -24,9 +24,9 @@ from collectors.policy import (
     SamplingParams,
     VLLMClient,
     completion_body,
+    token_ids,
 )
 from collectors.policy.http import dumps, prompt_list
-from collectors.policy import token_ids
 from collectors.policy.token_ids import TokenIds, TokenLog
 from collectors.policy.vllm_generate import generate_body
 from tests.collectors.fake_vllm import fake_vllm

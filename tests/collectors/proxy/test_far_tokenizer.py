@@ -27,23 +27,23 @@ def here(renderer: ChatRenderer, text: str) -> list[int]:
 
 
 def test_a_huge_text_is_tokenized_by_the_helper_to_the_same_ids(renderer: ChatRenderer) -> None:
-    assert renderer.encode("short") == here(renderer, "short") and renderer._far._helper is None  # noqa: SLF001
+    assert renderer.encode("short") == here(renderer, "short") and renderer._far._helper is None
     for text in TEXTS:
         assert renderer.encode(text) == here(renderer, text)
-    assert renderer._far._helper is not None and renderer._far._helper.poll() is None  # noqa: SLF001
+    assert renderer._far._helper is not None and renderer._far._helper.poll() is None
 
 
 def test_a_helper_that_died_is_replaced_and_the_text_tokenized_all_the_same(renderer: ChatRenderer) -> None:
     assert renderer.encode(TEXTS[0]) == here(renderer, TEXTS[0])
-    first = renderer._far._helper  # noqa: SLF001
+    first = renderer._far._helper
     first.kill()
     first.wait()
     assert renderer.encode(TEXTS[1]) == here(renderer, TEXTS[1])  # by a new helper
-    assert renderer._far._helper is not None and renderer._far._helper is not first  # noqa: SLF001
-    renderer._far._helper.stdout.close()  # noqa: SLF001 - as if it died mid-text: this one is tokenized here
-    assert renderer.encode(TEXTS[2]) == here(renderer, TEXTS[2]) and renderer._far._helper is None  # noqa: SLF001
+    assert renderer._far._helper is not None and renderer._far._helper is not first
+    renderer._far._helper.stdout.close()  # as if it died mid-text: this one is tokenized here
+    assert renderer.encode(TEXTS[2]) == here(renderer, TEXTS[2]) and renderer._far._helper is None
     renderer.close()
-    assert renderer._far._helper is None and first.poll() is not None  # noqa: SLF001
+    assert renderer._far._helper is None and first.poll() is not None
 
 
 def test_raw_ids_become_the_same_list_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,12 +6,12 @@ above 1000, so a test can tell spliced sampled ids from re-tokenized text.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import orjson
 
 from collectors.policy import token_ids
-
 from collectors.proxy.segmenter import (
     HISTORY_REWRITE,
     TEMPLATE_DRIFT,
@@ -126,6 +126,11 @@ def test_a_long_chain_sends_every_prompt_delta_and_sampled_id_in_order() -> None
         expected = expected + encode(delta)
 
 
+def counted(encoded: list[int], dumps, ids) -> bytes:
+    encoded.append(len(ids))
+    return dumps(ids)
+
+
 def test_a_stored_call_grows_the_session_by_the_json_its_prompt_was_sent_with(monkeypatch) -> None:
     """The prompt ids are encoded to JSON once per call (for the policy server); recording the call takes that JSON
     (a huge call's ids are millions): only the sampled ids are encoded there."""
@@ -135,8 +140,7 @@ def test_a_stored_call_grows_the_session_by_the_json_its_prompt_was_sent_with(mo
         plan = plan_turn(state, prompt, encode, new_id)
         sent = plan.full_ids.json()  # what the policy client sends
         encoded: list[int] = []
-        dumps = token_ids.orjson.dumps
-        monkeypatch.setattr(token_ids.orjson, "dumps", lambda ids: encoded.append(len(ids)) or dumps(ids))
+        monkeypatch.setattr(token_ids.orjson, "dumps", functools.partial(counted, encoded, token_ids.orjson.dumps))
         output = [1000 + i for i in range(len(sampled))]
         record_turn(state, plan, prompt, output, sampled)
         monkeypatch.undo()
