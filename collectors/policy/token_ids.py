@@ -64,6 +64,9 @@ def copied(ids: Sequence[int]) -> list[int]:
 
 def _copy_into(out: list[int], ids: Sequence[int], start: int, stop: int) -> None:
     """Append `ids[start:stop]` to `out`, a slice at a time."""
+    if not start and stop == len(ids) <= SLICE:  # a short list whole: no slice copied first
+        out += ids
+        return
     for at in range(start, stop, SLICE):
         out += ids[at:min(at + SLICE, stop)]
 
