@@ -31,7 +31,10 @@ rollout, and /health, is answered meanwhile. A rollout runs at most
 `collectors.proxy.sessions.RENDERS_PER_ROLLOUT` of these at once, whatever number of sessions
 it opens, so one rollout cannot take every render thread; and a request whose text alone is
 more tokens than the context holds is refused by its size before anything is rendered
-(`ChatRenderer.check_fits`). Rollout open and close write
+(`ChatRenderer.check_fits`). A call over `HEAVY_BODY_BYTES` is rendered on threads of its own
+at a lower CPU priority (`collectors.proxy.priority`): on busy cores the other sessions' work
+goes first. What grows with a call's size after the sample (recording a turn of more than
+`LONG_TURN_IDS` prompt ids into its session) runs on a render thread too. Rollout open and close write
 `status` (and `reward`) events; a rollout id the caller chooses is refused when the store
 already holds it (opened by another proxy, or by this one before a restart): a rollout is
 opened once, so nobody can overwrite another's reward or status.
@@ -48,13 +51,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from collectors.errors import CollectorError
 from collectors.policy import Chunk, PolicyClient, Sample, StreamedSample
+from collectors.policy.token_ids import SLICE, drain
 from collectors.proxy.appender import INLINE_BODY_BYTES, BatchAppender
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.extend import Extender
+from collectors.proxy.priority import heavy_pool
 from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.segmenter import SessionState, TurnPlan, plan_turn, record_turn
@@ -69,6 +74,9 @@ from trajstore.schema import TERMINAL_STATUSES
 log = logging.getLogger(__name__)
 RENDER_THREADS = 4  # prompts rendered at once; more wait their turn, off the event loop
 INLINE_RETOKENIZE_CHARS = 4096  # a reply up to this long is tokenized again on the event loop (~0.3 ms at most)
+HEAVY_BODY_BYTES = 1 << 20  # a call this large is rendered on threads of a lower CPU priority (`priority`)
+LONG_TURN_IDS = SLICE  # a turn whose prompt holds more ids is recorded into its session off the event loop
+T = TypeVar("T")
 
 
 def sample_routes(sample: Sample, stored_prompt: int) -> dict[str, Any]:
@@ -168,11 +176,14 @@ class Capture:
         self.stats = ProxyStats(upstream=self.upstream)
         self._appender = BatchAppender(writer.append, writer.prepare)  # concurrent turns share one append and its fsync
         self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="proxy-render")
+        self._heavy_pool = heavy_pool("proxy-heavy")  # huge calls' renders, at a lower CPU priority
         self._extender = Extender(renderer)  # a call that extends its session's last renders only what is new
 
     def close(self) -> None:
         """Stop the render and commit threads (the app's cleanup; calls in flight have finished by then)."""
         self._render_pool.shutdown(wait=False, cancel_futures=True)
+        self._heavy_pool.shutdown(wait=False, cancel_futures=True)
+        self.renderer.close()
         self._appender.close()
 
     async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest, body: Any = None
@@ -180,14 +191,23 @@ class Capture:
         """`req` (sent as `body`) reconciled with `state`, rendered and planned: on a render thread (see the
         module docstring)."""
         self.renderer.check_fits(req, self.max_model_len)
+        heavy = req.body_bytes is not None and req.body_bytes > HEAVY_BODY_BYTES
         async with rollout.renders:
-            return await asyncio.get_running_loop().run_in_executor(self._render_pool, self._render, state, req)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._heavy_pool if heavy else self._render_pool, self._render, state, req)
 
     def _render(self, state: SessionState, req: ChatRequest) -> tuple[list[Message], str, str, TurnPlan]:
         messages, history = reconcile(req.messages, state.answered)
         last_prompt = state.held.prompt_text if state.held is not None else None
         prompt_text = self._extender.prompt_text(req, messages, history, state.answered, last_prompt)
         return messages, history, prompt_text, plan_turn(state, prompt_text, self.renderer.encode, new_id)
+
+    async def _sized(self, large: bool, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)`: at once when not `large` (a hop to a thread costs more than the work), else on a render
+        thread, off the event loop (work that grows with a call's size: see the module docstring)."""
+        if not large:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._render_pool, fn, *args)
 
     async def _append(self, events: list[Any], *, small: bool = True) -> float:
         """Append `events` and wait until they are durable; returns the seconds waited for the commit. `small`:
@@ -245,11 +265,9 @@ class Capture:
         """Append the turn and wait until it is durable; then advance the session."""
         renderer, req, plan, state = self.renderer, prep.req, prep.plan, prep.slot.state
         body_ids = text_ids(sample)
-        # the reply's text tokenized again (turn meta `output_retokenizes`): a short reply at once (a hop to a
-        # thread costs more than its tokenization), a long one on a render thread, off the event loop
-        retokenizes = (renderer.encode(body_text) if len(body_text) <= INLINE_RETOKENIZE_CHARS else await
-                       asyncio.get_running_loop().run_in_executor(self._render_pool, renderer.encode, body_text)
-                       ) == body_ids
+        # the reply's text tokenized again (turn meta `output_retokenizes`)
+        retokenizes = await self._sized(len(body_text) > INLINE_RETOKENIZE_CHARS, renderer.encode, body_text
+                                        ) == body_ids
         meta = {"protocol": prep.wire.name, "stream": req.stream, "fork": plan.fork, "history": prep.history,
                 "previous_segment": plan.previous_segment, "output_retokenizes": retokenizes,
                 "forks_in_session": sum(state.forks.values()) + (plan.fork is not None)}
@@ -266,7 +284,8 @@ class Capture:
             small=req.body_bytes is not None and req.body_bytes <= INLINE_BODY_BYTES)
         self.stats.durable_wait.observe(waited)
         sampled_text = body_text + renderer.decode(sample.output_ids[len(body_ids):])
-        record_turn(state, plan, prep.prompt_text, sample.output_ids, sampled_text)
+        await self._sized(len(plan.prompt_ids) > LONG_TURN_IDS, record_turn, state, plan, prep.prompt_text,
+                          sample.output_ids, sampled_text)  # copies and encodes the prompt ids: a long one off the loop
         prefill = (req.messages[-1].get("content") or "") if req.continue_final else ""
         answered = reply_message(prefill + reply.content, reply.reasoning, [(c.name, c.arguments)
                                                                            for c in reply.tool_calls])
@@ -437,7 +456,10 @@ class Capture:
             rollout.closed = False
             raise
         rollout.status = status
+        logs = [slot.state.held.ids for slot in rollout.sessions.values() if slot.state.held is not None]
         for slot in rollout.sessions.values():
             slot.state.held = slot.state.answered = None  # keep the counts, free the tokens and messages
+        long = [ids for ids in logs if len(ids) > LONG_TURN_IDS]  # millions of ids: freed a slice at a time
+        await self._sized(bool(long), lambda: [drain(ids) for ids in long])
         self.stats.rollouts_closed += 1
         return rollout.summary()

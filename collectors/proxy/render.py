@@ -32,6 +32,7 @@ from jinja2 import TemplateError
 
 from collectors.policy import Sample
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
+from collectors.proxy.far_tokenizer import FAR_CHARS, FarTokenizer
 from collectors.proxy.template import Template
 from collectors.model.toolcalls import check_format, detect_format, parse_output
 
@@ -65,12 +66,17 @@ class ChatRenderer:
         plain = backend is not None and backend.truncation is None and backend.padding is None and not (
             getattr(tokenizer, "split_special_tokens", False) or backend.encode_special_tokens)
         self._backend = backend if plain else None
+        self._far = FarTokenizer(backend) if plain else None
         self._template = Template.of(tokenizer)  # renders as apply_chat_template does, without its copies
         # byte-level and SentencePiece vocabularies spell a token with at least as many symbols as its text has
         # characters; added tokens (control tokens) are written by the template, not by the request's text
         self.longest_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
 
     def encode(self, text: str) -> list[int]:
+        if self._far is not None and len(text) > FAR_CHARS:  # a huge text: see `collectors.proxy.far_tokenizer`
+            ids = self._far.encode(text)
+            if ids is not None:
+                return ids
         if self._backend is not None:
             # The same ids as `encode`, which holds the GIL for its whole run (about a second per MB of text
             # here: a render thread tokenizing a huge prompt would stop the event loop all the same);
@@ -78,6 +84,11 @@ class ChatRenderer:
             # less time at every length.
             return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def close(self) -> None:
+        """Stop the helper process that tokenizes huge texts, if one was started."""
+        if self._far is not None:
+            self._far.close()
 
     def decode(self, ids: list[int]) -> str:
         """Text of sampled ids with special tokens kept: exactly what the model wrote."""

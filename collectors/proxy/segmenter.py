@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from collectors.policy.token_ids import TokenLog
+from collectors.policy.token_ids import TokenIds, TokenLog, drain
 from collectors.proxy.reconcile import Answered
 
 Encode = Callable[[str], list[int]]
@@ -106,11 +106,11 @@ def plan_turn(state: SessionState, prompt_text: str, encode: Encode, new_segment
     if held is not None and state.segment_id is not None:
         rest = held.rest(prompt_text)
         if rest is not None:
-            delta = encode(rest)
-            return TurnPlan(state.segment_id, state.next_turn, delta, held.ids.view(delta), None, None)
+            view = held.ids.view(encode(rest))  # the delta is its tail: its JSON is encoded once, for both
+            return TurnPlan(state.segment_id, state.next_turn, view.tail, view, None, None)
         fork = TEMPLATE_DRIFT if prompt_text.startswith(held.prompt_text) else HISTORY_REWRITE
-    ids = encode(prompt_text)
-    return TurnPlan(new_segment_id(), 0, ids, TokenLog().view(ids), fork, state.segment_id)
+    view = TokenLog().view(encode(prompt_text))
+    return TurnPlan(new_segment_id(), 0, view.tail, view, fork, state.segment_id)
 
 
 def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_ids: Sequence[int],
@@ -127,6 +127,11 @@ def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_id
         ids = TokenLog(plan.full_ids)
     else:  # the session's ids grow in place: a long episode is not copied or encoded again on every call
         ids = state.held.ids
-        ids.extend(plan.prompt_ids)
+        full = plan.full_ids  # the delta's JSON, when the policy client was sent it (the view's tail)
+        ids.extend(plan.prompt_ids, full.tail_json() if isinstance(full, TokenIds) and full.tail is plan.prompt_ids
+                   else None)
     ids.extend(output_ids)
+    dropped = state.held.ids if state.held is not None and state.held.ids is not ids else None
     state.held = Held(prompt_text=prompt_text, sampled_text=sampled_text, ids=ids)
+    if dropped is not None:  # a new segment: the last one's ids are freed here, a slice at a time
+        drain(dropped)

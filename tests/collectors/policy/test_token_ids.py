@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collectors.embedded.app import RunningServer
 from collectors.policy import (
@@ -21,6 +24,7 @@ from collectors.policy import (
     SamplingParams,
     VLLMClient,
     completion_body,
+    token_ids,
 )
 from collectors.policy.http import dumps, prompt_list
 from collectors.policy.token_ids import TokenIds, TokenLog
@@ -120,3 +124,78 @@ def test_the_embedded_server_samples_from_a_view_as_from_the_list(server: Runnin
             chunks = [c async for c in client.stream(log.view([52, 53]), params)]
             assert [t for c in chunks for t in c.output_ids] == plain.output_ids
     asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------- long lists, a slice at a time
+
+
+class CountingOrjson:
+    """`orjson` as `collectors.policy.token_ids` uses it, recording how many ids each `dumps` call encodes."""
+
+    def __init__(self) -> None:
+        self.encoded: list[int] = []
+
+    def dumps(self, value: Any) -> bytes:
+        self.encoded.append(len(value))
+        return orjson.dumps(value)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(orjson, name)
+
+
+@settings(max_examples=150, deadline=None)
+@given(parts=st.lists(st.lists(st.integers(0, 300_000), max_size=12), max_size=5), delta=st.lists(
+    st.integers(0, 300_000), max_size=12), size=st.integers(1, 4), cut=st.tuples(st.integers(-30, 30),
+                                                                                 st.integers(-30, 30)))
+def test_in_slices_the_json_and_the_lists_are_those_of_one_call(parts: list[list[int]], delta: list[int], size: int,
+                                                              cut: tuple[int, int]) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(token_ids, "SLICE", size)
+        log, plain = TokenLog(), []
+        for part in parts:
+            log.extend(part)
+            plain += part
+        view = log.view(delta)
+        assert view.json() == orjson.dumps(plain + delta) and view.tail_json() == orjson.dumps(delta)
+        assert token_ids.ids_json(plain) == orjson.dumps(plain) and token_ids.copied(plain) == plain
+        assert view[cut[0]:cut[1]] == (plain + delta)[cut[0]:cut[1]] and view[:] == plain + delta
+        whole = TokenLog(view)  # a view of a log's ids: copied and encoded again
+        assert whole.ids == plain + delta and whole.view().json() == view.json()
+        log.extend(delta, view.tail_json())  # the ids the view was sent with, and their JSON as sent
+        assert log.ids == plain + delta and log.view().json() == view.json()
+
+
+def test_no_call_encodes_or_copies_more_than_a_slice_of_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    counting = CountingOrjson()
+    monkeypatch.setattr(token_ids, "orjson", counting)
+    monkeypatch.setattr(token_ids, "SLICE", 8)
+    ids = list(range(100))
+    assert token_ids.ids_json(ids) == orjson.dumps(ids)
+    log = TokenLog(ids)
+    view = log.view(list(range(100, 150)))
+    assert view.json() == orjson.dumps(list(range(150))) and view[:] == list(range(150))
+    assert counting.encoded and max(counting.encoded) <= 8
+
+
+def test_a_view_of_no_log_brings_its_json_to_the_log_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    counting = CountingOrjson()
+    monkeypatch.setattr(token_ids, "orjson", counting)
+    view = TokenLog().view([5, 6, 7])
+    assert view.json() == b"[5,6,7]" and counting.encoded == [3]
+    log = TokenLog(view)  # the ids a new segment was sent with: its log takes their JSON, encoded once
+    log.extend([8, 9], log.view([8, 9]).tail_json())
+    assert counting.encoded == [3, 2] and log.view().json() == b"[5,6,7,8,9]" and log.ids == [5, 6, 7, 8, 9]
+
+
+def test_a_long_log_nothing_else_holds_is_drained_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(token_ids, "SLICE", 8)
+    log = TokenLog(list(range(100)))
+    view = log.view([100])
+    token_ids.drain(log)  # a view of it is alive: it reads the log, which stays as it is
+    assert view == list(range(101)) and view.json() == orjson.dumps(list(range(101)))
+    del view
+    token_ids.drain(log)
+    assert log.ids == [] and log.view().json() == b"[]"
+    short = TokenLog([1, 2, 3])
+    token_ids.drain(short)  # a short one is freed at once, as usual
+    assert short.ids == [1, 2, 3]

@@ -90,3 +90,57 @@ def test_a_conversation_far_over_the_context_is_refused_before_rendering(proxy: 
     fits = call(proxy.url + path, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra},
                 key=rollout["api_key"])
     assert fits.status == 200 and rendered == [1]
+
+
+def test_a_huge_call_renders_on_the_low_priority_threads_and_is_recorded_off_the_event_loop(
+        roomy: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    from collectors.proxy import capture
+
+    threads: dict[str, list[str]] = {"render": [], "record": []}
+    render, record = capture.Capture._render, capture.record_turn
+
+    def rendering(self: capture.Capture, *args: Any) -> Any:
+        threads["render"].append(threading.current_thread().name)
+        return render(self, *args)
+
+    def recording(*args: Any) -> None:
+        threads["record"].append(threading.current_thread().name)
+        record(*args)
+
+    monkeypatch.setattr(capture.Capture, "_render", rendering)
+    monkeypatch.setattr(capture, "record_turn", recording)
+    monkeypatch.setattr(capture, "HEAVY_BODY_BYTES", 2000)  # as if these bodies were megabytes
+    monkeypatch.setattr(capture, "LONG_TURN_IDS", 400)
+    rollout = roomy.open()
+    for words in (10, 1000, 10):  # small, huge, small
+        r = call(roomy.url + "/v1/chat/completions", {"model": MODEL, "max_tokens": 2, "messages": [
+            {"role": "user", "content": "word " * words}]}, key=rollout["api_key"])
+        assert r.status == 200, r.body
+    assert [name.split("_")[0] for name in threads["render"]] == ["proxy-render", "proxy-heavy", "proxy-render"]
+    loop = "trajstore-proxy"  # the proxy's event-loop thread (`serve_proxy_in_thread`)
+    assert threads["record"][0] == loop and threads["record"][2] == loop
+    assert threads["record"][1].startswith("proxy-render")
+    turns = roomy.turns(rollout["rollout_id"])
+    assert len(turns) == 3 and len(turns[1]["prompt_ids"]) > 400  # every call stored
+
+
+def test_closing_a_rollout_frees_its_long_sessions_ids_a_slice_at_a_time(roomy: Harness,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from collectors.policy import token_ids
+    from collectors.proxy import capture
+    from collectors.proxy.protocol import SESSION_HEADER
+
+    monkeypatch.setattr(capture, "LONG_TURN_IDS", 50)
+    monkeypatch.setattr(token_ids, "SLICE", 16)
+    rollout = roomy.open()
+    for session, words in (("long", 200), ("short", 3)):
+        r = call(roomy.url + "/v1/chat/completions", {"model": MODEL, "max_tokens": 2, "messages": [
+            {"role": "user", "content": "word " * words}]}, key=rollout["api_key"], headers={SESSION_HEADER: session})
+        assert r.status == 200, r.body
+    sessions = roomy.proxy.capture.registry.by_id[rollout["rollout_id"]].sessions
+    long, short = (sessions[name].state.held.ids for name in ("long", "short"))
+    kept = list(short.ids)
+    assert len(long) > 50 and 0 < len(short) <= 50
+    assert roomy.close(rollout).status == 200
+    assert long.ids == [] and short.ids == kept  # a short log is freed at once, with its last reference
+    assert all(slot.state.held is None for slot in sessions.values())

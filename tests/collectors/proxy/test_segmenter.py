@@ -6,8 +6,12 @@ above 1000, so a test can tell spliced sampled ids from re-tokenized text.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
+import orjson
+
+from collectors.policy import token_ids
 from collectors.proxy.segmenter import (
     HISTORY_REWRITE,
     TEMPLATE_DRIFT,
@@ -120,3 +124,39 @@ def test_a_long_chain_sends_every_prompt_delta_and_sampled_id_in_order() -> None
         delta = f"\nU{k + 1}\nA:"
         prompt = prompt + f"r{k}" + END + delta
         expected = expected + encode(delta)
+
+
+def counted(encoded: list[int], dumps, ids) -> bytes:
+    encoded.append(len(ids))
+    return dumps(ids)
+
+
+def test_a_stored_call_grows_the_session_by_the_json_its_prompt_was_sent_with(monkeypatch) -> None:
+    """The prompt ids are encoded to JSON once per call (for the policy server); recording the call takes that JSON
+    (a huge call's ids are millions): only the sampled ids are encoded there."""
+    state, new_id = SessionState("main"), ids_factory()
+    for prompt, sampled in (("U:hi\nA:", "yo" + END), ("U:hi\nA:yo" + END + "\nU:more\nA:", "ok" + END),
+                            ("U:other\nA:", "no" + END)):  # a first call, a continued one, a fork
+        plan = plan_turn(state, prompt, encode, new_id)
+        sent = plan.full_ids.json()  # what the policy client sends
+        encoded: list[int] = []
+        monkeypatch.setattr(token_ids.orjson, "dumps", functools.partial(counted, encoded, token_ids.orjson.dumps))
+        output = [1000 + i for i in range(len(sampled))]
+        record_turn(state, plan, prompt, output, sampled)
+        monkeypatch.undo()
+        assert encoded == [len(output)], encoded
+        assert state.held.ids.view().json() == sent[:-1] + b"," + orjson.dumps(output)[1:]
+
+
+def test_a_new_segment_drains_the_last_ones_ids_unless_a_view_of_them_is_alive(monkeypatch) -> None:
+    monkeypatch.setattr(token_ids, "SLICE", 4)
+    state, new_id = SessionState("main"), ids_factory()
+    call(state, "U:a long first prompt\\nA:", "yo" + END, new_id)
+    first = state.held.ids
+    call(state, "U:another one\\nA:", "ok" + END, new_id)  # a fork: the first segment's ids are freed
+    assert first.ids == [] and state.segments == 2
+    second = state.held.ids
+    kept = second.view()  # e.g. a prompt still being sent
+    call(state, "U:a third\\nA:", "no" + END, new_id)
+    assert kept == encode("U:another one\\nA:") + [1000 + i for i in range(len("ok" + END))]
+    assert len(second.ids) == len(kept)
