@@ -3,7 +3,8 @@
 A call whose body is megabytes (a rollout pasting a huge log: `proxy_agents.py`'s `hog_body`)
 must not hold up the other sessions: every stretch in which one thread holds the GIL stops the
 event loop and every other thread for its length. This runs the real proxy (its aiohttp app on
-its own event-loop thread, `serve_proxy_in_thread`) in this process, in front of
+its own event-loop thread, `serve_proxy_in_thread`, with the thread switch interval and frozen heap
+of `trajstore proxy`: `collectors.serving.serving_process` and `settle_heap`) in this process, in front of
 `proxy_agents.py`'s fake policy server (its own process), sends it the huge body `--calls`
 times (streamed, one session, each call a new segment of ~2M tokens at 7 MB), and measures:
 
@@ -179,6 +180,7 @@ def main() -> None:
     from collectors.model.build import ModelSize, init_model
     from collectors.policy import EmbeddedClient
     from collectors.proxy.app import ProxyConfig, serve_proxy_in_thread
+    from collectors.serving import serving_process, settle_heap
 
     spans = Spans()
     for stage in STAGES:
@@ -193,6 +195,8 @@ def main() -> None:
             with serve_proxy_in_thread(lambda: EmbeddedClient(upstream), str(Path(tmp) / "store"), config) as proxy:
                 key = httpx.post(proxy.url + "/rollouts", json={}, timeout=30).json()["api_key"]
                 asyncio.run(send(proxy.url, key, hog_body(0.01, 8), 1))  # warm: imports, caches
+                serving_process()  # as `trajstore proxy` runs: its thread switch interval, its heap frozen once up
+                settle_heap()
                 spans.done.clear()
                 probe = Probe(args.threshold_ms / 1e3)
                 probe.start()
