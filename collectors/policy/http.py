@@ -53,7 +53,7 @@ from collectors.policy.connections import (
     Malformed,
 )
 from collectors.policy.contract import Chunk, Sample, SamplingParams, support_from_sets
-from collectors.policy.token_ids import TokenIds
+from collectors.policy.token_ids import PackedIds, TokenIds
 from collectors.policy.versions import Label, Spans, parse_spans
 from trajstore.events import SUPPORT_IDS_CAP
 
@@ -93,12 +93,14 @@ OFF_LOOP_TOKENS = OFF_LOOP_BYTES // 6  # a token id takes about 6 bytes of JSON
 
 def _ready(value: Any) -> Any:
     """What orjson writes for a value it does not know: token ids' ready JSON (see the module docstring)."""
-    if isinstance(value, TokenIds):
+    if isinstance(value, (TokenIds, PackedIds)):
         return value.fragment()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, PackedIds):
+        return value.text()
     return list(value) if isinstance(value, TokenIds) else int(value)
 
 

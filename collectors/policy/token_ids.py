@@ -11,14 +11,25 @@ length), so a `Sample` may hold it as its `prompt_ids`.
 
 The policy clients (`collectors.policy.http`) take a `TokenIds` wherever they take a list and
 write its JSON into the request body as it is (`orjson.Fragment`), whatever field holds it.
+
+The embedded server also takes a prompt as base64 of little-endian int32 ids
+(`prompt_token_ids_b64`, `PackedIds`), which it decodes and checks in bulk instead of parsing
+and checking tens of thousands of JSON numbers per call. The log keeps that form too, grown
+lazily, the first time a view asks for it (`TokenIds.packed()`), by the ids added since: the
+int32 bytes, and the base64 of their whole 3-byte groups (base64 of a concatenation is the
+concatenation of the pieces' base64 only at 3-byte boundaries); the 0 to 2 bytes after the last
+whole group are encoded with the view's own ids. A call costs O(new ids) plus one copy.
 """
 
 from __future__ import annotations
 
+import base64
+import threading
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
 from typing import Any, overload
 
+import numpy as np
 import orjson
 
 
@@ -27,14 +38,47 @@ def ids_json(ids: Sequence[int]) -> bytes:
     return orjson.dumps(ids if type(ids) is list else [int(t) for t in ids])
 
 
+def ids_int32(ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian int32 bytes; OverflowError for an id outside int32 (no model has one)."""
+    return np.asarray(ids if type(ids) is list else [int(t) for t in ids], dtype="<i4").tobytes()
+
+
+class PackedIds:
+    """Token ids as the embedded server's `prompt_token_ids_b64`: base64 of their little-endian int32 bytes,
+    kept as the JSON string it is written as (quotes included), so a request body takes it as it is."""
+
+    __slots__ = ("quoted",)
+
+    def __init__(self, quoted: bytes) -> None:
+        self.quoted = quoted
+
+    @classmethod
+    def of(cls, ids: Sequence[int]) -> PackedIds:
+        """Pack ids (a `TokenIds` from its log's kept form, encoding only what is new); OverflowError past int32."""
+        if isinstance(ids, TokenIds):
+            return ids.packed()
+        return cls(b"".join((b'"', base64.b64encode(ids_int32(ids)), b'"')))
+
+    def text(self) -> str:
+        """The base64 text."""
+        return self.quoted[1:-1].decode("ascii")
+
+    def fragment(self) -> Any:
+        """An `orjson.Fragment`, for `orjson.dumps(..., default=...)` to write as it is."""
+        return orjson.Fragment(self.quoted)
+
+
 class TokenLog:
     """A session's token ids, append-only, and their JSON text without its closing bracket (module docstring)."""
 
-    __slots__ = ("_json", "ids")
+    __slots__ = ("_b64", "_int32", "_json", "_pack_lock", "ids")
 
     def __init__(self, ids: Sequence[int] = ()) -> None:
         self.ids: list[int] = []
         self._json = bytearray(b"[")
+        # the packed form (module docstring), grown only when a view is packed: int32 bytes of ids[:len // 4],
+        # and the base64 of their first len // 3 * 3 bytes; a request body may be encoded on a thread
+        self._int32, self._b64, self._pack_lock = bytearray(), bytearray(), threading.Lock()
         self.extend(ids)
 
     def __len__(self) -> int:
@@ -65,6 +109,21 @@ class TokenLog:
         """The first `end` bytes of the log's JSON text, then `more`, copied once."""
         with memoryview(self._json) as whole:
             return b"".join((whole[:end], more))
+
+    def packed(self, n: int, tail: list[int]) -> PackedIds:
+        """The first `n` ids then `tail`, packed: the kept base64 of the log's whole 3-byte groups, then
+        the rest encoded here (0-2 bytes of the log's, and `tail`'s); the log's form grows to `n` ids first."""
+        more = ids_int32(tail)  # first: an id past int32 leaves the log's form as it was
+        with self._pack_lock:
+            have = len(self._int32) // 4
+            if have < n:
+                self._int32 += ids_int32(self.ids[have:n])
+                done, whole = len(self._b64) // 4 * 3, len(self._int32) // 3 * 3
+                self._b64 += base64.b64encode(self._int32[done:whole])
+            cut = 4 * n // 3 * 3  # the log's bytes whose base64 is kept
+            with memoryview(self._b64) as b64, memoryview(self._int32) as raw:
+                rest = base64.b64encode(b"".join((raw[cut:4 * n], more)))
+                return PackedIds(b"".join((b'"', b64[:cut // 3 * 4], rest, b'"')))
 
 
 class TokenIds(Sequence[int]):
@@ -129,3 +188,7 @@ class TokenIds(Sequence[int]):
     def fragment(self) -> Any:
         """The JSON as an `orjson.Fragment`, for `orjson.dumps(..., default=...)` to write as it is."""
         return orjson.Fragment(self.json())
+
+    def packed(self) -> PackedIds:
+        """The ids as `prompt_token_ids_b64` (`PackedIds`), encoding only what the log has not packed yet."""
+        return self._log.packed(self._n, self._tail)

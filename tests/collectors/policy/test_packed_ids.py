@@ -1,0 +1,61 @@
+"""`PackedIds`: token ids as the embedded server's `prompt_token_ids_b64` (base64 of little-endian int32).
+
+A log's packed form grows lazily and by the new ids only, at 3-byte base64 boundaries; whatever the
+order of extends, views and packings, a view packs to exactly the one-shot encoding of its ids, and
+the server's own decoder reads back the very ids.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collectors.embedded.protocol import unpack_prompt
+from collectors.policy.http import dumps
+from collectors.policy.token_ids import PackedIds, TokenLog
+
+IDS = st.lists(st.integers(0, 2**31 - 1), max_size=40)
+
+
+def one_shot(ids: list[int]) -> bytes:
+    return b'"' + base64.b64encode(np.array(ids, dtype="<i4").tobytes()) + b'"'
+
+
+@given(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=200))
+def test_packed_ids_round_trip_through_the_servers_decoder(ids: list[int]) -> None:
+    packed = PackedIds.of(ids)
+    assert packed.quoted == one_shot(ids)
+    assert unpack_prompt(packed.text()).tolist() == ids
+    assert orjson.loads(dumps({"p": packed})) == {"p": packed.text()}
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(IDS, IDS, st.booleans()), min_size=1, max_size=8))
+def test_a_growing_log_packs_each_view_as_the_one_shot_encoding(steps: list[tuple[list[int], list[int], bool]]) -> None:
+    """Each step extends the log, then maybe packs a view of it plus a delta; views taken earlier stay right."""
+    log, plain, views = TokenLog(), [], []
+    for more, delta, pack in steps:
+        log.extend(more)
+        plain += more
+        view = log.view(delta)
+        views.append((view, plain + delta))
+        if pack and len(view):
+            assert view.packed().quoted == one_shot(plain + delta)
+    for view, ids in views:  # packed after the log grew past them
+        if ids:
+            assert view.packed().quoted == one_shot(ids)
+            assert PackedIds.of(view).quoted == one_shot(ids)
+
+
+def test_an_id_past_int32_is_refused_and_leaves_the_log_packable() -> None:
+    log = TokenLog([1, 2, 3])
+    with pytest.raises(OverflowError):
+        log.view([2**31]).packed()
+    with pytest.raises(OverflowError):
+        PackedIds.of([2**40])
+    assert log.view([4]).packed().quoted == one_shot([1, 2, 3, 4])
