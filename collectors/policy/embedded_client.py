@@ -113,8 +113,8 @@ class EmbeddedClient:
         body = completion_body(ids, sampling, self._model, echo_prompt=False)
         if self._packed is None:
             try:
-                health = self._http.json(await self._http.call("GET", "/health", idempotent=True, timeout_s=10),
-                                         "/health")
+                # not retried on a failed connection: the completion would not be either
+                health = self._http.json(await self._http.call("GET", "/health", timeout_s=10), "/health")
             except (PolicyServerRejected, PolicyServerBadResponse):  # no such /health: it cannot announce it
                 health = None
             self._packed = isinstance(health, dict) and health.get(PACKED_PROMPT) is True
