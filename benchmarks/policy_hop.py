@@ -80,7 +80,7 @@ def server_side(ids: list[int], calls: int) -> tuple[float, float]:
 
     common = {"max_tokens": 16, "logprobs": 0, "return_token_ids": True, "return_prompt_token_ids": False}
     bodies = (orjson.dumps({"prompt": ids, **common}),
-              orjson.dumps({"prompt_token_ids_b64": PackedIds.of(ids).text(), **common}))
+              orjson.dumps({"prompt_token_ids_b64": PackedIds(ids).text(), **common}))
 
     def read(raw: bytes) -> None:
         job = parse_completion_request(decode_json(raw))

@@ -52,7 +52,6 @@ vLLM returns under `--logprobs-mode processed_logprobs` (see `collectors.embedde
 
 from __future__ import annotations
 
-import base64
 import binascii
 import math
 import time
@@ -66,9 +65,10 @@ from collectors.embedded import routes
 from collectors.embedded.engine import Completion
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
+from collectors.policy.token_ids import PACKED_FIELD
 from collectors.policy.versions import span_list
 
-PACKED_PROMPT = "prompt_token_ids_b64"  # the packed prompt's field (module docstring)
+PACKED_PROMPT = PACKED_FIELD  # the packed prompt's field (module docstring), shared with the clients
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 REFUSED = {
     "n": (lambda v: v not in (None, 1), "n={v} is not supported: send one request per sample (with different seeds)"),
@@ -126,7 +126,7 @@ def unpack_prompt(value: Any) -> np.ndarray:
     if not isinstance(value, str):
         raise refuse(f"got a JSON {type(value).__name__}, not a string")
     try:
-        raw = base64.b64decode(value, validate=True)
+        raw = binascii.a2b_base64(value, strict_mode=True)
     except (binascii.Error, ValueError) as exc:  # ValueError: not ASCII
         raise refuse(f"it is not base64 (standard alphabet, padded with '='): {exc}") from None
     if not raw:

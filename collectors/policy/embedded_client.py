@@ -30,7 +30,7 @@ from multidict import CIMultiDict
 
 from collectors.errors import VersionConflict, WeightLoadError
 from collectors.policy.contract import MAX_POLICY_VERSION, Chunk, Sample, SamplingParams
-from collectors.policy.token_ids import PackedIds, TokenIds
+from collectors.policy.token_ids import PACKED_FIELD, PackedIds, TokenIds
 from collectors.policy.versions import int_label
 from trajstore.announcement import LoadRequest
 from collectors.policy.http import (
@@ -48,9 +48,6 @@ from collectors.policy.http import (
     prompt_list,
     session_headers,
 )
-
-
-PACKED_PROMPT = "prompt_token_ids_b64"  # the embedded server's packed prompt field, also what /health announces
 
 
 class EmbeddedClient:
@@ -117,13 +114,9 @@ class EmbeddedClient:
                 health = self._http.json(await self._http.call("GET", "/health", timeout_s=10), "/health")
             except (PolicyServerRejected, PolicyServerBadResponse):  # no such /health: it cannot announce it
                 health = None
-            self._packed = isinstance(health, dict) and health.get(PACKED_PROMPT) is True
+            self._packed = isinstance(health, dict) and health.get(PACKED_FIELD) is True
         if self._packed:
-            try:
-                body[PACKED_PROMPT] = PackedIds.of(ids)
-            except OverflowError:  # an id past int32: as a list, for the server to say what is wrong with it
-                return body
-            del body["prompt"]
+            body[PACKED_FIELD] = PackedIds(body.pop("prompt"))  # packed as the body is written
         return body
 
     async def reported_version(self) -> int | None:

@@ -15,7 +15,7 @@ write its JSON into the request body as it is (`orjson.Fragment`), whatever fiel
 The embedded server also takes a prompt as base64 of little-endian int32 ids
 (`prompt_token_ids_b64`, `PackedIds`), which it decodes and checks in bulk instead of parsing
 and checking tens of thousands of JSON numbers per call. The log keeps that form too, grown
-lazily, the first time a view asks for it (`TokenIds.packed()`), by the ids added since: the
+lazily, the first time a view of it is packed (`PackedIds`), by the ids added since: the
 int32 bytes, and the base64 of their whole 3-byte groups (base64 of a concatenation is the
 concatenation of the pieces' base64 only at 3-byte boundaries); the 0 to 2 bytes after the last
 whole group are encoded with the view's own ids. A call costs O(new ids) plus one copy.
@@ -43,29 +43,51 @@ def ids_int32(ids: Sequence[int]) -> bytes:
     return np.asarray(ids if type(ids) is list else [int(t) for t in ids], dtype="<i4").tobytes()
 
 
+PACKED_FIELD = "prompt_token_ids_b64"  # the embedded server's request field for packed ids
+
+
 class PackedIds:
-    """Token ids as the embedded server's `prompt_token_ids_b64`: base64 of their little-endian int32 bytes,
-    kept as the JSON string it is written as (quotes included), so a request body takes it as it is."""
+    """Token ids as the embedded server's `prompt_token_ids_b64`: base64 of their little-endian int32 bytes.
 
-    __slots__ = ("quoted",)
+    Packed when first written (`quoted()`, the JSON string with its quotes), not when made: a request body
+    holding it is encoded on a thread when much is left to pack (`pending`), as one with a long JSON prompt is.
+    A `TokenIds` is packed from its log's kept form, encoding only what the log has not packed yet."""
 
-    def __init__(self, quoted: bytes) -> None:
-        self.quoted = quoted
+    __slots__ = ("_ids", "_quoted")
 
-    @classmethod
-    def of(cls, ids: Sequence[int]) -> PackedIds:
-        """Pack ids (a `TokenIds` from its log's kept form, encoding only what is new); OverflowError past int32."""
-        if isinstance(ids, TokenIds):
-            return ids.packed()
-        return cls(b"".join((b'"', base64.b64encode(ids_int32(ids)), b'"')))
+    def __init__(self, ids: Sequence[int]) -> None:
+        self._ids, self._quoted = ids, b""
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def pending(self) -> int:
+        """How many ids packing still encodes."""
+        ids = self._ids
+        return 0 if self._quoted else ids.unpacked() if isinstance(ids, TokenIds) else len(ids)
+
+    def quoted(self) -> bytes:
+        """The base64 as a JSON string; ValueError for an id outside int32 (no model has such a token)."""
+        if not self._quoted:
+            ids = self._ids
+            try:
+                if isinstance(ids, TokenIds):
+                    self._quoted = ids.packed()
+                else:
+                    self._quoted = b"".join((b'"', base64.b64encode(ids_int32(ids)), b'"'))
+            except OverflowError:
+                raise ValueError(f"prompt token ids {min(ids)}..{max(ids)} do not all fit int32: no model has "
+                                 "such tokens") from None
+        return self._quoted
 
     def text(self) -> str:
         """The base64 text."""
-        return self.quoted[1:-1].decode("ascii")
+        return self.quoted()[1:-1].decode("ascii")
 
     def fragment(self) -> Any:
         """An `orjson.Fragment`, for `orjson.dumps(..., default=...)` to write as it is."""
-        return orjson.Fragment(self.quoted)
+        return orjson.Fragment(self.quoted())
 
 
 class TokenLog:
@@ -110,9 +132,9 @@ class TokenLog:
         with memoryview(self._json) as whole:
             return b"".join((whole[:end], more))
 
-    def packed(self, n: int, tail: list[int]) -> PackedIds:
-        """The first `n` ids then `tail`, packed: the kept base64 of the log's whole 3-byte groups, then
-        the rest encoded here (0-2 bytes of the log's, and `tail`'s); the log's form grows to `n` ids first."""
+    def packed(self, n: int, tail: list[int]) -> bytes:
+        """The first `n` ids then `tail`, packed (`PackedIds.quoted`): the kept base64 of the log's whole 3-byte
+        groups, then the rest encoded here (0-2 bytes of the log's, and `tail`'s); the log's form grows to `n` first."""
         more = ids_int32(tail)  # first: an id past int32 leaves the log's form as it was
         with self._pack_lock:
             have = len(self._int32) // 4
@@ -123,7 +145,7 @@ class TokenLog:
             cut = 4 * n // 3 * 3  # the log's bytes whose base64 is kept
             with memoryview(self._b64) as b64, memoryview(self._int32) as raw:
                 rest = base64.b64encode(b"".join((raw[cut:4 * n], more)))
-                return PackedIds(b"".join((b'"', b64[:cut // 3 * 4], rest, b'"')))
+                return b"".join((b'"', b64[:cut // 3 * 4], rest, b'"'))
 
 
 class TokenIds(Sequence[int]):
@@ -189,6 +211,10 @@ class TokenIds(Sequence[int]):
         """The JSON as an `orjson.Fragment`, for `orjson.dumps(..., default=...)` to write as it is."""
         return orjson.Fragment(self.json())
 
-    def packed(self) -> PackedIds:
-        """The ids as `prompt_token_ids_b64` (`PackedIds`), encoding only what the log has not packed yet."""
+    def packed(self) -> bytes:
+        """The ids packed (`PackedIds.quoted`), encoding only what the log has not packed yet."""
         return self._log.packed(self._n, self._tail)
+
+    def unpacked(self) -> int:
+        """How many of the ids packing them (`PackedIds`) would encode: the tail and what the log has not packed."""
+        return max(self._n - len(self._log._int32) // 4, 0) + len(self._tail)

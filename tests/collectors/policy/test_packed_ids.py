@@ -28,8 +28,8 @@ def one_shot(ids: list[int]) -> bytes:
 
 @given(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=200))
 def test_packed_ids_round_trip_through_the_servers_decoder(ids: list[int]) -> None:
-    packed = PackedIds.of(ids)
-    assert packed.quoted == one_shot(ids)
+    packed = PackedIds(ids)
+    assert packed.pending == len(ids) and packed.quoted() == one_shot(ids) and packed.pending == 0
     assert unpack_prompt(packed.text()).tolist() == ids
     assert orjson.loads(dumps({"p": packed})) == {"p": packed.text()}
 
@@ -45,17 +45,17 @@ def test_a_growing_log_packs_each_view_as_the_one_shot_encoding(steps: list[tupl
         view = log.view(delta)
         views.append((view, plain + delta))
         if pack and len(view):
-            assert view.packed().quoted == one_shot(plain + delta)
+            assert PackedIds(view).quoted() == one_shot(plain + delta)
+            assert log.view().unpacked() == 0  # the log's form grew to the view's start
     for view, ids in views:  # packed after the log grew past them
         if ids:
-            assert view.packed().quoted == one_shot(ids)
-            assert PackedIds.of(view).quoted == one_shot(ids)
+            assert PackedIds(view).quoted() == one_shot(ids)
 
 
 def test_an_id_past_int32_is_refused_and_leaves_the_log_packable() -> None:
     log = TokenLog([1, 2, 3])
-    with pytest.raises(OverflowError):
-        log.view([2**31]).packed()
-    with pytest.raises(OverflowError):
-        PackedIds.of([2**40])
-    assert log.view([4]).packed().quoted == one_shot([1, 2, 3, 4])
+    with pytest.raises(ValueError, match=r"1\.\.2147483648 do not all fit int32"):
+        PackedIds(log.view([2**31])).quoted()
+    with pytest.raises(ValueError, match="fit int32"):
+        dumps({"prompt_token_ids_b64": PackedIds([-(2**40)])})  # through the standard library's fallback too
+    assert PackedIds(log.view([4])).quoted() == one_shot([1, 2, 3, 4])
