@@ -37,7 +37,7 @@ def upstream_app(model_dir: str) -> Any:
 
     from collectors.embedded.engine import Completion
     from collectors.embedded.protocol import (
-        PACKED_PROMPT,
+        PACKED_FIELD,
         RequestError,
         completion_response,
         parse_completion_request,
@@ -103,7 +103,7 @@ def upstream_app(model_dir: str) -> Any:
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/bench/delay", delay_route)
     app.router.add_get("/v1/models", models)
-    health = {"status": "ok", "policy_version": 0, PACKED_PROMPT: os.environ.get("BENCH_UPSTREAM_PACKED") != "0"}
+    health = {"status": "ok", "policy_version": 0, PACKED_FIELD: os.environ.get("BENCH_UPSTREAM_PACKED") != "0"}
     app.router.add_get("/health", lambda r: web.json_response(health))
     return app
 

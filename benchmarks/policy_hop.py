@@ -63,9 +63,9 @@ async def one_row(clients: tuple[Any, Any], session: Any, conns: Any, upstream: 
 
     row = []
     for client in clients:
-        row.append(await per_call(lambda: client.complete(ids, sampling), calls))
+        row.append(await per_call(lambda c=client: c.complete(ids, sampling), calls))
     for client in clients:
-        row.append(await per_call(lambda: client.complete(log.view(ids[-DELTA:]), sampling), calls))
+        row.append(await per_call(lambda c=client: c.complete(log.view(ids[-DELTA:]), sampling), calls))
     return row + [await per_call(aiohttp_post, calls),
                   await per_call(lambda: conns.request("POST", "/v1/completions", headers, body), calls)]
 

@@ -60,7 +60,7 @@ from aiohttp import web
 
 from collectors.embedded.engine import Completion, Engine
 from collectors.embedded.protocol import (
-    PACKED_PROMPT,
+    PACKED_FIELD,
     CompletionJob,
     RequestError,
     check_prompt,
@@ -144,7 +144,7 @@ async def completions(request: web.Request) -> web.Response:
     else:
         prompt_ids = job.prompt
     check_prompt(prompt_ids, job.params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len,
-                 max_id=job.prompt_max_id, param="prompt" if job.prompt_max_id is None else PACKED_PROMPT)
+                 max_id=job.prompt_max_id, param=job.prompt_field)
     if job.stream:
         return await _stream(request, engine, job, prompt_ids, model_name)
     try:
@@ -232,14 +232,14 @@ async def models(request: web.Request) -> web.Response:
     engine, name = request.app[ENGINE], request.app[MODEL_NAME]
     card = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "trajstore", "root": engine.model_dir,
             "parent": None, "max_model_len": engine.max_model_len, "permission": [],
-            "policy_version": engine.policy_version, PACKED_PROMPT: True}
+            "policy_version": engine.policy_version, PACKED_FIELD: True}
     return _json({"object": "list", "data": [card]}, version=engine.policy_version)
 
 
 async def health(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
-    # PACKED_PROMPT: the prompt form it takes besides vLLM's (`collectors.embedded.protocol`), for clients to ask
-    return _json({"status": "ok", "policy_version": engine.policy_version, PACKED_PROMPT: True},
+    # PACKED_FIELD: the prompt form it takes besides vLLM's (`collectors.embedded.protocol`), for clients to ask
+    return _json({"status": "ok", "policy_version": engine.policy_version, PACKED_FIELD: True},
                  version=engine.policy_version)
 
 

@@ -17,8 +17,8 @@ protocol.py), so a collector cannot tell the embedded server from vLLM:
   `/v1/models` card: `"prompt_token_ids_b64": true`), and `EmbeddedClient` sends it where
   announced; a server without it answers such a request 400 "`prompt` is required". Sent with
   `prompt`, empty, not base64, not whole int32s, or with a negative id: a 400 naming the field.
-  The answer is the one the same ids sent as a JSON list get. And `return_prompt_token_ids: false` leaves the prompt's ids out of
-  a `return_token_ids` answer (the caller sent them and knows them: an 80k-token prompt echoed
+  The answer is the one the same ids sent as a JSON list get. And `return_prompt_token_ids:
+  false` leaves the prompt's ids out of a `return_token_ids` answer (the caller sent them and knows them: an 80k-token prompt echoed
   back is half a megabyte of JSON per call); `usage.prompt_tokens` still counts them.
   `n` > 1, `echo`, `best_of`, `use_beam_search` and lists of prompts are refused with a 400
   that says what to send instead.
@@ -68,7 +68,6 @@ from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 from collectors.policy.token_ids import PACKED_FIELD
 from collectors.policy.versions import span_list
 
-PACKED_PROMPT = PACKED_FIELD  # the packed prompt's field (module docstring), shared with the clients
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 REFUSED = {
     "n": (lambda v: v not in (None, 1), "n={v} is not supported: send one request per sample (with different seeds)"),
@@ -106,6 +105,7 @@ class CompletionJob:
     include_usage: bool = False
     echo_prompt: bool = True  # with return_token_ids: the prompt's ids come back too (`return_prompt_token_ids`)
     prompt_max_id: int | None = None  # the largest prompt id where known already (a packed prompt's, from numpy)
+    prompt_field: str = "prompt"  # the field the prompt came in, for errors about it
 
 
 def _is_int(v: Any) -> bool:
@@ -118,10 +118,10 @@ def _is_number(v: Any) -> bool:
 
 def unpack_prompt(value: Any) -> np.ndarray:
     """A `prompt_token_ids_b64` value as int32 ids, checked in bulk (non-empty, ids >= 0); RequestError naming it."""
-    how = f"`{PACKED_PROMPT}` is base64 of the prompt's token ids as little-endian int32"
+    how = f"`{PACKED_FIELD}` is base64 of the prompt's token ids as little-endian int32"
 
     def refuse(problem: str) -> RequestError:
-        return RequestError(f"{how}; {problem}", param=PACKED_PROMPT)
+        return RequestError(f"{how}; {problem}", param=PACKED_FIELD)
 
     if not isinstance(value, str):
         raise refuse(f"got a JSON {type(value).__name__}, not a string")
@@ -160,16 +160,16 @@ def parse_completion_request(body: Any) -> CompletionJob:
     for name, (refused, message) in REFUSED.items():
         if refused(body.get(name)):
             bad(name, message.format(v=body.get(name)))
-    prompt, packed = body.get("prompt"), body.get(PACKED_PROMPT)
-    prompt_max_id = None
+    prompt, packed = body.get("prompt"), body.get(PACKED_FIELD)
+    prompt_max_id, prompt_field = None, "prompt" if packed is None else PACKED_FIELD
     if packed is not None and prompt is not None:
-        bad(PACKED_PROMPT, f"send the prompt either as `prompt` or as `{PACKED_PROMPT}`, not both")
+        bad(PACKED_FIELD, f"send the prompt either as `prompt` or as `{PACKED_FIELD}`, not both")
     elif packed is not None:
         try:
             ids = unpack_prompt(packed)
             prompt, prompt_max_id = ids.tolist(), int(ids.max())  # tolist: ints in C, the engine's list form
         except RequestError as exc:
-            bad(PACKED_PROMPT, exc.message)
+            bad(PACKED_FIELD, exc.message)
     elif isinstance(prompt, str):
         if not prompt:
             bad("prompt", "`prompt` is an empty string; send text or a list of token ids")
@@ -214,7 +214,8 @@ def parse_completion_request(body: Any) -> CompletionJob:
         include_stop_str_in_output=flags["include_stop_str_in_output"])
     return CompletionJob(prompt=prompt, params=params, return_token_ids=flags["return_token_ids"], model=model,
                          stream=stream, include_usage=bool(options.get("include_usage")),
-                         echo_prompt=flags["return_prompt_token_ids"], prompt_max_id=prompt_max_id)
+                         echo_prompt=flags["return_prompt_token_ids"], prompt_max_id=prompt_max_id,
+                         prompt_field=prompt_field)
 
 
 def check_prompt(prompt_ids: list[int], params: SamplingParams, *, vocab_size: int, max_model_len: int,

@@ -57,14 +57,14 @@ def comparable(status: int, raw: bytes) -> tuple[int, Any]:
 
 
 SAME = [
-    dict(max_tokens=6, seed=3, return_token_ids=True),
-    dict(max_tokens=6, seed=3, return_token_ids=True, return_prompt_token_ids=False, logprobs=3),
-    dict(max_tokens=8, seed=4, temperature=0.8, top_k=20, top_p=0.9, return_token_ids=True, logprobs=0),
-    dict(max_tokens=5, seed=5, stream=True, return_token_ids=True, logprobs=2,
-         stream_options={"include_usage": True}),
-    dict(max_tokens=5, seed=5, stream=True, return_token_ids=True, return_prompt_token_ids=False),
-    dict(max_tokens=3000),  # past the context: the same 400
-    dict(max_tokens=3, n=2),
+    {"max_tokens": 6, "seed": 3, "return_token_ids": True},
+    {"max_tokens": 6, "seed": 3, "return_token_ids": True, "return_prompt_token_ids": False, "logprobs": 3},
+    {"max_tokens": 8, "seed": 4, "temperature": 0.8, "top_k": 20, "top_p": 0.9, "return_token_ids": True, "logprobs": 0},
+    {"max_tokens": 5, "seed": 5, "stream": True, "return_token_ids": True, "logprobs": 2,
+         "stream_options": {"include_usage": True}},
+    {"max_tokens": 5, "seed": 5, "stream": True, "return_token_ids": True, "return_prompt_token_ids": False},
+    {"max_tokens": 3000},  # past the context: the same 400
+    {"max_tokens": 3, "n": 2},
 ]
 
 
