@@ -4,7 +4,10 @@ It answers at once or after a fixed delay (POST /bench/delay sets it):
 
 - POST /v1/completions   what the proxy calls: vLLM's completions from token ids, the request read
                          as the embedded server reads it (`read_json`, then its own parser, so every
-                         option it takes is honoured)
+                         option it takes is honoured, the packed prompt `prompt_token_ids_b64` too:
+                         /health announces it as the embedded server does, so `EmbeddedClient` sends it;
+                         BENCH_UPSTREAM_PACKED=0 in the environment leaves it unannounced, for the
+                         JSON-list form to be measured against it)
                          and answered in its JSON, streamed too; the reply is always the same text
                          and tool call, the one the next request's history holds;
 - POST /v1/chat/completions  what the direct rounds call with the very same bodies: the body is
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import socket
 from multiprocessing.connection import Connection
 from typing import Any
@@ -33,6 +37,7 @@ def upstream_app(model_dir: str) -> Any:
 
     from collectors.embedded.engine import Completion
     from collectors.embedded.protocol import (
+        PACKED_FIELD,
         RequestError,
         completion_response,
         parse_completion_request,
@@ -98,7 +103,8 @@ def upstream_app(model_dir: str) -> Any:
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/bench/delay", delay_route)
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", lambda r: web.json_response({"status": "ok", "policy_version": 0}))
+    health = {"status": "ok", "policy_version": 0, PACKED_FIELD: os.environ.get("BENCH_UPSTREAM_PACKED") != "0"}
+    app.router.add_get("/health", lambda r: web.json_response(health))
     return app
 
 

@@ -1,4 +1,4 @@
-"""The proxy's hop to the policy server: client thread CPU per call, by prompt length.
+"""The proxy's hop to the policy server: client thread CPU per call, and the server's reading of it, by prompt length.
 
     python benchmarks/policy_hop.py [--calls 200] [CONTEXT ...]     (default 8000 32000 80000)
 
@@ -9,8 +9,14 @@ and encoding the body, the request, reading and checking the reply. Rows:
 - `EmbeddedClient.complete`, the prompt a list: the whole prompt encoded on every call;
 - `EmbeddedClient.complete`, the prompt a `TokenIds` view of a session's `TokenLog` plus a
   200-token delta: what the capture proxy sends, only the delta encoded;
+  each of these two as a JSON list (`packed_prompts=False`, vLLM's form) and packed
+  (`prompt_token_ids_b64`, what the client sends to a server that announces it);
 - a ready-encoded body POSTed with aiohttp's client, and with `Connections` (what `Http` uses for
   plain http): the cost of the request itself, without encoding or parsing.
+
+A second table is the embedded server's side, in this process: CPU per call to decode the body
+(`collectors.serving.decode_json`, what `read_json` runs) and validate it (`parse_completion_request`,
+`check_prompt`), the prompt as a JSON list and packed.
 """
 
 from __future__ import annotations
@@ -46,19 +52,50 @@ async def per_call(call: Callable[[], Awaitable[Any]], calls: int) -> float:
     return 1000 * (time.thread_time() - start) / calls
 
 
-async def one_row(client: Any, session: Any, conns: Any, upstream: str, ids: list[int], log: Any, body: bytes,
-                  sampling: Any, calls: int) -> tuple[float, float, float, float]:
-    """The four measures of one prompt length (see the module docstring)."""
+async def one_row(clients: tuple[Any, Any], session: Any, conns: Any, upstream: str, ids: list[int], log: Any,
+                  body: bytes, sampling: Any, calls: int) -> list[float]:
+    """The six measures of one prompt length (see the module docstring); `clients`: JSON, packed."""
     headers = {"Content-Type": "application/json"}
 
     async def aiohttp_post() -> None:
         async with session.post(upstream + "/v1/completions", data=body, headers=headers) as resp:
             await resp.read()
 
-    return (await per_call(lambda: client.complete(ids, sampling), calls),
-            await per_call(lambda: client.complete(log.view(ids[-DELTA:]), sampling), calls),
-            await per_call(aiohttp_post, calls),
-            await per_call(lambda: conns.request("POST", "/v1/completions", headers, body), calls))
+    row = []
+    for client in clients:
+        row.append(await per_call(lambda c=client: c.complete(ids, sampling), calls))
+    for client in clients:
+        row.append(await per_call(lambda c=client: c.complete(log.view(ids[-DELTA:]), sampling), calls))
+    return row + [await per_call(aiohttp_post, calls),
+                  await per_call(lambda: conns.request("POST", "/v1/completions", headers, body), calls)]
+
+
+def server_side(ids: list[int], calls: int) -> tuple[float, float]:
+    """The embedded server's CPU ms per call to decode and validate a prompt of `ids`: JSON list, packed."""
+    import orjson
+
+    from collectors.embedded.protocol import check_prompt, parse_completion_request
+    from collectors.policy.token_ids import PackedIds
+    from collectors.serving import decode_json
+
+    common = {"max_tokens": 16, "logprobs": 0, "return_token_ids": True, "return_prompt_token_ids": False}
+    bodies = (orjson.dumps({"prompt": ids, **common}),
+              orjson.dumps({"prompt_token_ids_b64": PackedIds(ids).text(), **common}))
+
+    def read(raw: bytes) -> None:
+        job = parse_completion_request(decode_json(raw))
+        check_prompt(job.prompt, job.params, vocab_size=1 << 20, max_model_len=1 << 30,  # type: ignore[arg-type]
+                     max_id=job.prompt_max_id)
+
+    result = []
+    for raw in bodies:
+        for _ in range(5):
+            read(raw)
+        start = time.thread_time()
+        for _ in range(calls):
+            read(raw)
+        result.append(1000 * (time.thread_time() - start) / calls)
+    return result[0], result[1]
 
 
 async def bench(upstream: str, contexts: list[int], calls: int) -> None:
@@ -73,17 +110,28 @@ async def bench(upstream: str, contexts: list[int], calls: int) -> None:
     url = urlsplit(upstream)
     conns = Connections(url.hostname or "127.0.0.1", url.port or 80, url.netloc)
     print(f"client thread CPU per call, ms (load average {os.getloadavg()[0]:.1f}; the machine may be shared)")
-    print(f"{'context':>8} {'complete(list)':>15} {'complete(view)':>15} {'aiohttp POST':>13} {'Connections POST':>17}")
-    async with EmbeddedClient(upstream) as client, aiohttp.ClientSession() as session:
+    names = ("list JSON", "list packed", "view JSON", "view packed", "aiohttp POST", "Connections POST")
+    print(f"{'context':>8} " + " ".join(f"{name:>{max(len(name), 12)}}" for name in names))
+    prompts = []
+    async with EmbeddedClient(upstream, packed_prompts=False) as as_json, EmbeddedClient(upstream) as packed, \
+            aiohttp.ClientSession() as session:
         for context in contexts:
             rng = random.Random(context)
             ids = [rng.randrange(4000) for _ in range(context)]
+            prompts.append(ids)
             body = orjson.dumps({"prompt": ids, "max_tokens": 16, "logprobs": 0, "return_token_ids": True,
                                  "return_prompt_token_ids": False})
-            row = await one_row(client, session, conns, upstream, ids, TokenLog(ids[:-DELTA]), body, sampling,
-                                calls)
-            print(f"{context:>8} " + " ".join(f"{ms:>{w}.3f}" for ms, w in zip(row, (15, 15, 13, 17))), flush=True)
+            row = await one_row((as_json, packed), session, conns, upstream, ids, TokenLog(ids[:-DELTA]), body,
+                                sampling, calls)
+            print(f"{context:>8} " + " ".join(f"{ms:>{max(len(name), 12)}.3f}" for ms, name in zip(row, names)),
+                  flush=True)
     conns.close()
+    print(f"\nembedded server: decode + validate the request, CPU ms per call (load average "
+          f"{os.getloadavg()[0]:.1f})")
+    print(f"{'context':>8} {'JSON list':>10} {'packed':>10}")
+    for ids in prompts:
+        as_list, as_packed = server_side(ids, calls)
+        print(f"{len(ids):>8} {as_list:>10.3f} {as_packed:>10.3f}", flush=True)
 
 
 def main() -> None:

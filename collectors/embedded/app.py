@@ -2,7 +2,8 @@
 
 Routes (request and response JSON in `collectors.embedded.protocol`):
 
-    POST /v1/completions    one prompt (text or token ids) -> sampled tokens, logprobs, version (streamed too)
+    POST /v1/completions    one prompt (text, token ids, or packed token ids) -> sampled tokens, logprobs,
+                            version (streamed too)
     GET  /v1/models         the served model, vLLM's model card shape
     GET  /health            200 while the engine runs
     GET  /stats             the engine's counters (requests, prefill/decode steps, batch peak)
@@ -59,6 +60,7 @@ from aiohttp import web
 
 from collectors.embedded.engine import Completion, Engine
 from collectors.embedded.protocol import (
+    PACKED_FIELD,
     CompletionJob,
     RequestError,
     check_prompt,
@@ -141,7 +143,8 @@ async def completions(request: web.Request) -> web.Response:
         prompt_ids = await asyncio.to_thread(encode) if len(job.prompt) > TOKENIZE_OFF_LOOP_CHARS else encode()
     else:
         prompt_ids = job.prompt
-    check_prompt(prompt_ids, job.params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len)
+    check_prompt(prompt_ids, job.params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len,
+                 max_id=job.prompt_max_id, param=job.prompt_field)
     if job.stream:
         return await _stream(request, engine, job, prompt_ids, model_name)
     try:
@@ -229,13 +232,15 @@ async def models(request: web.Request) -> web.Response:
     engine, name = request.app[ENGINE], request.app[MODEL_NAME]
     card = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "trajstore", "root": engine.model_dir,
             "parent": None, "max_model_len": engine.max_model_len, "permission": [],
-            "policy_version": engine.policy_version}
+            "policy_version": engine.policy_version, PACKED_FIELD: True}
     return _json({"object": "list", "data": [card]}, version=engine.policy_version)
 
 
 async def health(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
-    return _json({"status": "ok", "policy_version": engine.policy_version}, version=engine.policy_version)
+    # PACKED_FIELD: the prompt form it takes besides vLLM's (`collectors.embedded.protocol`), for clients to ask
+    return _json({"status": "ok", "policy_version": engine.policy_version, PACKED_FIELD: True},
+                 version=engine.policy_version)
 
 
 async def stats(request: web.Request) -> web.Response:

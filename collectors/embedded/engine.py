@@ -398,7 +398,8 @@ class Engine:
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for r, seq in enumerate(seqs):
-            ids[r, width - len(seq.prompt_ids):] = torch.tensor(seq.prompt_ids)
+            # through numpy: torch.tensor walks a list of ints ~7x slower (10 ms for 80k ids, holding the GIL)
+            ids[r, width - len(seq.prompt_ids):] = torch.from_numpy(np.array(seq.prompt_ids, dtype=np.int64))
             mask[r, width - len(seq.prompt_ids):] = 1
             seq.version = self.policy_version
             seq.version_starts, seq.version_values = [0], [self.policy_version]

@@ -13,6 +13,12 @@ A restarted server serves its start-up weights again, whatever it was loaded wit
 `reported_version()` says what the server serves by its own account: the version of the last
 response to a call sent after the last reload, or, once the server could not be reached, its
 /health when it answers again. The collector's reloader compares that with what it loaded.
+
+A token-id prompt goes out packed (`prompt_token_ids_b64`, base64 of int32 ids: the server decodes
+and checks it in bulk instead of parsing tens of thousands of JSON numbers per call) to a server
+that announces it in /health, asked once, before the first completion; to an older server as a
+JSON list. A `TokenIds` prompt is packed from its log's kept form (`collectors.policy.token_ids`),
+encoding only the ids new since the session's last call.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from multidict import CIMultiDict
 
 from collectors.errors import VersionConflict, WeightLoadError
 from collectors.policy.contract import MAX_POLICY_VERSION, Chunk, Sample, SamplingParams
+from collectors.policy.token_ids import PACKED_FIELD, PackedIds, TokenIds
 from collectors.policy.versions import int_label
 from trajstore.announcement import LoadRequest
 from collectors.policy.http import (
@@ -52,8 +59,11 @@ class EmbeddedClient:
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, model: str | None = None,
                  timeout_s: float = 600.0, reload_timeout_s: float = 600.0, connect_retries: int = 2,
-                 retry_backoff_s: float = 0.25, max_connections: int = 0, control_token: str | None = None) -> None:
+                 retry_backoff_s: float = 0.25, max_connections: int = 0, control_token: str | None = None,
+                 packed_prompts: bool | None = None) -> None:
+        """`packed_prompts`: send token ids packed (module docstring); None asks the server whether it takes them."""
         self.base_url = base_url.rstrip("/")
+        self._packed = packed_prompts
         self._control = {"Authorization": f"Bearer {control_token}"} if control_token else None
         self.policy_version: int | None = None  # the newest version the server has reported
         self._reported: int | None = None  # the version of the last answer to a call sent after the last reload
@@ -69,8 +79,7 @@ class EmbeddedClient:
                        session_id: str | None = None) -> Sample:
         ids, loads = prompt_list(prompt_ids), self._loads
         try:
-            # the embedded server need not echo the prompt back (`return_prompt_token_ids`): it counts it in `usage`
-            body = completion_body(ids, sampling, self._model, echo_prompt=False)
+            body = await self._body(ids, sampling)
             reply = await self._http.call("POST", "/v1/completions", body=body, headers=session_headers(session_id))
         except PolicyServerUnreachable:
             self._lost = True
@@ -83,8 +92,8 @@ class EmbeddedClient:
     async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                      session_id: str | None = None) -> AsyncIterator[Chunk]:
         ids, loads = prompt_list(prompt_ids), self._loads
-        body = {**completion_body(ids, sampling, self._model, echo_prompt=False), "stream": True}
         try:
+            body = {**await self._body(ids, sampling), "stream": True}
             async for head, event in self._http.events("/v1/completions", body=body,
                                                        headers=session_headers(session_id)):
                 chunk = parse_chunk(event, ids, policy_version=self._version(event, head, loads), url=self.base_url,
@@ -94,6 +103,21 @@ class EmbeddedClient:
         except PolicyServerUnreachable:
             self._lost = True
             raise
+
+    async def _body(self, ids: list[int] | TokenIds, sampling: SamplingParams) -> dict[str, Any]:
+        """The completion request: the embedded server need not echo the prompt back (`return_prompt_token_ids`:
+        it counts it in `usage`), and takes it packed where it says so (module docstring)."""
+        body = completion_body(ids, sampling, self._model, echo_prompt=False)
+        if self._packed is None:
+            try:
+                # not retried on a failed connection: the completion would not be either
+                health = self._http.json(await self._http.call("GET", "/health", timeout_s=10), "/health")
+            except (PolicyServerRejected, PolicyServerBadResponse):  # no such /health: it cannot announce it
+                health = None
+            self._packed = isinstance(health, dict) and health.get(PACKED_FIELD) is True
+        if self._packed:
+            body[PACKED_FIELD] = PackedIds(body.pop("prompt"))  # packed as the body is written
+        return body
 
     async def reported_version(self) -> int | None:
         """The version the server serves by its own account (module docstring); None while unknown."""

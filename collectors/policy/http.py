@@ -53,7 +53,7 @@ from collectors.policy.connections import (
     Malformed,
 )
 from collectors.policy.contract import Chunk, Sample, SamplingParams, support_from_sets
-from collectors.policy.token_ids import TokenIds
+from collectors.policy.token_ids import PACKED_FIELD, PackedIds, TokenIds
 from collectors.policy.versions import Label, Spans, parse_spans
 from trajstore.events import SUPPORT_IDS_CAP
 
@@ -93,12 +93,14 @@ OFF_LOOP_TOKENS = OFF_LOOP_BYTES // 6  # a token id takes about 6 bytes of JSON
 
 def _ready(value: Any) -> Any:
     """What orjson writes for a value it does not know: token ids' ready JSON (see the module docstring)."""
-    if isinstance(value, TokenIds):
+    if isinstance(value, (TokenIds, PackedIds)):
         return value.fragment()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, PackedIds):
+        return value.text()
     return list(value) if isinstance(value, TokenIds) else int(value)
 
 
@@ -120,10 +122,13 @@ def loads(data: bytes | str) -> Any:
 
 async def encoded(body: Any) -> bytes:
     """`dumps(body)`, on a thread when its token-id prompt is long."""
-    prompt = body.get("prompt") if isinstance(body, dict) else None
+    prompt = body.get("prompt", body.get(PACKED_FIELD)) if isinstance(body, dict) else None
     if isinstance(prompt, TokenIds):  # only the tail is encoded
         prompt = prompt.tail
-    if isinstance(prompt, list) and len(prompt) > OFF_LOOP_TOKENS:
+    if isinstance(prompt, PackedIds):  # only what its log has not packed yet
+        if prompt.pending > OFF_LOOP_TOKENS:
+            return await asyncio.to_thread(dumps, body)
+    elif isinstance(prompt, list) and len(prompt) > OFF_LOOP_TOKENS:
         return await asyncio.to_thread(dumps, body)
     return dumps(body)
 

@@ -15,19 +15,30 @@ write its JSON into the request body as it is (`orjson.Fragment`), whatever fiel
 A view's ids past the log are encoded once (`TokenIds.tail_json`): extending the log by a view of
 it (the ids of a stored call) may take that JSON (`TokenLog.extend`'s `encoded`), not encode them again.
 
-Long lists are handled `SLICE` ids at a time (encoded, copied), each slice one short call: a
+Long lists are handled `SLICE` ids at a time (encoded, copied, packed), each slice one short call: a
 single call over millions of ids would hold the GIL for tens of milliseconds (a server's event
 loop and every other thread stopped meanwhile); between slices the interpreter may switch threads.
 The result is the same bytes and lists as one call gives.
+
+The embedded server also takes a prompt as base64 of little-endian int32 ids
+(`prompt_token_ids_b64`, `PackedIds`), which it decodes and checks in bulk instead of parsing
+and checking tens of thousands of JSON numbers per call. The log keeps that form too, grown
+lazily, the first time a view of it is packed (`PackedIds`), by the ids added since: the
+int32 bytes, and the base64 of their whole 3-byte groups (base64 of a concatenation is the
+concatenation of the pieces' base64 only at 3-byte boundaries); the 0 to 2 bytes after the last
+whole group are encoded with the view's own ids. A call costs O(new ids) plus one copy.
 """
 
 from __future__ import annotations
 
+import base64
+import threading
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
 from typing import Any, overload
 from weakref import WeakValueDictionary
 
+import numpy as np
 import orjson
 
 SLICE = 1 << 16  # ids per call over a long list (about a millisecond of work each)
@@ -78,18 +89,88 @@ def drain(log: TokenLog) -> None:
     if len(log.ids) > SLICE and not log._views:
         while log.ids:
             del log.ids[-SLICE:]
-        log._json = bytearray(b"[")
+        log._json, log._int32, log._b64 = bytearray(b"["), bytearray(), bytearray()
+
+
+def ids_int32(ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian int32 bytes, a slice at a time when long; OverflowError for an id outside int32
+    (no model has one)."""
+    ids = ids if type(ids) is list else [int(t) for t in ids]
+    if len(ids) <= SLICE:
+        return np.asarray(ids, dtype="<i4").tobytes()
+    return b"".join(np.asarray(ids[at:at + SLICE], dtype="<i4").tobytes() for at in range(0, len(ids), SLICE))
+
+
+_B64_BLOCK = 3 * SLICE  # bytes base64-encoded per call (a multiple of 3: the pieces' base64 joins as the whole's)
+
+
+def b64(data: bytes | bytearray | memoryview) -> bytes:
+    """`base64.b64encode(data)`, a block at a time when long (module docstring)."""
+    if len(data) <= _B64_BLOCK:
+        return base64.b64encode(data)
+    with memoryview(data) as view:
+        return b"".join(base64.b64encode(view[at:at + _B64_BLOCK]) for at in range(0, len(view), _B64_BLOCK))
+
+
+PACKED_FIELD = "prompt_token_ids_b64"  # the embedded server's request field for packed ids
+
+
+class PackedIds:
+    """Token ids as the embedded server's `prompt_token_ids_b64`: base64 of their little-endian int32 bytes.
+
+    Packed when first written (`quoted()`, the JSON string with its quotes), not when made: a request body
+    holding it is encoded on a thread when much is left to pack (`pending`), as one with a long JSON prompt is.
+    A `TokenIds` is packed from its log's kept form, encoding only what the log has not packed yet."""
+
+    __slots__ = ("_ids", "_quoted")
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self._ids, self._quoted = ids, b""
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def pending(self) -> int:
+        """How many ids packing still encodes."""
+        ids = self._ids
+        return 0 if self._quoted else ids.unpacked() if isinstance(ids, TokenIds) else len(ids)
+
+    def quoted(self) -> bytes:
+        """The base64 as a JSON string; ValueError for an id outside int32 (no model has such a token)."""
+        if not self._quoted:
+            ids = self._ids
+            try:
+                if isinstance(ids, TokenIds):
+                    self._quoted = ids.packed()
+                else:
+                    self._quoted = b"".join((b'"', b64(ids_int32(ids)), b'"'))
+            except OverflowError:
+                raise ValueError(f"prompt token ids {min(ids)}..{max(ids)} do not all fit int32: no model has "
+                                 "such tokens") from None
+        return self._quoted
+
+    def text(self) -> str:
+        """The base64 text."""
+        return self.quoted()[1:-1].decode("ascii")
+
+    def fragment(self) -> Any:
+        """An `orjson.Fragment`, for `orjson.dumps(..., default=...)` to write as it is."""
+        return orjson.Fragment(self.quoted())
 
 
 class TokenLog:
     """A session's token ids, append-only, and their JSON text without its closing bracket (module docstring)."""
 
-    __slots__ = ("_json", "_views", "ids")
+    __slots__ = ("_b64", "_int32", "_json", "_pack_lock", "_views", "ids")
 
     def __init__(self, ids: Sequence[int] = ()) -> None:
         self.ids: list[int] = []
         self._json = bytearray(b"[")
         self._views: WeakValueDictionary[int, TokenIds] = WeakValueDictionary()  # alive, by id (a view is unhashable)
+        # the packed form (module docstring), grown only when a view is packed: int32 bytes of ids[:len // 4],
+        # and the base64 of their first len // 3 * 3 bytes; a request body may be encoded on a thread
+        self._int32, self._b64, self._pack_lock = bytearray(), bytearray(), threading.Lock()
         self.extend(ids)
 
     def __len__(self) -> int:
@@ -125,6 +206,23 @@ class TokenLog:
         """The first `end` bytes of the log's JSON text, then `more`, copied once."""
         with memoryview(self._json) as whole:
             return b"".join((whole[:end], *more))
+
+    def packed(self, n: int, tail: list[int]) -> bytes:
+        """The first `n` ids then `tail`, packed (`PackedIds.quoted`): the kept base64 of the log's whole 3-byte
+        groups, then the rest encoded here (0-2 bytes of the log's, and `tail`'s); the log's form grows to `n` first."""
+        more = ids_int32(tail)  # first: an id past int32 leaves the log's form as it was
+        with self._pack_lock:
+            have = len(self._int32) // 4
+            for at in range(have, n, SLICE):
+                self._int32 += ids_int32(self.ids[at:min(at + SLICE, n)])
+            if have < n:
+                done, whole = len(self._b64) // 4 * 3, len(self._int32) // 3 * 3
+                with memoryview(self._int32) as raw:
+                    self._b64 += b64(raw[done:whole])
+            cut = 4 * n // 3 * 3  # the log's bytes whose base64 is kept
+            with memoryview(self._b64) as kept, memoryview(self._int32) as raw:
+                rest = b64(b"".join((raw[cut:4 * n], more)))
+                return b"".join((b'"', kept[:cut // 3 * 4], rest, b'"'))
 
 
 class TokenIds(Sequence[int]):
@@ -199,3 +297,11 @@ class TokenIds(Sequence[int]):
     def fragment(self) -> Any:
         """The JSON as an `orjson.Fragment`, for `orjson.dumps(..., default=...)` to write as it is."""
         return orjson.Fragment(self.json())
+
+    def packed(self) -> bytes:
+        """The ids packed (`PackedIds.quoted`), encoding only what the log has not packed yet."""
+        return self._log.packed(self._n, self._tail)
+
+    def unpacked(self) -> int:
+        """How many of the ids packing them (`PackedIds`) would encode: the tail and what the log has not packed."""
+        return max(self._n - len(self._log._int32) // 4, 0) + len(self._tail)

@@ -119,7 +119,8 @@ def test_a_huge_prompt_is_written_to_the_policy_server_off_the_event_loop(roomy:
     dumps = policy_http.dumps
 
     def held(body: Any) -> bytes:
-        if isinstance(body, dict) and len(body.get("prompt") or ()) > policy_http.OFF_LOOP_TOKENS:
+        prompt = body.get("prompt", body.get("prompt_token_ids_b64")) if isinstance(body, dict) else None
+        if len(prompt or ()) > policy_http.OFF_LOOP_TOKENS:  # a list or `TokenIds`, or `PackedIds`
             writing.set()
             if not answered.wait(20):  # on the event loop nothing else can be answered: give up, say so
                 held_out.set()
