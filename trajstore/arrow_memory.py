@@ -2,13 +2,15 @@
 
 pyarrow's wheels default to mimalloc. On the capture proxy's work (a turn converted on the event
 loop, written and freed on the commit thread, one every few milliseconds) mimalloc hands freed
-pages back and takes them again, and every few turns one conversion of an event's text to Arrow
-stalls for 5-15 ms while holding the GIL: an 80k-context turn's `Writer.prepare` takes 1.5 ms at
-the median and 8-15 ms at p99 with mimalloc, against about 2 ms at p99 with jemalloc or the
-system allocator, and the proxy's CPU per turn is some 20% higher. The stall lands on whichever
-thread converts (the event loop, for a turn that finds the commit idle), so it also delays every
-other session. jemalloc comes first because, like mimalloc, it keeps freed memory for reuse (over
-about a second) where the system allocator maps and faults in every large buffer anew; the system
+pages back and takes them again, and in most runs one conversion of an event's text to Arrow in a
+few stalls for 5-15 ms while holding the GIL: of an 80k-context session's 84 `Writer.prepare`
+calls, 16-32 took over 2 ms (p99 8-15 ms) in two runs of the benchmark below and 1 in a third,
+against 4-8 (p99 about 2.6 ms, never above 3.2) with jemalloc. The stall lands on whichever thread
+converts (the event loop, for a turn that finds the commit idle), so it also delays every other
+session; with it the proxy's CPU per turn was 20% higher. The system allocator has no such stall
+either and measured about even with jemalloc (CPU per turn 0.87-1.22x, reads 0.94-1.43x of
+jemalloc's over three runs); jemalloc comes first because, like mimalloc, it keeps freed memory
+for reuse where the system allocator maps and faults in every large buffer anew. The system
 allocator serves where a pyarrow build lacks jemalloc.
 `python benchmarks/arrow_allocator.py` compares the three side by side.
 
