@@ -65,7 +65,7 @@ from collectors.embedded import routes
 from collectors.embedded.engine import Completion
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
-from collectors.policy.token_ids import PACKED_FIELD
+from collectors.policy.token_ids import PACKED_FIELD, listed
 from collectors.policy.versions import span_list
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -167,7 +167,7 @@ def parse_completion_request(body: Any) -> CompletionJob:
     elif packed is not None:
         try:
             ids = unpack_prompt(packed)
-            prompt, prompt_max_id = ids.tolist(), int(ids.max())  # tolist: ints in C, the engine's list form
+            prompt, prompt_max_id = listed(ids), int(ids.max())  # the engine's list form
         except RequestError as exc:
             bad(PACKED_FIELD, exc.message)
     elif isinstance(prompt, str):

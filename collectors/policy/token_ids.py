@@ -82,6 +82,15 @@ def _copy_into(out: list[int], ids: Sequence[int], start: int, stop: int) -> Non
         out += ids[at:min(at + SLICE, stop)]
 
 
+def listed(ids: Any) -> list[int]:
+    """An array of ids (numpy's, or `array.array`) as a list of Python ints, made a slice at a time: one `tolist`
+    of millions of ids holds the GIL for tens of milliseconds."""
+    out: list[int] = []
+    for at in range(0, len(ids), SLICE):
+        out += ids[at:at + SLICE].tolist()
+    return out
+
+
 def drain(log: TokenLog) -> None:
     """Empty a long `log` a slice at a time, unless a view of it is alive: a log dropped at once frees its millions
     of ids in one call, a hold of the GIL for tens of milliseconds. For a log its owner is done with (a session's

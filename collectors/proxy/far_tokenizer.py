@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import IO, Any
 
-from collectors.policy.token_ids import SLICE
+from collectors.policy.token_ids import listed
 from collectors.proxy.priority import HEAVY_NICE
 
 log = logging.getLogger(__name__)
@@ -72,10 +72,7 @@ def ids_from_bytes(raw: bytes) -> list[int]:
     """Raw native 32-bit ids as a list of Python ints, built a slice at a time (no long hold of the GIL)."""
     ids = array.array("I")
     ids.frombytes(raw)
-    out: list[int] = []
-    for start in range(0, len(ids), SLICE):
-        out += ids[start:start + SLICE].tolist()
-    return out
+    return listed(ids)
 
 
 class FarTokenizer:

@@ -49,6 +49,8 @@ def test_a_helper_that_died_is_replaced_and_the_text_tokenized_all_the_same(rend
 def test_raw_ids_become_the_same_list_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     import array
 
-    monkeypatch.setattr(far_tokenizer, "SLICE", 7)
+    from collectors.policy import token_ids
+
+    monkeypatch.setattr(token_ids, "SLICE", 7)  # `listed`'s slices
     ids = list(range(0, 300_000, 997))
     assert far_tokenizer.ids_from_bytes(array.array("I", ids).tobytes()) == ids
