@@ -24,6 +24,7 @@ from aiohttp import web
 from collectors.embedded.app import RunningServer
 from collectors.policy import EmbeddedClient, SamplingParams
 from collectors.policy.token_ids import TokenLog
+from collectors.serving import start_app
 from tests.collectors import http
 
 FIELD = "prompt_token_ids_b64"
@@ -130,13 +131,9 @@ async def relay(target: str, *, older: bool) -> AsyncIterator[tuple[str, list[di
     app = web.Application(client_max_size=64 << 20)
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, url = await start_app(app)
     try:
-        yield f"http://127.0.0.1:{port}", seen
+        yield url, seen
     finally:
         await runner.cleanup()
         await session.close()
