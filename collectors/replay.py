@@ -65,7 +65,7 @@ class ReplayTurn:
     tool_results: list[ToolResult]
     sampling: Any = None
     time: str | None = None
-    meta: Any = None  # the capture proxy's: protocol, fork reason (template_drift, history_rewrite), ...
+    meta: Any = None  # the capture proxy's: protocol, fork reason (template_drift, retry, history_rewrite), ...
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ done on rendered text, and the tokens are spliced:
   came back different from what the model wrote (a stop string cut the text, `<|endoftext|>`
   instead of `<|im_end|>`, tool-call JSON spaced differently from the template, the agent
   re-serialized it): the call forks with reason `template_drift`;
+- when the prompt is exactly the previous prompt (the agent sent the same call again: a retry
+  after a timeout or a lost answer, or another draw for the same context), the call forks with
+  reason `retry`;
 - any other mismatch (compaction, edited or dropped messages, changed tools or system
   prompt) forks with reason `history_rewrite`.
 
@@ -50,6 +53,7 @@ Encode = Callable[[str], list[int]]
 
 HISTORY_REWRITE = "history_rewrite"
 TEMPLATE_DRIFT = "template_drift"
+RETRY = "retry"
 
 
 @dataclass
@@ -64,6 +68,12 @@ class Held:
     def text(self) -> str:
         """The prompt and the sampled text, joined (a copy of the whole: `rest` checks without one)."""
         return self.prompt_text + self.sampled_text
+
+    def fork_reason(self, prompt_text: str) -> str:
+        """Why a prompt that does not extend the held text forks (see the module docstring)."""
+        if not prompt_text.startswith(self.prompt_text):
+            return HISTORY_REWRITE
+        return RETRY if len(prompt_text) == len(self.prompt_text) else TEMPLATE_DRIFT
 
     def rest(self, prompt_text: str) -> str | None:
         """What `prompt_text` adds after the held text, or None when it does not start with it."""
@@ -108,7 +118,7 @@ def plan_turn(state: SessionState, prompt_text: str, encode: Encode, new_segment
         if rest is not None:
             view = held.ids.view(encode(rest))  # the delta is its tail: its JSON is encoded once, for both
             return TurnPlan(state.segment_id, state.next_turn, view.tail, view, None, None)
-        fork = TEMPLATE_DRIFT if prompt_text.startswith(held.prompt_text) else HISTORY_REWRITE
+        fork = held.fork_reason(prompt_text)
     view = TokenLog().view(encode(prompt_text))
     return TurnPlan(new_segment_id(), 0, view.tail, view, fork, state.segment_id)
 

@@ -58,12 +58,7 @@ from collectors.proxy.capture import Capture, Prepared
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.reconcile import reconcile
 from collectors.proxy.render import text_ids
-from collectors.proxy.segmenter import (
-    HISTORY_REWRITE,
-    TEMPLATE_DRIFT,
-    SessionState,
-    TurnPlan,
-)
+from collectors.proxy.segmenter import SessionState, TurnPlan
 from collectors.proxy.sessions import Rollout
 from collectors.proxy.streaming import Event, ReplyStream
 from trajstore import new_id
@@ -160,7 +155,7 @@ def plan_rendered(state: SessionState, prompt_text: str, ids: list[int], decode:
             k = token_boundary(ids, held.text, decode)
             delta = list(ids[k:]) if k is not None else encode(rest)
             return RenderedPlan(state.segment_id, state.next_turn, delta, held.ids.view(delta), None, None, **extra)
-        fork = TEMPLATE_DRIFT if prompt_text.startswith(held.prompt_text) else HISTORY_REWRITE
+        fork = held.fork_reason(prompt_text)
     return RenderedPlan(new_segment_id(), 0, list(ids), list(ids), fork, state.segment_id, **extra)
 
 

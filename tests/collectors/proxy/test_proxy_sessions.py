@@ -45,6 +45,22 @@ def test_compaction_forks_into_two_segments_of_one_rollout(proxy: Harness) -> No
     assert [(s["segment_id"], s["turns"]) for s in samples] == [(segments[0], 2), (segments[2], 2)]
 
 
+def test_the_same_call_sent_again_forks_as_a_retry(proxy: Harness) -> None:
+    """An agent that retries its call (its answer was lost) or draws again for the same context starts a new
+    sample from the same prompt, named `retry` in the turn and in /stats."""
+    rollout = proxy.open()
+    c = openai_client(rollout)
+    messages = [{"role": "user", "content": "Roll a die"}]
+    before = call(proxy.url + "/stats").body["forks"].get("retry", 0)
+    say(c, messages, 1)
+    say(c, messages, 2)
+    turns = assert_exact(proxy, rollout["rollout_id"])
+    metas = [json.loads(t["meta"]) for t in turns]
+    assert [m["fork"] for m in metas] == [None, "retry"]
+    assert turns[1]["segment_id"] != turns[0]["segment_id"] and metas[1]["previous_segment"] == turns[0]["segment_id"]
+    assert call(proxy.url + "/stats").body["forks"]["retry"] == before + 1
+
+
 def test_sub_agents_get_their_own_sessions_and_segments(proxy: Harness) -> None:
     rollout = proxy.open()
     main = openai_client(rollout)

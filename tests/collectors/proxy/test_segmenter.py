@@ -14,6 +14,7 @@ import orjson
 from collectors.policy import token_ids
 from collectors.proxy.segmenter import (
     HISTORY_REWRITE,
+    RETRY,
     TEMPLATE_DRIFT,
     SessionState,
     TurnPlan,
@@ -94,6 +95,18 @@ def test_a_stop_string_cut_reply_sent_back_shorter_forks_as_drift() -> None:
     call(state, "P", "hello STOP", new_id)  # the server stopped on "STOP"; the agent saw "hello "
     plan = plan_turn(state, "P" + "hello " + END + "\nU", encode, new_id)
     assert plan.fork == TEMPLATE_DRIFT and plan.previous_segment is not None
+
+
+def test_the_same_prompt_sent_again_forks_as_a_retry() -> None:
+    """An agent that resends its last call (a retry after a lost answer, another draw) neither continues the
+    segment nor drifted: the reason says so."""
+    state, new_id = SessionState("main"), ids_factory()
+    first = call(state, "S U1 A:", "a1" + END, new_id)
+    again = call(state, "S U1 A:", "b1" + END, new_id)
+    assert again.fork == RETRY and again.previous_segment == first.segment_id and again.turn_index == 0
+    assert again.prompt_ids == encode("S U1 A:") and state.forks == {RETRY: 1}
+    # the prompt and one more character is not a retry
+    assert plan_turn(state, "S U1 A:x", encode, new_id).fork == TEMPLATE_DRIFT
 
 
 def test_planning_does_not_change_the_session() -> None:
