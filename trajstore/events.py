@@ -54,7 +54,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
                 "teacher_logprobs"),
 }
 SUPPLIABLE: frozenset[str] = frozenset(COLUMNS) - WRITER_COLUMNS - COUNT_COLUMNS
-_ID_FIELDS = ("event_id", "run", "group_id", "rollout_id", "session_id", "segment_id", "reward_name", "teacher")
+_ID_FIELDS = ("event_id", "run", "group_id", "rollout_id", "session_id", "segment_id", "reward_name", "teacher",
+              "request_base")
 _INT_FIELDS = ("turn_index", "policy_version", "group_size", "step", "table_version")
 _LOGPROB_SLACK = 1e-4  # float rounding can push log(1) a hair above zero
 # Sampling support (`support_sizes`, `support_ids`): a kept set of at most this many ids is stored id by id
@@ -114,6 +115,9 @@ class Turn(_Event):
     # when the weights changed during the call: where each version's tokens begin (`trajstore.versions`)
     output_version_starts: Sequence[int] | None = None
     output_version_values: Sequence[int] | None = None
+    # a request stored as a delta of the session's earlier turn `request_base` (`trajstore.requests`); None: whole
+    request_base: str | None = None
+    request_shared: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,6 +292,24 @@ def check_record(rec: Mapping[str, Any]) -> list[str]:
         problems += routes.problems(rec)
     if get(versions.STARTS) is not None or get(versions.VALUES) is not None:
         problems += versions.span_problems(rec)
+    if get("request_base") is not None or get("request_shared") is not None:
+        problems += _delta_problems(rec)
+    return problems
+
+
+def _delta_problems(rec: Mapping[str, Any]) -> list[str]:
+    """request_base and request_shared come together, on a turn whose request holds what the base's extends."""
+    base, shared = rec.get("request_base"), rec.get("request_shared")
+    if base is None or shared is None:
+        return ["request_base and request_shared go together: give both (a request stored as a delta of an earlier "
+                "turn's) or neither (a whole request)"]
+    problems = []
+    if not (type(shared) is int and 0 <= shared <= INT32_MAX):
+        problems.append(f"request_shared must be an integer between 0 and {INT32_MAX}, got {shared!r}")
+    if rec.get("kind") != "turn" or rec.get("request") is None:
+        problems.append("request_base and request_shared belong to a turn with a request (the delta they extend)")
+    if base == rec.get("event_id"):
+        problems.append("request_base names the turn itself; it must be an earlier turn of the session")
     return problems
 
 
