@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajstore import ids, routes, versions
+from trajstore import ids, requests, routes, versions
 from trajstore.errors import InvalidEventError
 from trajstore.json_text import json_text
 from trajstore.schema import (
@@ -293,23 +293,7 @@ def check_record(rec: Mapping[str, Any]) -> list[str]:
     if get(versions.STARTS) is not None or get(versions.VALUES) is not None:
         problems += versions.span_problems(rec)
     if get("request_base") is not None or get("request_shared") is not None:
-        problems += _delta_problems(rec)
-    return problems
-
-
-def _delta_problems(rec: Mapping[str, Any]) -> list[str]:
-    """request_base and request_shared come together, on a turn whose request holds what the base's extends."""
-    base, shared = rec.get("request_base"), rec.get("request_shared")
-    if base is None or shared is None:
-        return ["request_base and request_shared go together: give both (a request stored as a delta of an earlier "
-                "turn's) or neither (a whole request)"]
-    problems = []
-    if not (type(shared) is int and 0 <= shared <= INT32_MAX):
-        problems.append(f"request_shared must be an integer between 0 and {INT32_MAX}, got {shared!r}")
-    if rec.get("kind") != "turn" or rec.get("request") is None:
-        problems.append("request_base and request_shared belong to a turn with a request (the delta they extend)")
-    if base == rec.get("event_id"):
-        problems.append("request_base names the turn itself; it must be an earlier turn of the session")
+        problems += requests.delta_problems(rec)
     return problems
 
 

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from trajstore.errors import TrajstoreError
 from trajstore.json_text import json_text
+from trajstore.tokens import INT32_MAX
 
 CONVERSATION_KEYS = ("messages", "input")  # the first one a body holds as a list is its conversation list
 BASE, SHARED = "request_base", "request_shared"
@@ -52,6 +53,22 @@ def delta_body(body: dict[str, Any], key: str, shared: int) -> dict[str, Any]:
     """`body` with its conversation list cut to the items after the first `shared` (a shallow copy: the body is
     not changed, and nothing but the new items' references is copied)."""
     return {**body, key: body[key][shared:]}
+
+
+def delta_problems(rec: Mapping[str, Any]) -> list[str]:
+    """request_base and request_shared come together, on a turn whose request holds what the base's extends."""
+    base, shared = rec.get("request_base"), rec.get("request_shared")
+    if base is None or shared is None:
+        return ["request_base and request_shared go together: give both (a request stored as a delta of an earlier "
+                "turn's) or neither (a whole request)"]
+    problems = []
+    if not (type(shared) is int and 0 <= shared <= INT32_MAX):
+        problems.append(f"request_shared must be an integer between 0 and {INT32_MAX}, got {shared!r}")
+    if rec.get("kind") != "turn" or rec.get("request") is None:
+        problems.append("request_base and request_shared belong to a turn with a request (the delta they extend)")
+    if base == rec.get("event_id"):
+        problems.append("request_base names the turn itself; it must be an earlier turn of the session")
+    return problems
 
 
 def _loads(text: str | bytes | None, event_id: str) -> Any:
