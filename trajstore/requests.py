@@ -15,7 +15,8 @@ alike.
 `full_requests` resolves any set of rows, in any order, in one pass: each base's full list is built once
 (memoized) and shared by reference, so a session of n turns costs O(n + its items), not O(n^2). `resolve` is the
 store-level helper: given event ids, it reads what their chains need through a snapshot's SQL (the turns of
-their sessions, which bound every chain) and returns their full requests.
+their sessions, which bound every chain) and returns their full requests. `FULL_REQUESTS_SQL` does the same in
+DuckDB SQL alone, for one rollout.
 """
 
 from __future__ import annotations
@@ -149,6 +150,26 @@ def full_requests(rows: Iterable[Mapping[str, Any]], wanted: Iterable[str] | Non
         key = conversation_key(body)
         out[event_id] = json_text({**body, key: full_list(event_id)}) if key is not None else row["request"]
     return out
+
+
+# The same in SQL, over the `turns` view: every turn of the rollout `$rollout` with its request whole (one
+# recursion step per link of the longest chain). Filter by whole rollouts or sessions: a turn whose base is
+# filtered out is left out. DuckDB's JSON functions rewrite the text (key order, spacing); the value is the same.
+FULL_REQUESTS_SQL = """
+WITH RECURSIVE t AS (
+    SELECT event_id, request, request_base, request_shared,
+           CASE WHEN json_type(request, '$.messages') = 'ARRAY' THEN 'messages' ELSE 'input' END AS k
+    FROM turns WHERE rollout_id = $rollout
+), chain(event_id, items) AS (
+    SELECT event_id, CAST(json_extract(request, '$.' || k) AS JSON[]) FROM t WHERE request_base IS NULL
+    UNION ALL
+    SELECT t.event_id, list_concat(c.items[1:t.request_shared], CAST(json_extract(t.request, '$.' || t.k) AS JSON[]))
+    FROM t JOIN chain c ON t.request_base = c.event_id
+)
+SELECT t.event_id, CASE WHEN t.request_base IS NULL THEN t.request
+                        ELSE json_merge_patch(t.request, json_object(t.k, to_json(c.items))) END AS request
+FROM t JOIN chain c USING (event_id)
+"""
 
 
 class Queryable(Protocol):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import trajstore
 from trajstore import InvalidEventError
 from trajstore.events import to_columns
-from trajstore.requests import MissingBaseError, full_requests, resolve
+from trajstore.requests import FULL_REQUESTS_SQL, MissingBaseError, full_requests, resolve
 
 OLD_STORE = Path(__file__).parent / "data" / "store_v1_before_teacher"  # sealed before the request delta columns
 
@@ -102,14 +102,18 @@ def test_bad_delta_columns_are_refused_with_what_is_wrong(fields: dict[str, Any]
 
 def test_resolve_reads_the_sessions_from_the_store(store: trajstore.Store) -> None:
     with store.writer("w") as writer:
-        writer.append([turn("e0", {"messages": [1, 2], "model": "m"}),
+        writer.append([turn("e0", {"messages": [1, {"role": "user", "content": [{"n": 2**63 + 5}]}], "model": "m"}),
                        turn("e1", {"messages": [3], "model": "m"}, base="e0", shared=2, turn_index=1),
                        turn("x0", {"messages": ["other"]}, session="side"),
                        turn("e2", {"messages": [4], "model": "n"}, base="e1", shared=3, turn_index=2)])
         for sealed in (False, True):
             full = resolve(store, ["e2", "x0"])
-            assert json.loads(full["e2"]) == {"messages": [1, 2, 3, 4], "model": "n"}
+            assert json.loads(full["e2"]) == {"messages": [1, {"role": "user", "content": [{"n": 2**63 + 5}]}, 3, 4],
+                                              "model": "n"}
             assert json.loads(full["x0"]) == {"messages": ["other"]}
+            in_sql = store.query(FULL_REQUESTS_SQL, {"rollout": "r"}).to_pylist()  # the SQL recipe says the same
+            assert {r["event_id"]: json.loads(r["request"]) for r in in_sql} == {
+                k: json.loads(v) for k, v in resolve(store, ["e0", "e1", "e2", "x0"]).items()}
             if not sealed:
                 writer.seal()
 

@@ -20,7 +20,7 @@ from collectors.replay import load_episode
 from collectors.viewer import ViewerSettings, viewer_in_thread
 from tests.collectors.proxy_harness import MODEL, Harness, Recording, anthropic_client, openai_client, running_proxy
 from tests.collectors.viewer.test_app import get
-from trajstore.requests import resolve
+from trajstore.requests import FULL_REQUESTS_SQL, resolve
 
 
 class Sent:
@@ -65,6 +65,9 @@ def check_deltas(h: Harness, rollout_id: str, sent: list[Any], session: str = "m
             k: v for k, v in body.items() if k != "messages"}
     full = resolve(h.store, [t["event_id"] for t in turns])
     assert [json.loads(full[t["event_id"]]) for t in turns] == sent
+    in_sql = {r["event_id"]: json.loads(r["request"])
+              for r in h.store.query(FULL_REQUESTS_SQL, {"rollout": rollout_id}).to_pylist()}
+    assert [in_sql[t["event_id"]] for t in turns] == sent  # the SQL recipe agrees
     return turns
 
 
