@@ -1,15 +1,16 @@
 """Stored request bytes per session and the proxy's CPU per turn: requests whole vs. as deltas, side by side.
 
-One session of `benchmarks/proxy_agents.py`'s workload (40 calls growing to 80k tokens by default, the same
-prebuilt bodies) runs through the capture proxy's own code in this process, as `benchmarks/proxy_profile.py`
+Sessions of `benchmarks/proxy_agents.py`'s workload (40 calls growing to 8k, 32k and 80k tokens by default, the same
+prebuilt bodies) run through the capture proxy's own code in this process, as `benchmarks/proxy_profile.py`
 does (its `Inline` executor: everything on one thread), once with `Capture(whole_requests=True)` (the proxy's
 `--whole-requests`) and once with deltas, each into its own store, alternating `--repeats` times. The body is
 handed over as the proxy's chat route does: decoded, parsed by the OpenAI Chat wire adapter, its text kept
-(`ChatRequest.body_json`). Printed: the stored `request` bytes of the session, CPU per turn (time.process_time,
-mean of the repeats), and the cost of the prefix check (`==` of the two longest calls' message lists).
+(`ChatRequest.body_json`). Printed per size: the bodies' bytes, the stored `request` bytes of a session, CPU per
+turn (time.process_time, mean of the repeats), and the cost of the prefix check (`==` of the two longest calls'
+message lists).
 
-    python benchmarks/request_storage.py                          # 40 calls to 80k tokens; ~1 minute
-    python benchmarks/request_storage.py --context 8000 --turns 40
+    python benchmarks/request_storage.py                          # 40 calls to 8k, 32k, 80k tokens; ~1 minute
+    python benchmarks/request_storage.py --contexts 80000 --repeats 4
 """
 
 from __future__ import annotations
@@ -81,39 +82,43 @@ def prefix_check_ms(load: Workload, turns: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--context", type=int, default=80000, help="tokens of the session's last call")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[8000, 32000, 80000],
+                    help="tokens of the session's last call, one session per size")
     ap.add_argument("--turns", type=int, default=40)
-    ap.add_argument("--repeats", type=int, default=2, help="sessions of each kind, alternated")
+    ap.add_argument("--repeats", type=int, default=2, help="sessions of each kind per size, alternated")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
 
     from collectors.model.build import ModelSize, init_model
 
+    rows = []
     with tempfile.TemporaryDirectory(prefix="request-storage-") as tmp:
         model_dir = str(Path(tmp) / "model")
         init_model(model_dir, ModelSize(), seed=0)
-        load = build_workload(AutoTokenizer.from_pretrained(model_dir), args.context, args.turns, 256)
+        tok = AutoTokenizer.from_pretrained(model_dir)
         up_proc, up_conn, upstream = start_upstream(model_dir)
-        got: dict[bool, list[tuple[int, float]]] = {True: [], False: []}
         try:
-            for r in range(args.repeats):
-                for whole in (True, False):
-                    got[whole].append(asyncio.run(one_session(model_dir, str(Path(tmp) / f"s-{whole}-{r}"), upstream,
-                                                              load, args.turns, whole)))
+            for context in args.contexts:
+                load = build_workload(tok, context, args.turns, 256)
+                got: dict[bool, list[tuple[int, float]]] = {True: [], False: []}
+                for r in range(args.repeats):
+                    for whole in (True, False):
+                        got[whole].append(asyncio.run(one_session(
+                            model_dir, str(Path(tmp) / f"s-{context}-{whole}-{r}"), upstream, load, args.turns, whole)))
+                rows.append((load, {w: (got[w][0][0], 1000 * sum(c for _, c in got[w]) / len(got[w])) for w in got},
+                             prefix_check_ms(load, args.turns)))
         finally:
             up_conn.send("stop")
             up_proc.join(30)
-    sent = sum(len(b) for b in load.bodies[:args.turns])
-    print(f"one session of {args.turns} calls to {load.last_prompt_tokens:,} tokens ({sent / 1e6:.1f} MB of bodies "
-          f"sent); {args.repeats} sessions each; load average {os.getloadavg()[0]:.1f} (shared cores)")
-    print(f"  {'':<22}{'stored request bytes':>22}{'CPU ms per turn':>18}")
-    for whole, label in ((True, "whole (--whole-requests)"), (False, "delta (default)")):
-        stored = got[whole][0][0]
-        ms = 1000 * sum(c for _, c in got[whole]) / len(got[whole])
-        print(f"  {label:<22}{stored:>22,}{ms:>18.2f}")
-    print(f"  prefix check at the last call ({len(json.loads(load.bodies[args.turns - 2])['messages'])} messages): "
-          f"{prefix_check_ms(load, args.turns):.3f} ms")
+    print(f"one session of {args.turns} calls per size, {args.repeats} sessions of each kind; load average "
+          f"{os.getloadavg()[0]:.1f} (shared cores)")
+    print(f"  {'last call':>10}{'bodies sent':>14}{'stored, whole':>16}{'stored, delta':>16}"
+          f"{'CPU/turn whole':>16}{'CPU/turn delta':>16}{'prefix check':>14}")
+    for load, got, check in rows:
+        sent = sum(len(b) for b in load.bodies[:args.turns])
+        print(f"  {load.last_prompt_tokens:>10,}{sent:>14,}{got[True][0]:>16,}{got[False][0]:>16,}"
+              f"{got[True][1]:>13.2f} ms{got[False][1]:>13.2f} ms{check:>11.3f} ms")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,12 @@ conversation list (its wire protocol's `conversation` field: `messages`, or the 
 with the list the session's previous stored call sent, equal as parsed JSON, the turn stores the body with the
 list cut to the new items, `request_base` (the previous turn's event_id) and `request_shared` (the previous
 list's length); `trajstore.requests` puts the full request back together. Anything else (the session's first
-call, a history the agent rewrote or compacted, another protocol, a body that is not a JSON object) is stored
-whole, as is every call when the proxy runs with `--whole-requests`.
+call, a history the agent rewrote or compacted, another protocol, a body that is not a JSON object or not strict
+JSON) is stored whole, as is every call when the proxy runs with `--whole-requests`.
 
 The session keeps the previous call's parsed list by reference (the decoded body's own list, never a copy) and
-its event_id. The prefix check is one `==` of list slices in C; the delta is a shallow copy of the body, so
-what a turn costs to store grows with what it added, not with the conversation.
+its event_id. The prefix check is one `==` of list slices in C; the delta is a shallow copy of the body written by
+orjson, so what a turn costs to store grows with what it added, not with the conversation.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from collectors.proxy.chat import ChatRequest
+from trajstore.json_text import JSONText
 from trajstore.requests import conversation_key, delta_body
 
 
@@ -51,14 +54,17 @@ def stored_request(body: Any, req: ChatRequest, protocol: str, field: str, event
                    last: LastRequest | None, *, whole: bool = False) -> StoredRequest:
     """The turn `event_id`'s request columns for a call of `protocol` (whose conversation list is `field`) sent
     as `body` (decoded; `req.body_json` its text), given what the session's previous stored call sent."""
-    text = body if req.body_json is None else req.body_json
+    if req.body_json is None:  # not strict JSON (NaN, say): stored as its value, and nothing to extend
+        return StoredRequest(body, None, None, None)
     items = body.get(field) if isinstance(body, dict) and conversation_key(body) == field else None
     if not isinstance(items, list):  # the reader could not tell which list was cut: whole, and nothing to extend
-        return StoredRequest(text, None, None, None)
+        return StoredRequest(req.body_json, None, None, None)
     mine = LastRequest(protocol, items, event_id)
     if whole or last is None or last.protocol != protocol:
-        return StoredRequest(text, None, None, mine)
+        return StoredRequest(req.body_json, None, None, mine)
     shared = len(last.items)
     if len(items) < shared or items[:shared] != last.items:  # one comparison in C, element by element
-        return StoredRequest(text, None, None, mine)
-    return StoredRequest(delta_body(body, field, shared), last.event_id, shared, mine)
+        return StoredRequest(req.body_json, None, None, mine)
+    # orjson read the body (strict JSON), so it writes any part of it back as the same value
+    text = JSONText.parsed(orjson.dumps(delta_body(body, field, shared)).decode())
+    return StoredRequest(text, last.event_id, shared, mine)

@@ -6,6 +6,7 @@ request hook) and compared, as parsed JSON, with what the store, replay, the vie
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,11 +17,14 @@ import httpx2
 import pytest
 
 from collectors.policy import EmbeddedClient
+from collectors.proxy.request_delta import stored_request
+from collectors.proxy.wire import OpenAIChat, OpenAIResponses
 from collectors.replay import load_episode
 from collectors.viewer import ViewerSettings, viewer_in_thread
 from tests.collectors.proxy_harness import MODEL, Harness, Recording, anthropic_client, openai_client, running_proxy
 from tests.collectors.viewer.test_app import get
-from trajstore.requests import FULL_REQUESTS_SQL, resolve
+from trajstore.json_text import JSONText
+from trajstore.requests import FULL_REQUESTS_SQL, full_requests, resolve
 
 
 class Sent:
@@ -143,3 +147,55 @@ def test_whole_requests_setting_stores_every_body_whole(whole_proxy: Harness) ->
     turns = whole_proxy.turns(rollout["rollout_id"])
     assert [t["request_base"] for t in turns] == [None] * 3
     assert [json.loads(t["request"]) for t in turns] == sent.bodies
+
+
+def _call(body: dict[str, Any], wire: Any, *, strict: bool = True) -> tuple[dict[str, Any], Any]:
+    req = wire.parse_request(body)
+    text = JSONText.parsed(json.dumps(body)) if strict else None
+    return body, dataclasses.replace(req, body_json=text)
+
+
+@pytest.mark.parametrize("case", ["first", "rewritten", "other protocol", "not strict", "input is text", "whole"])
+def test_what_is_stored_whole(case: str) -> None:
+    """Each case where a call cannot be stored as a delta of the previous one (pure: no proxy)."""
+    chat, responses = OpenAIChat(), OpenAIResponses()
+    one = {"model": MODEL, "messages": [{"role": "user", "content": "a"}]}
+    two = {"model": MODEL, "messages": [*one["messages"], {"role": "assistant", "content": "b"},
+                                        {"role": "user", "content": "c"}]}
+    body, req = _call(one, chat)
+    last = stored_request(body, req, chat.name, chat.conversation, "e0", None).last
+    assert last is not None and last.items is body["messages"]  # kept by reference, not copied
+    body, req = _call(two, chat)
+    delta = stored_request(body, req, chat.name, chat.conversation, "e1", last)
+    assert (delta.base, delta.shared, json.loads(delta.request)["messages"]) == ("e0", 1, two["messages"][1:])
+    wire, field = chat, chat.conversation
+    if case == "first":
+        last = None
+    elif case == "rewritten":
+        body, req = _call({**two, "messages": [{"role": "user", "content": "summary"}, *two["messages"][1:]]}, chat)
+    elif case == "other protocol":
+        body, req = _call({"model": MODEL, "input": [{"role": "user", "content": "a"}, {"role": "user",
+                                                                                      "content": "z"}]}, responses)
+        wire, field = responses, responses.conversation
+    elif case == "not strict":
+        body, req = _call(two, chat, strict=False)
+    elif case == "input is text":
+        body, req = _call({"model": MODEL, "input": "just text"}, responses)
+        wire, field = responses, responses.conversation
+    stored = stored_request(body, req, wire.name, field, "e1", last, whole=case == "whole")
+    assert stored.base is None and stored.shared is None
+    assert (json.loads(stored.request) if isinstance(stored.request, str) else stored.request) == body
+    assert (stored.last is None) == (case in ("not strict", "input is text"))
+
+
+def test_a_responses_input_list_is_stored_as_a_delta_and_resolves() -> None:
+    wire = OpenAIResponses()
+    one = {"model": MODEL, "instructions": "terse", "input": [{"role": "user", "content": "a"}]}
+    two = {**one, "input": [*one["input"], {"type": "message", "role": "assistant",
+                                            "content": [{"type": "output_text", "text": "b"}]},
+                            {"role": "user", "content": "c"}]}
+    first = stored_request(*_call(one, wire), wire.name, wire.conversation, "e0", None)
+    second = stored_request(*_call(two, wire), wire.name, wire.conversation, "e1", first.last)
+    assert (second.base, second.shared) == ("e0", 1)
+    rows = [{"event_id": e, **s.columns()} for e, s in (("e0", first), ("e1", second))]
+    assert json.loads(full_requests(rows)["e1"]) == two
