@@ -11,7 +11,8 @@ call through, holding its session's lock:
    see `collectors.proxy.streaming`); a call waits out an outage of the server, and closing its
    rollout cancels it (`collectors.proxy.upstream`);
 4. decode and parse the reply, build the protocol response;
-5. append the turn event (exact prompt delta, sampled ids, logprobs, policy version) and wait
+5. append the turn event (exact prompt delta, sampled ids, logprobs, policy version, the request as
+   sent, or as a delta of the session's previous call's: `collectors.proxy.request_delta`) and wait
    until it is durable; only then advance the session and answer the agent (a stream's last
    event is sent after the append). Concurrent calls' events share one append, written by a
    commit thread off the event loop (`collectors.proxy.appender`).
