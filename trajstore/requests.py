@@ -60,8 +60,8 @@ def delta_problems(rec: Mapping[str, Any]) -> list[str]:
     """request_base and request_shared come together, on a turn whose request holds what the base's extends."""
     base, shared = rec.get("request_base"), rec.get("request_shared")
     if base is None or shared is None:
-        return ["request_base and request_shared go together: give both (a request stored as a delta of an earlier "
-                "turn's) or neither (a whole request)"]
+        return [("request_base and request_shared go together: give both (a request stored as a delta of an "
+                 "earlier turn's) or neither (a whole request)")]
     problems = []
     if not (type(shared) is int and 0 <= shared <= INT32_MAX):
         problems.append(f"request_shared must be an integer between 0 and {INT32_MAX}, got {shared!r}")
@@ -107,6 +107,7 @@ def full_requests(rows: Iterable[Mapping[str, Any]], wanted: Iterable[str] | Non
         """Iterative: walk the chain up to a resolved or whole turn, then build the lists down (a session of
         thousands of turns needs no deep recursion)."""
         chain: list[str] = []
+        seen: set[str] = set()
         at: str | None = event_id
         while at is not None and at not in lists:
             row = by_id.get(at)
@@ -115,9 +116,10 @@ def full_requests(rows: Iterable[Mapping[str, Any]], wanted: Iterable[str] | Non
                     f"turn {chain[-1]}'s request extends turn {at}'s (request_base), which is not among the rows "
                     f"read; read the whole session (trajstore.requests.resolve does) to get turn {event_id}'s "
                     "full request")
-            if at in chain:
+            if at in seen:
                 raise TrajstoreError(f"the request_base links of turns {', '.join(chain)} form a cycle")
             chain.append(at)
+            seen.add(at)
             at = row.get(BASE)
         for eid in reversed(chain):
             row, body = by_id[eid], body_of(eid)

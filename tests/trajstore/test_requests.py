@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore import InvalidEventError
+from trajstore.errors import TrajstoreError
 from trajstore.events import to_columns
 from trajstore.requests import FULL_REQUESTS_SQL, MissingBaseError, full_requests, resolve
 
@@ -82,6 +83,13 @@ def test_a_missing_base_is_named() -> None:
         full_requests(rows)
 
 
+def test_a_cycle_of_links_is_named() -> None:
+    rows = [{"event_id": "a", "request": '{"messages": [1]}', "request_base": "b", "request_shared": 0},
+            {"event_id": "b", "request": '{"messages": [2]}', "request_base": "a", "request_shared": 0}]
+    with pytest.raises(TrajstoreError, match="form a cycle"):
+        full_requests(rows)
+
+
 def test_a_long_chain_resolves_without_deep_recursion() -> None:
     rows = [{"event_id": "t0", "request": '{"messages": [0]}', "request_base": None, "request_shared": None}]
     rows += [{"event_id": f"t{i}", "request": json.dumps({"messages": [i]}), "request_base": f"t{i - 1}",
@@ -107,7 +115,7 @@ def test_resolve_reads_the_sessions_from_the_store(store: trajstore.Store) -> No
                        turn("x0", {"messages": ["other"]}, session="side"),
                        turn("e2", {"messages": [4], "model": "n"}, base="e1", shared=3, turn_index=2)])
         for sealed in (False, True):
-            full = resolve(store, ["e2", "x0"])
+            full = store.full_requests(["e2", "x0"])
             assert json.loads(full["e2"]) == {"messages": [1, {"role": "user", "content": [{"n": 2**63 + 5}]}, 3, 4],
                                               "model": "n"}
             assert json.loads(full["x0"]) == {"messages": ["other"]}

@@ -103,8 +103,8 @@ def test_anthropic_calls_store_deltas_streamed_or_not(proxy: Harness) -> None:
     client = anthropic_client(rollout, http_client=sent.client(httpx2))
     messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "Hello"}]}]
     for i in range(4):
-        ask = dict(model=MODEL, max_tokens=6, system=[{"type": "text", "text": "You are terse."}],
-                   messages=messages, extra_body={"seed": i})
+        ask: dict[str, Any] = {"model": MODEL, "max_tokens": 6, "system": [{"type": "text", "text": "You are terse."}],
+                               "messages": messages, "extra_body": {"seed": i}}
         if i % 2:
             with client.messages.stream(**ask) as stream:
                 reply = stream.get_final_message()
