@@ -46,6 +46,9 @@ from cli.options import seal_interval_option, store_option
               help="How replies write tool calls and reasoning: hermes (Qwen2.5 / Hermes call blocks), llama3 (Llama 3 "
                    "JSON calls), harmony (gpt-oss channels). Default: read from the model's chat template.")
 @seal_interval_option(60.0)  # ProxyConfig's: its module loads the proxy, too heavy for --help
+@click.option("--whole-requests", is_flag=True,
+              help="Store each turn's request whole. By default a call that extends its session's previous one "
+                   "stores only the new conversation items and a link to that turn (trajstore.requests rebuilds it).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes serving the proxy, one store writer each (use up to the cores you have). Each rollout "
                    "stays on one worker: its base URLs point at that worker's own port; calls on --port with another "
@@ -54,7 +57,7 @@ def proxy(upstream: str | None, model_dir: str, store_loc: str, host: str, port:
           upstream_model: str | None, policy_version: int, render: str, tool_call_parser: str | None,
           reasoning_parser: str | None, model_names: tuple[str, ...], max_model_len: int | None,
           default_max_tokens: int, writer: str | None, tool_format: str | None, seal_interval: float,
-          workers: int) -> None:
+          whole_requests: bool, workers: int) -> None:
     """Capture proxy: OpenAI and Anthropic chat APIs in front of a policy server, every call stored exactly.
 
     Open a rollout, then point any SDK or agent CLI at its base URL and key; each call is
@@ -85,7 +88,8 @@ def proxy(upstream: str | None, model_dir: str, store_loc: str, host: str, port:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ProxyConfig(model_dir=model_dir, run=run, writer=writer, model_names=model_names,
                          max_model_len=max_model_len, default_max_tokens=default_max_tokens,
-                         seal_interval=seal_interval, tool_format=tool_format, render=render)
+                         seal_interval=seal_interval, tool_format=tool_format, render=render,
+                         whole_requests=whole_requests)
     server = None
     if upstream is None:
         from collectors.policy.vllm_server import VLLMUnavailable, start_vllm

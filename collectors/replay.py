@@ -24,6 +24,7 @@ from collectors.errors import CollectorError
 from collectors.model.replies import response_calls
 from collectors.model.toolcalls import ToolCall, parse_output
 from trajstore import Snapshot, Store
+from trajstore.requests import full_requests
 
 Decode = Callable[[list[int]], str]
 SpanKind = Literal["prompt", "sampled", "sampled_masked"]
@@ -66,6 +67,8 @@ class ReplayTurn:
     sampling: Any = None
     time: str | None = None
     meta: Any = None  # the capture proxy's: protocol, fork reason (template_drift, retry, history_rewrite), ...
+    event_id: str | None = None
+    request: Any = None  # what the agent sent, whole (a request stored as a delta is resolved: trajstore.requests)
 
 
 @dataclass(frozen=True)
@@ -121,12 +124,18 @@ def load_episode(store: Store, rollout_id: str, *, decode: Decode | None = None,
 
 def episode_rows(snap: Snapshot, rollout_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The rollout's rows of the `turns` view and its reward and status events, oldest first; the
-    snapshot is narrowed to the rollout's events (see `Snapshot.narrow`)."""
+    snapshot is narrowed to the rollout's events (see `Snapshot.narrow`). Each turn's `request` is whole: one
+    stored as a delta of an earlier turn's is resolved (every base lies in the rollout)."""
     snap.narrow("rollout_id", [rollout_id])
     turns = snap.query(
-        "SELECT run, group_id, session_id, segment_id, turn_index, policy_version, prompt_ids, output_ids, "
-        "output_logprobs, output_mask, finish_reason, sampling, request, response, meta, time::VARCHAR AS time "
-        "FROM turns WHERE rollout_id = ? ORDER BY time, turn_index", [rollout_id]).to_pylist()
+        "SELECT event_id, run, group_id, session_id, segment_id, turn_index, policy_version, prompt_ids, output_ids, "
+        "output_logprobs, output_mask, finish_reason, sampling, request, response, meta, time::VARCHAR AS time, "
+        "request_base, request_shared FROM turns WHERE rollout_id = ? ORDER BY time, turn_index",
+        [rollout_id]).to_pylist()
+    if any(t["request_base"] is not None for t in turns):
+        full = full_requests(turns)
+        for t in turns:
+            t["request"] = full[t["event_id"]]
     others = snap.query(
         "SELECT kind, run, group_id, reward, reward_name, segment_id, status, error, meta, time::VARCHAR AS time "
         "FROM events WHERE rollout_id = ? AND kind IN ('reward', 'status') ORDER BY time, writer, writer_seq",
@@ -174,7 +183,7 @@ def _turn(row: dict[str, Any], decode: Decode | None) -> ReplayTurn:
                       finish_reason=row["finish_reason"], prompt_ids=prompt, output_ids=output,
                       output_logprobs=logprobs, output_mask=mask, spans=spans(prompt, output, logprobs, mask, decode),
                       tool_calls=calls, tool_results=tool_results(request), sampling=_json(row["sampling"]),
-                      time=row.get("time"), meta=_json(row.get("meta")))
+                      time=row.get("time"), meta=_json(row.get("meta")), event_id=row.get("event_id"), request=request)
 
 
 def spans(prompt: list[int], output: list[int], logprobs: list[float], mask: list[bool],

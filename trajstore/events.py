@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajstore import ids, routes, versions
+from trajstore import ids, requests, routes, versions
 from trajstore.errors import InvalidEventError
 from trajstore.json_text import json_text
 from trajstore.schema import (
@@ -54,7 +54,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
                 "teacher_logprobs"),
 }
 SUPPLIABLE: frozenset[str] = frozenset(COLUMNS) - WRITER_COLUMNS - COUNT_COLUMNS
-_ID_FIELDS = ("event_id", "run", "group_id", "rollout_id", "session_id", "segment_id", "reward_name", "teacher")
+_ID_FIELDS = ("event_id", "run", "group_id", "rollout_id", "session_id", "segment_id", "reward_name", "teacher",
+              "request_base")
 _INT_FIELDS = ("turn_index", "policy_version", "group_size", "step", "table_version")
 _LOGPROB_SLACK = 1e-4  # float rounding can push log(1) a hair above zero
 # Sampling support (`support_sizes`, `support_ids`): a kept set of at most this many ids is stored id by id
@@ -114,6 +115,9 @@ class Turn(_Event):
     # when the weights changed during the call: where each version's tokens begin (`trajstore.versions`)
     output_version_starts: Sequence[int] | None = None
     output_version_values: Sequence[int] | None = None
+    # a request stored as a delta of the session's earlier turn `request_base` (`trajstore.requests`); None: whole
+    request_base: str | None = None
+    request_shared: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,6 +292,8 @@ def check_record(rec: Mapping[str, Any]) -> list[str]:
         problems += routes.problems(rec)
     if get(versions.STARTS) is not None or get(versions.VALUES) is not None:
         problems += versions.span_problems(rec)
+    if get("request_base") is not None or get("request_shared") is not None:
+        problems += requests.delta_problems(rec)
     return problems
 
 

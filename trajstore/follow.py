@@ -32,10 +32,11 @@ from trajstore.schema import EVENT_SCHEMA
 MAX_CHUNKS = 8
 
 # What polls read: everything but the per-token lists (tokens, logprobs, MoE routes, kept sets, a teacher's
-# scores) and the raw request/response JSON.
+# scores) and the raw request/response JSON (with the links of a request stored as a delta).
 POLL_COLUMNS: tuple[str, ...] = tuple(
     name for name in EVENT_SCHEMA.names
     if name not in ("prompt_ids", "output_ids", "output_logprobs", "output_mask", "request", "response", "sampling",
+                    "request_base", "request_shared",
                     "routed_experts", "routed_experts_shape", "support_sizes", "support_ids", "teacher_logprobs")
 )
 

@@ -36,7 +36,7 @@ from trajstore.views import ESTIMATORS, Estimator
 
 # Step 2 needs scalars only; step 3 the token lists too, never the request/response JSON (training needs none of it).
 _SCALARS = [f.name for f in EVENT_SCHEMA if not isinstance(f.type, (pa.ListType, pa.MapType))
-            and f.name not in ("request", "response", "sampling", "meta", "error")]
+            and f.name not in ("request", "response", "sampling", "meta", "error", "request_base", "request_shared")]
 _SAMPLE_COLUMNS = [*_SCALARS, "prompt_ids", "output_ids", "output_logprobs", "output_mask", "consumed",
                    "routed_experts", "routed_experts_shape",
                    "sampling", "support_sizes", "support_ids",  # how each token was sampled, and from which support

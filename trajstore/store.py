@@ -3,6 +3,7 @@
     store = open_store("runs/store")        # a directory, or s3://bucket/prefix
     store.writer(name)                       # trajstore.writer: durable, idempotent appends
     store.query(sql) / store.snapshot()      # trajstore.read: a pinned version plus live rows
+    store.full_requests(event_ids)           # trajstore.requests: turns' requests whole (deltas resolved)
     store.follower()                         # trajstore.follow: polls that read only what is new
     store.shard(...)                         # trajstore.shard: the learner's next batch
     store.ingest(path)                       # trajstore.ingest: a JSON-lines file, validated whole
@@ -20,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from trajstore import maintenance, owner
+from trajstore import maintenance, owner, requests
 from trajstore.errors import StoreNotFoundError
 from trajstore.follow import POLL_COLUMNS, Follower
 from trajstore.prune import implied_scope
@@ -91,6 +92,11 @@ class Store:
         events: see trajstore.prune) narrows the files read the same way."""
         return self.reader.query(sql, params, version=version,
                                  scope=scope if scope is not None else implied_scope(sql, params))
+
+    def full_requests(self, event_ids: Sequence[str]) -> dict[str, str | None]:
+        """The full request JSON of each turn (event id): a request stored as a delta of an earlier turn's is
+        resolved (see trajstore.requests)."""
+        return requests.resolve(self, event_ids)
 
     def holds_rollout(self, rollout_id: str) -> bool:
         """Whether the store holds any event of `rollout_id` (sealed, or live on this machine)."""

@@ -105,6 +105,7 @@ class ProxyConfig:
     upstream_wait_s: float = OUTAGE_WAIT_S  # how long a call waits for an unreachable policy server
     tool_format: str | None = None  # hermes | llama3 | harmony; None: read from the chat template
     render: str = "local"  # local: the proxy's chat template and parser; vllm: vLLM's (collectors.proxy.vllm_render)
+    whole_requests: bool = False  # store every turn's request whole, never as a delta (collectors.proxy.request_delta)
 
     def check(self) -> None:
         """Raise ValueError naming every problem at once."""
@@ -426,7 +427,7 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
         writer = store.writer(config.writer or store.unique_writer_name("proxy-"), seal_interval=config.seal_interval)
         capture = kind(client, renderer, writer, run=config.run, max_model_len=max_len,
                        default_max_tokens=config.default_max_tokens, stored=store.holds_rollout,
-                       upstream_wait_s=config.upstream_wait_s)
+                       upstream_wait_s=config.upstream_wait_s, whole_requests=config.whole_requests)
         if worker is not None:
             capture.registry.key_prefix = worker_key_prefix(worker.index, worker.generation)
         names = [*config.model_names, *await _served_names(client)]

@@ -11,7 +11,8 @@ call through, holding its session's lock:
    see `collectors.proxy.streaming`); a call waits out an outage of the server, and closing its
    rollout cancels it (`collectors.proxy.upstream`);
 4. decode and parse the reply, build the protocol response;
-5. append the turn event (exact prompt delta, sampled ids, logprobs, policy version) and wait
+5. append the turn event (exact prompt delta, sampled ids, logprobs, policy version, the request as
+   sent, or as a delta of the session's previous call's: `collectors.proxy.request_delta`) and wait
    until it is durable; only then advance the session and answer the agent (a stream's last
    event is sent after the append). Concurrent calls' events share one append, written by a
    commit thread off the event loop (`collectors.proxy.appender`).
@@ -62,6 +63,7 @@ from collectors.proxy.extend import Extender
 from collectors.proxy.priority import heavy_pool
 from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
+from collectors.proxy.request_delta import stored_request
 from collectors.proxy.segmenter import SessionState, TurnPlan, plan_turn, record_turn
 from collectors.proxy.sessions import Registry, Rollout, SessionSlot
 from collectors.proxy.streaming import LocalPieces
@@ -168,8 +170,9 @@ class Capture:
     def __init__(self, client: PolicyClient, renderer: ChatRenderer, writer: Writer, *, run: str,
                  max_model_len: int, default_max_tokens: int,
                  stored: Callable[[str], bool] = lambda rollout_id: False,
-                 upstream_wait_s: float = OUTAGE_WAIT_S) -> None:
+                 upstream_wait_s: float = OUTAGE_WAIT_S, whole_requests: bool = False) -> None:
         self.client, self.renderer, self.writer, self.stored = client, renderer, writer, stored
+        self.whole_requests = whole_requests  # store every request whole, never as a delta (`request_delta`)
         self.run, self.max_model_len, self.default_max_tokens = run, max_model_len, default_max_tokens
         self.registry = Registry()
         self.upstream = Upstream(client.base_url, upstream_wait_s)  # outages waited out, calls cancelled on close
@@ -272,17 +275,21 @@ class Capture:
                 "previous_segment": plan.previous_segment, "output_retokenizes": retokenizes,
                 "forks_in_session": sum(state.forks.values()) + (plan.fork is not None)}
         sampling = {**req.sampling_for(prep.max_tokens).as_json(), "requested_max_tokens": req.max_tokens}
-        rollout = prep.rollout
+        rollout, event_id = prep.rollout, new_id()
+        stored = stored_request(body, req, prep.wire.name, prep.wire.conversation, event_id, prep.slot.last_request,
+                                whole=self.whole_requests)
         waited = await self._append([Turn(
-            run=rollout.run, group_id=rollout.group_id, rollout_id=rollout.rollout_id, session_id=prep.session,
+            event_id=event_id, run=rollout.run, group_id=rollout.group_id, rollout_id=rollout.rollout_id,
+            session_id=prep.session,
             segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
             prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
             output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
-            request=body if req.body_json is None else req.body_json, response=response, meta=meta,
+            **stored.columns(), response=response, meta=meta,
             support_sizes=sample.support_sizes, support_ids=sample.support_ids, output_version_starts=sample.version_starts,
             output_version_values=sample.version_values, **sample_routes(sample, len(plan.prompt_ids)))],
             small=req.body_bytes is not None and req.body_bytes <= INLINE_BODY_BYTES)
         self.stats.durable_wait.observe(waited)
+        prep.slot.last_request = stored.last
         sampled_text = body_text + renderer.decode(sample.output_ids[len(body_ids):])
         await self._sized(len(plan.prompt_ids) > LONG_TURN_IDS, record_turn, state, plan, prep.prompt_text,
                           sample.output_ids, sampled_text)  # copies and encodes the prompt ids: a long one off the loop
@@ -459,6 +466,7 @@ class Capture:
         logs = [slot.state.held.ids for slot in rollout.sessions.values() if slot.state.held is not None]
         for slot in rollout.sessions.values():
             slot.state.held = slot.state.answered = None  # keep the counts, free the tokens and messages
+            slot.last_request = None
         long = [ids for ids in logs if len(ids) > LONG_TURN_IDS]  # millions of ids: freed a slice at a time
         await self._sized(bool(long), lambda: [drain(ids) for ids in long])
         self.stats.rollouts_closed += 1

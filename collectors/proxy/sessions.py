@@ -28,6 +28,7 @@ from typing import Any
 
 from collectors.proxy.chat import ChatError
 from collectors.proxy.protocol import DEFAULT_SESSION, KEY_PREFIX, SESSION_HEADER, SESSION_NAME, split_key
+from collectors.proxy.request_delta import LastRequest
 from collectors.proxy.segmenter import SessionState
 
 RENDERS_PER_ROLLOUT = 2  # of a rollout's calls, rendered at once (collectors.proxy.capture)
@@ -42,6 +43,7 @@ class SessionSlot:
 
     state: SessionState
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_request: LastRequest | None = None  # the previous stored call's conversation, which the next may extend
 
 
 @dataclass

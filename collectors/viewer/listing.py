@@ -58,7 +58,7 @@ MAX_LIMIT = 500
 FIRST_WINDOW = 4  # sealed files read in the first round of a time-ordered search
 # What a row needs: scalars and meta (the task id), never the token lists or request/response JSON.
 ROW_COLUMNS = [f.name for f in EVENT_SCHEMA if not isinstance(f.type, (pa.ListType, pa.MapType))
-               and f.name not in ("request", "response", "sampling")]
+               and f.name not in ("request", "response", "sampling", "request_base", "request_shared")]
 _KINDS = pa.array(["turn", "reward", "status"])
 _NO_TIME = datetime.min.replace(tzinfo=timezone.utc)
 _END_TIME = datetime.max.replace(tzinfo=timezone.utc)

@@ -30,6 +30,7 @@ from collectors.policy import Chunk, PolicyClient, Sample, SamplingParams, Strea
 from collectors.proxy.app import ProxyConfig, RunningProxy, serve_proxy_in_thread
 from tests.collectors import http
 from trajstore import Store, open_store
+from trajstore.requests import resolve
 
 MODEL = "tiny"  # accepted by every test proxy besides the upstream's own name
 
@@ -167,6 +168,13 @@ class Harness:
     def turns(self, rollout_id: str) -> list[dict[str, Any]]:
         sql = "SELECT * FROM turns WHERE rollout_id = ? ORDER BY time, writer_seq"
         return self.store.query(sql, [rollout_id]).to_pylist()
+
+    def requests(self, rollout_id: str) -> list[Any]:
+        """The rollout's turns' requests whole, as values, in `turns` order (a request stored as a delta of its
+        session's previous call's is resolved: `trajstore.requests`)."""
+        turns = self.turns(rollout_id)
+        full = resolve(self.store, [t["event_id"] for t in turns])
+        return [json.loads(full[t["event_id"]]) for t in turns]
 
     def count(self, kind: str = "turn") -> int:
         return self.store.query("SELECT count(*) AS n FROM events WHERE kind = ?", [kind]).to_pylist()[0]["n"]

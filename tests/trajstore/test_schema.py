@@ -76,6 +76,7 @@ FULL: dict[str, dict[str, Any]] = {
         "sampling": {"temperature": 1.0, "top_p": 0.9, "max_tokens": 16, "seed": 7},
         "request": {"messages": [{"role": "user", "content": "hi"}]}, "response": "hello",
         "meta": {"task": "t-1"}, "output_version_starts": [0, 1], "output_version_values": [3, 4],
+        "request_base": "e-earlier", "request_shared": 1,
     },
     "reward": {"kind": "reward", "group_id": "g1", "rollout_id": "r1", "segment_id": "s1",
                "reward": 0.5, "reward_name": "format", "meta": {"judge": "regex"}},

@@ -84,7 +84,7 @@ with `trajstore export --format hf {made}`: {rows} rows, one per trainable sampl
   `segment_reward`/`segment_reward_components` for rewards given to this segment alone.
 - {_ESTIMATOR_LIST}: the rollout's advantage under each estimator (null when untrainable).
 - `min_version`/`max_version`: the policy versions that sampled it; `turn_*`: per turn, in order, its prompt and
-  output token counts, policy version, finish reason, time, and the request/response/sampling/meta JSON stored.
+  output token counts, policy version, finish reason, time, and the request (whole)/response/sampling/meta JSON stored.
 
 Read it back into a store with `trajstore ingest --format hf DIR`.
 """

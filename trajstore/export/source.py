@@ -14,7 +14,8 @@ Memory is then bounded by a chunk, whatever the run's size. Each row has:
   reward components (the latest value of each, by name) and the sample's segment-level ones;
 - its advantages under every estimator (`advantages`; null when the rollout is not trainable);
 - per turn, in order: prompt and output token counts, policy version, finish reason, time,
-  and the request/response, sampling and meta JSON the collector stored. With the counts the token lists split
+  and the request (whole: a request stored as a delta of an earlier turn's is resolved, see
+  `trajstore.requests`), response, sampling and meta JSON the collector stored. With the counts the token lists split
   back into the turns they were built from (`trajstore ingest --format hf` does).
 
 `where` is a SQL condition over these columns (`reward > 0.5 AND status = 'completed'`).
@@ -23,10 +24,12 @@ Memory is then bounded by a chunk, whatever the run's size. Each row has:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 
 from trajstore.read import Snapshot
+from trajstore.requests import full_requests
 from trajstore.views import ESTIMATORS
 
 # Rows per record batch: a few MB of token lists for typical agent samples.
@@ -128,9 +131,36 @@ def sample_batches(snapshot: Snapshot, run: str, *, where: str | None = None, ro
         sql = SAMPLE_ROWS + (f" WHERE ({where})" if where else "") + " ORDER BY rollout_id, segment_id"
         for chunk in _chunks(group_ids, groups_per_chunk):
             snapshot.narrow("group_id", chunk)
-            yield from snapshot.batches(sql, params, rows=rows)
+            stored = _stored_requests(snapshot)  # read before the batches: the snapshot streams one query at a time
+            for batch in snapshot.batches(sql, params, rows=rows):
+                yield with_full_requests(stored, batch) if stored else batch
     finally:
         snapshot.repin(snapshot.pinned)
+
+
+def _stored_requests(snapshot: Snapshot) -> list[dict[str, Any]]:
+    """The turns of the snapshot's chunk with their stored requests (oldest first per segment), when any of them
+    is stored as a delta (`trajstore.requests`); else none (nothing to resolve, nothing read)."""
+    if not snapshot.query("SELECT count(*) AS n FROM turns WHERE request_base IS NOT NULL").column("n")[0].as_py():
+        return []
+    return snapshot.query("SELECT event_id, rollout_id, segment_id, turn_index, request, request_base, request_shared "
+                          "FROM turns ORDER BY rollout_id, segment_id, turn_index").to_pylist()
+
+
+def with_full_requests(stored: list[dict[str, Any]], batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch` with every turn's request whole, resolved from `stored` (`_stored_requests`: the bases lie in their
+    rollouts, which a chunk holds whole)."""
+    keys = list(zip(batch.column("rollout_id").to_pylist(), batch.column("segment_id").to_pylist()))
+    wanted = set(keys)
+    mine = [r for r in stored if (r["rollout_id"], r["segment_id"]) in wanted]
+    full = full_requests(stored, [r["event_id"] for r in mine])
+    by_segment: dict[tuple[str, str], list[str | None]] = {}
+    for row in mine:
+        by_segment.setdefault((row["rollout_id"], row["segment_id"]), []).append(full[row["event_id"]])
+    at = batch.schema.get_field_index("turn_requests")
+    columns = list(batch.columns)
+    columns[at] = pa.array([by_segment[key] for key in keys], type=batch.schema.field(at).type)
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
 
 
 def check_where(snapshot: Snapshot, run: str, where: str) -> None:

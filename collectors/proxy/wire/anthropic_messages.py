@@ -311,6 +311,7 @@ class AnthropicMessages:
     """Anthropic Messages behind `collectors.proxy.wire.base.WireProtocol`."""
 
     name = PROTOCOL
+    conversation = "messages"  # the list each call resends whole (a turn may store it as a delta)
     path = "/v1/messages"
     count_path = "/v1/messages/count_tokens"
     reply_prefix = REPLY_ID_PREFIX

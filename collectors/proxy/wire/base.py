@@ -60,6 +60,7 @@ class WireProtocol(Protocol):
     """One chat API on the wire (OpenAI Chat Completions, Anthropic Messages, OpenAI Responses)."""
 
     name: str  # recorded in each turn's meta: "openai" | "anthropic" | "responses"
+    conversation: str  # the body's conversation list, resent whole each call ("messages", "input"): stored as a delta
     path: str  # the route under a base URL, e.g. "/v1/chat/completions"
     count_path: str | None  # the route that counts a request's input tokens, if the protocol has one
     reply_prefix: str  # id prefix of a reply ("chatcmpl-", "msg_", "resp_")

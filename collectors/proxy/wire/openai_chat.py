@@ -304,6 +304,7 @@ class OpenAIChat:
     """OpenAI Chat Completions behind `collectors.proxy.wire.base.WireProtocol`."""
 
     name = PROTOCOL
+    conversation = "messages"  # the list each call resends whole (a turn may store it as a delta)
     path = "/v1/chat/completions"
     count_path = None  # Chat Completions has no token-counting route
     reply_prefix = REPLY_ID_PREFIX

@@ -360,6 +360,7 @@ class OpenAIResponses:
     """OpenAI Responses behind `collectors.proxy.wire.base.WireProtocol`."""
 
     name = PROTOCOL
+    conversation = "input"  # the list each call resends whole (a turn may store it as a delta)
     path = "/v1/responses"
     count_path = "/v1/responses/input_tokens"
     reply_prefix = "resp_"

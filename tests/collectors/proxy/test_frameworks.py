@@ -125,7 +125,7 @@ def test_pydantic_ai_sends_arguments_back_reserialized_and_the_segment_continues
     provider = OpenAIProvider(base_url=rollout["base_urls"]["openai"], api_key=rollout["api_key"])
     agent = Agent(OpenAIChatModel(MODEL, provider=provider), tools=[add])
     assert agent.run_sync("What is 2+2?").output == FINAL
-    request = json.loads(scripted.turns(rollout["rollout_id"])[1]["request"])
+    request = scripted.requests(rollout["rollout_id"])[1]
     sent_back = next(m for m in request["messages"] if m["role"] == "assistant")["tool_calls"][0]["function"]
     assert sent_back["arguments"] == '{"a":2,"b":2}'  # the model sampled '{"a": 2, "b": 2}'
     assert one_segment(scripted, rollout, before, "openai") == ["first", "reserialized"]

@@ -48,13 +48,13 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
     raise AssertionError(f"the proxy at {url} did not come up within {timeout} s")
 
 
-@pytest.mark.parametrize("stop_with", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(("stop_with", "whole"), [(signal.SIGINT, False), (signal.SIGTERM, True)])
 def test_the_command_serves_stores_and_seals_when_stopped(server: RunningServer, tiny_model: Path, tmp_path: Path,
-                                                           stop_with: signal.Signals) -> None:
+                                                           stop_with: signal.Signals, whole: bool) -> None:
     port, store = free_port(), tmp_path / "store"
     code = "import sys; from cli.main import main; main(['proxy', *sys.argv[1:]])"
     args = ["--upstream", server.url, "--model", str(tiny_model), "--store", str(store), "--port", str(port),
-            "--run", "cli-run", "--model-name", "tiny"]
+            "--run", "cli-run", "--model-name", "tiny", *(["--whole-requests"] if whole else [])]
     proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -62,7 +62,10 @@ def test_the_command_serves_stores_and_seals_when_stopped(server: RunningServer,
         wait_healthy(url, proc)
         rollout = call(url + "/rollouts", {"group_id": "g"}).body
         c = openai_client(rollout)
-        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        messages = [{"role": "user", "content": "hi"}]
+        reply = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4).choices[0].message
+        messages += [{"role": "assistant", "content": reply.content or ""}, {"role": "user", "content": "more"}]
+        c.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
         assert call(f"{url}/rollouts/{rollout['rollout_id']}/close", {"status": "completed", "reward": 0.5},
                     key=rollout["api_key"]).status == 200
     finally:
@@ -71,9 +74,11 @@ def test_the_command_serves_stores_and_seals_when_stopped(server: RunningServer,
     assert proc.returncode == 0, output
     assert f"capture proxy on http://127.0.0.1:{port}" in output
     rows = open_store(store).query("SELECT run, turns, reward, status FROM rollouts").to_pylist()
-    assert rows == [{"run": "cli-run", "turns": 1, "reward": 0.5, "status": "completed"}]
-    sealed = DeltaTable(str(store / "events")).to_pyarrow_table(columns=["kind", "writer"])
-    assert sorted(sealed.column("kind").to_pylist()) == ["reward", "status", "status", "turn"]  # all sealed
+    assert rows == [{"run": "cli-run", "turns": 2, "reward": 0.5, "status": "completed"}]
+    sealed = DeltaTable(str(store / "events")).to_pyarrow_table(columns=["kind", "writer", "request_base"])
+    assert sorted(sealed.column("kind").to_pylist()) == ["reward", "status", "status", "turn", "turn"]  # all sealed
+    # the second call extends the first: a delta, unless --whole-requests
+    assert sum(base is not None for base in sealed.column("request_base").to_pylist()) == (0 if whole else 1)
     # the default writer name is unique across machines (host, pid and this disk's spool id), not `proxy-PORT`
     spool = owner.spool_id(open_store(store).location.wal_root)
     (writer,) = set(sealed.column("writer").to_pylist())

@@ -15,8 +15,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.collectors.proxy_harness import MODEL, Harness, Scripted, anthropic_client, openai_client, running_proxy
-from trajstore import open_store
+from trajstore import Store, open_store
 from trajstore.export import export, ingest_hf
+from trajstore.requests import resolve
 
 WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call>'
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -116,5 +117,16 @@ def test_hf_export_of_proxy_turns_reads_back_exactly(proxy: Harness, tmp_path: P
     copy = open_store(tmp_path / "copy")
     ingest_hf(copy, tmp_path / "ds")
     sql = ("SELECT segment_id, turn_index, prompt_ids, output_ids, output_logprobs, trainable_tokens, policy_version, "
-           "finish_reason, time, sampling, request, response, meta FROM turns WHERE run = 'test' ORDER BY ALL")
-    assert copy.query(sql).to_pylist() == proxy.store.query(sql).to_pylist()
+           "finish_reason, time, sampling, request, response, meta, event_id FROM turns WHERE run = 'test' "
+           "ORDER BY segment_id, turn_index")
+
+    def rows(store: Store) -> list[dict[str, Any]]:
+        """The turns with each request whole, as a value: the export carries full requests (the proxy stores a
+        later call's as a delta of its session's previous call's), which read back as whole requests."""
+        turns = store.query(sql).to_pylist()
+        full = resolve(store, [t["event_id"] for t in turns])
+        for t in turns:
+            t["request"] = json.loads(full[t.pop("event_id")])
+        return turns
+
+    assert rows(copy) == rows(proxy.store)

@@ -1,0 +1,125 @@
+"""Stored request bytes per session and the proxy's CPU per turn: requests whole vs. as deltas, side by side.
+
+Sessions of `benchmarks/proxy_agents.py`'s workload (40 calls growing to 8k, 32k and 80k tokens by default, the same
+prebuilt bodies) run through the capture proxy's own code in this process, as `benchmarks/proxy_profile.py`
+does (its `Inline` executor: everything on one thread), once with `Capture(whole_requests=True)` (the proxy's
+`--whole-requests`) and once with deltas, each into its own store, alternating `--repeats` times. The body is
+handed over as the proxy's chat route does: decoded, parsed by the OpenAI Chat wire adapter, its text kept
+(`ChatRequest.body_json`). Printed per size: the bodies' bytes, the stored `request` bytes of a session, CPU per
+turn (time.process_time, mean of the repeats), and the cost of the prefix check (`==` of the two longest calls'
+message lists).
+
+    python benchmarks/request_storage.py                          # 40 calls to 8k, 32k, 80k tokens; ~1 minute
+    python benchmarks/request_storage.py --contexts 80000 --repeats 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from proxy_agents import Workload, build_workload, start_upstream  # noqa: E402
+from proxy_profile import Inline  # noqa: E402
+
+
+async def one_session(model_dir: str, store_dir: str, upstream: str, load: Workload, turns: int,
+                      whole: bool) -> tuple[int, float]:
+    """(stored request bytes of the session, CPU seconds per turn)."""
+    from transformers import AutoTokenizer
+
+    from collectors.policy import EmbeddedClient
+    from collectors.proxy.capture import Capture
+    from collectors.proxy.render import ChatRenderer
+    from collectors.proxy.wire import OpenAIChat
+    from collectors.serving import decode_json
+    from trajstore import open_store
+    from trajstore.json_text import JSONText
+
+    asyncio.get_running_loop().set_default_executor(Inline())
+    store = open_store(store_dir)
+    writer = store.writer("bench")
+    capture = Capture(EmbeddedClient(upstream), ChatRenderer(AutoTokenizer.from_pretrained(model_dir)), writer,
+                      run="bench", max_model_len=1 << 22, default_max_tokens=256, whole_requests=whole)
+    capture._render_pool = Inline()  # noqa: SLF001 - one thread, as proxy_profile.py
+    wire = OpenAIChat()
+    rollout = await capture.open_rollout(run=None, group_id=None, rollout_id=None, group_size=None, meta=None)
+    await capture.turn(rollout, "warm", wire.parse_request(json.loads(load.bodies[0])), None, wire)  # caches, imports
+    cpu = 0.0
+    for t in range(turns):
+        raw = load.bodies[t]
+        c0 = time.process_time()
+        body = decode_json(raw)  # as the proxy's chat route reads, parses and keeps a call
+        req = dataclasses.replace(wire.parse_request(body), body_bytes=len(raw), body_json=JSONText.parsed(raw.decode()))
+        _, answer = await capture.turn(rollout, "main", req, body, wire)
+        json.dumps(answer)
+        cpu += time.process_time() - c0
+    await capture.client.aclose()
+    capture.close()
+    writer.close()
+    stored = store.query("SELECT sum(strlen(request))::BIGINT AS n FROM turns WHERE session_id = 'main'")
+    return stored.column("n")[0].as_py(), cpu / turns
+
+
+def prefix_check_ms(load: Workload, turns: int) -> float:
+    """One `==` of the previous call's message list with the new call's slice, as the proxy runs it (ms)."""
+    before, now = json.loads(load.bodies[turns - 2])["messages"], json.loads(load.bodies[turns - 1])["messages"]
+    n, reps = len(before), 50
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        assert now[:n] == before
+    return 1000 * (time.perf_counter() - t0) / reps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[8000, 32000, 80000],
+                    help="tokens of the session's last call, one session per size")
+    ap.add_argument("--turns", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=2, help="sessions of each kind per size, alternated")
+    args = ap.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from collectors.model.build import ModelSize, init_model
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="request-storage-") as tmp:
+        model_dir = str(Path(tmp) / "model")
+        init_model(model_dir, ModelSize(), seed=0)
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        up_proc, up_conn, upstream = start_upstream(model_dir)
+        try:
+            for context in args.contexts:
+                load = build_workload(tok, context, args.turns, 256)
+                got: dict[bool, list[tuple[int, float]]] = {True: [], False: []}
+                for r in range(args.repeats):
+                    for whole in (True, False):
+                        got[whole].append(asyncio.run(one_session(
+                            model_dir, str(Path(tmp) / f"s-{context}-{whole}-{r}"), upstream, load, args.turns, whole)))
+                rows.append((load, {w: (got[w][0][0], 1000 * sum(c for _, c in got[w]) / len(got[w])) for w in got},
+                             prefix_check_ms(load, args.turns)))
+        finally:
+            up_conn.send("stop")
+            up_proc.join(30)
+    print(f"one session of {args.turns} calls per size, {args.repeats} sessions of each kind; load average "
+          f"{os.getloadavg()[0]:.1f} (shared cores)")
+    print(f"  {'last call':>10}{'bodies sent':>14}{'stored, whole':>16}{'stored, delta':>16}"
+          f"{'CPU/turn whole':>16}{'CPU/turn delta':>16}{'prefix check':>14}")
+    for load, got, check in rows:
+        sent = sum(len(b) for b in load.bodies[:args.turns])
+        print(f"  {load.last_prompt_tokens:>10,}{sent:>14,}{got[True][0]:>16,}{got[False][0]:>16,}"
+              f"{got[True][1]:>13.2f} ms{got[False][1]:>13.2f} ms{check:>11.3f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""A turn's `request` as stored: the agent's body whole, or a delta of its session's previous call's.
+
+An agent resends its whole conversation on every call, so storing each body whole makes a session's requests
+grow with the square of its length (a 40-call session reaching 80k tokens: ~12 MB of JSON). When a call's
+conversation list (its wire protocol's `conversation` field: `messages`, or the Responses API's `input`) starts
+with the list the session's previous stored call sent, equal as parsed JSON, the turn stores the body with the
+list cut to the new items, `request_base` (the previous turn's event_id) and `request_shared` (the previous
+list's length); `trajstore.requests` puts the full request back together. Anything else (the session's first
+call, a history the agent rewrote or compacted, another protocol, a body that is not a JSON object or not strict
+JSON) is stored whole, as is every call when the proxy runs with `--whole-requests`.
+
+The session keeps the previous call's parsed list by reference (the decoded body's own list, never a copy) and
+its event_id. The prefix check is one `==` of list slices in C; the delta is a shallow copy of the body written by
+orjson, so what a turn costs to store grows with what it added, not with the conversation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from collectors.proxy.chat import ChatRequest
+from trajstore.json_text import JSONText
+from trajstore.requests import conversation_key, delta_body
+
+
+@dataclass(frozen=True)
+class LastRequest:
+    """What a session's previous stored call sent: its protocol, its conversation list (the decoded body's own
+    list object) and its turn's event_id."""
+
+    protocol: str
+    items: list[Any]
+    event_id: str
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """A turn's `request`, `request_base` and `request_shared` columns, and what the session keeps for its next
+    call (None: nothing to extend)."""
+
+    request: Any
+    base: str | None
+    shared: int | None
+    last: LastRequest | None
+
+    def columns(self) -> dict[str, Any]:
+        return {"request": self.request, "request_base": self.base, "request_shared": self.shared}
+
+
+def stored_request(body: Any, req: ChatRequest, protocol: str, field: str, event_id: str,
+                   last: LastRequest | None, *, whole: bool = False) -> StoredRequest:
+    """The turn `event_id`'s request columns for a call of `protocol` (whose conversation list is `field`) sent
+    as `body` (decoded; `req.body_json` its text), given what the session's previous stored call sent."""
+    if req.body_json is None:  # not strict JSON (NaN, say): stored as its value, and nothing to extend
+        return StoredRequest(body, None, None, None)
+    items = body.get(field) if isinstance(body, dict) and conversation_key(body) == field else None
+    if not isinstance(items, list):  # the reader could not tell which list was cut: whole, and nothing to extend
+        return StoredRequest(req.body_json, None, None, None)
+    mine = LastRequest(protocol, items, event_id)
+    if whole or last is None or last.protocol != protocol:
+        return StoredRequest(req.body_json, None, None, mine)
+    shared = len(last.items)
+    if len(items) < shared or items[:shared] != last.items:  # one comparison in C, element by element
+        return StoredRequest(req.body_json, None, None, mine)
+    # orjson read the body (strict JSON), so it writes any part of it back as the same value
+    text = JSONText.parsed(orjson.dumps(delta_body(body, field, shared)).decode())
+    return StoredRequest(text, last.event_id, shared, mine)
