@@ -96,7 +96,13 @@ class Episode:
         return sum(self.rewards.values()) if self.rewards else None
 
     def as_json(self) -> dict[str, Any]:
-        return {**asdict(self), "reward": self.reward}
+        """The episode as JSON values, less each turn's `request`: a 40-call session resending 80k tokens would
+        carry megabytes of history the viewer and `replay --json` never show (`ReplayTurn.request` keeps it)."""
+        out = {**asdict(self), "reward": self.reward}
+        for segment in out["segments"]:
+            for turn in segment["turns"]:
+                del turn["request"]
+        return out
 
 
 def tokenizer_decode(model_dir: str | Path) -> Decode:
