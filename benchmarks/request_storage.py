@@ -6,7 +6,8 @@ does (its `Inline` executor: everything on one thread), once with `Capture(whole
 `--whole-requests`) and once with deltas, each into its own store, alternating `--repeats` times. The body is
 handed over as the proxy's chat route does: decoded, parsed by the OpenAI Chat wire adapter, its text kept
 (`ChatRequest.body_json`). Printed per size: the bodies' bytes, the stored `request` bytes of a session, CPU per
-turn (time.process_time, mean of the repeats), and the cost of the prefix check (`==` of the two longest calls'
+turn (time.process_time, mean of the repeats), the CPU per turn of sealing the session's segments into the table
+(the writer's close; a serving proxy seals every minute or 64 MB, and that CPU is the proxy process's too), and the cost of the prefix check (`==` of the two longest calls'
 message lists).
 
     python benchmarks/request_storage.py                          # 40 calls to 8k, 32k, 80k tokens; ~1 minute
@@ -33,8 +34,9 @@ from proxy_profile import Inline  # noqa: E402
 
 
 async def one_session(model_dir: str, store_dir: str, upstream: str, load: Workload, turns: int,
-                      whole: bool) -> tuple[int, float]:
-    """(stored request bytes of the session, CPU seconds per turn)."""
+                      whole: bool) -> tuple[int, float, float]:
+    """(stored request bytes of the session, CPU seconds per turn, CPU seconds per turn of sealing the session's
+    write-ahead segments into the table)."""
     from transformers import AutoTokenizer
 
     from collectors.policy import EmbeddedClient
@@ -65,9 +67,11 @@ async def one_session(model_dir: str, store_dir: str, upstream: str, load: Workl
         cpu += time.process_time() - c0
     await capture.client.aclose()
     capture.close()
-    writer.close()
+    c0 = time.process_time()
+    writer.close()  # seals what it wrote: the proxy's writer does the same every minute or 64 MB while it serves
+    seal = time.process_time() - c0
     stored = store.query("SELECT sum(strlen(request))::BIGINT AS n FROM turns WHERE session_id = 'main'")
-    return stored.column("n")[0].as_py(), cpu / turns
+    return stored.column("n")[0].as_py(), cpu / turns, seal / turns
 
 
 def prefix_check_ms(load: Workload, turns: int) -> float:
@@ -101,12 +105,13 @@ def main() -> None:
         try:
             for context in args.contexts:
                 load = build_workload(tok, context, args.turns, 256)
-                got: dict[bool, list[tuple[int, float]]] = {True: [], False: []}
+                got: dict[bool, list[tuple[int, float, float]]] = {True: [], False: []}
                 for r in range(args.repeats):
                     for whole in (True, False):
                         got[whole].append(asyncio.run(one_session(
                             model_dir, str(Path(tmp) / f"s-{context}-{whole}-{r}"), upstream, load, args.turns, whole)))
-                rows.append((load, {w: (got[w][0][0], 1000 * sum(c for _, c in got[w]) / len(got[w])) for w in got},
+                rows.append((load, {w: (got[w][0][0], 1000 * sum(c for _, c, _ in got[w]) / len(got[w]),
+                                        1000 * sum(s for _, _, s in got[w]) / len(got[w])) for w in got},
                              prefix_check_ms(load, args.turns)))
         finally:
             up_conn.send("stop")
@@ -114,11 +119,13 @@ def main() -> None:
     print(f"one session of {args.turns} calls per size, {args.repeats} sessions of each kind; load average "
           f"{os.getloadavg()[0]:.1f} (shared cores)")
     print(f"  {'last call':>10}{'bodies sent':>14}{'stored, whole':>16}{'stored, delta':>16}"
-          f"{'CPU/turn whole':>16}{'CPU/turn delta':>16}{'prefix check':>14}")
+          f"{'CPU/turn whole':>16}{'CPU/turn delta':>16}{'seal/turn whole':>17}{'seal/turn delta':>17}"
+          f"{'prefix check':>14}")
     for load, got, check in rows:
         sent = sum(len(b) for b in load.bodies[:args.turns])
         print(f"  {load.last_prompt_tokens:>10,}{sent:>14,}{got[True][0]:>16,}{got[False][0]:>16,}"
-              f"{got[True][1]:>13.2f} ms{got[False][1]:>13.2f} ms{check:>11.3f} ms")
+              f"{got[True][1]:>13.2f} ms{got[False][1]:>13.2f} ms{got[True][2]:>14.2f} ms{got[False][2]:>14.2f} ms"
+              f"{check:>11.3f} ms")
 
 
 if __name__ == "__main__":
