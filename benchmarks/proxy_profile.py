@@ -38,7 +38,7 @@ from proxy_agents import Workload, build_workload, start_upstream  # noqa: E402
 
 # the stages shown, by the function whose cumulative time they are (file suffix, function name)
 STAGES = [
-    ("decode the body", ("serving.py", "decode_json")),
+    ("decode the body", ("serving.py", "decode_json_text")),
     ("parse the request (wire adapter, tool schemas)", ("openai_chat.py", "parse_request")),
     ("check_fits", ("render.py", "check_fits")),
     ("reconcile the history", ("reconcile.py", "reconcile")),
@@ -73,7 +73,7 @@ async def one_session(model_dir: str, store_dir: str, upstream: str, load: Workl
     from collectors.proxy.capture import Capture
     from collectors.proxy.render import ChatRenderer
     from collectors.proxy.wire import OpenAIChat
-    from collectors.serving import decode_json
+    from collectors.serving import decode_json_text
     from trajstore import open_store
 
     asyncio.get_running_loop().set_default_executor(Inline())
@@ -90,8 +90,8 @@ async def one_session(model_dir: str, store_dir: str, upstream: str, load: Workl
         c0 = time.process_time()
         if profile is not None:
             profile.enable()
-        body = decode_json(raw)  # as the proxy's chat route reads and parses a call
-        req = dataclasses.replace(wire.parse_request(body), body_bytes=len(raw))
+        body, text = decode_json_text(raw)  # as the proxy's chat route reads, parses and keeps a call
+        req = dataclasses.replace(wire.parse_request(body), body_bytes=len(raw), body_json=text)
         _, answer = await capture.turn(rollout, "main", req, body, wire)
         json.dumps(answer)
         if profile is not None:
