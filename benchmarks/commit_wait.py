@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import inspect
 import itertools
 import os
 import sys
@@ -54,10 +55,7 @@ async def one_round(module: Any, args: argparse.Namespace, directory: str) -> tu
     waits: list[float] = []
     commits: list[float] = []
     with open_store(directory).writer("bench") as writer:
-        try:  # given the writer's `prepare`, as the proxy does
-            appender = module.BatchAppender(writer.append, writer.prepare)
-        except TypeError:  # an earlier appender without it
-            appender = module.BatchAppender(writer.append)
+        appender = module.BatchAppender(writer.append, *helpers(module.BatchAppender, writer))
 
         async def session(s: int) -> None:
             await asyncio.sleep(s * args.upstream_ms / 1e3 / args.sessions)  # starts spread over one upstream time
@@ -76,10 +74,20 @@ async def one_round(module: Any, args: argparse.Namespace, directory: str) -> tu
     return sorted(waits), sorted(commits)
 
 
+def helpers(appender: type, writer: Any) -> list[Any]:
+    """What the proxy gives an appender beside `append`: the writer's `stage`, or, to an earlier appender, its
+    `prepare` (or nothing, to one older still)."""
+    params = list(inspect.signature(appender).parameters)[1:]
+    if not params:
+        return []
+    return [writer.stage if params[0] == "stage" else writer.prepare]
+
+
 def load(path: str) -> Any:
     spec = importlib.util.spec_from_file_location("other_appender", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
