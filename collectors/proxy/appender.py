@@ -44,8 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
-# The most token ids and logprobs a call may carry to be converted by its caller on the event loop (about 25
+# The most token ids and logprobs a call may carry to be staged by its caller on the event loop (about 25
 # microseconds per thousand); a larger one is converted by the commit thread.
 INLINE_TOKENS = 16_384
 INLINE_BODY_BYTES = 1 << 20  # a request body up to this size is written as JSON in about a millisecond at most
