@@ -150,18 +150,18 @@ class BatchAppender:
     def _write_batch(self, batch: list[_Pending]) -> list[BaseException | None]:
         """Append the calls handed over as they are in one go (the calls staged before them are written with
         them, under the same fsync), then acknowledge the staged ones."""
-        outcomes: dict[int, BaseException | None] = {}
-        calls = [p for p in batch if not p.staged]
-        if calls:
-            outcomes.update(zip(map(id, calls), self._write_calls(calls), strict=True))
-        for p in batch:
-            if p.staged:  # written by the append above, or by its own
+        outcomes: list[BaseException | None] = [None] * len(batch)
+        given = [i for i, p in enumerate(batch) if not p.staged]
+        if given:
+            for i, outcome in zip(given, self._write_calls([batch[i] for i in given]), strict=True):
+                outcomes[i] = outcome
+        for i, p in enumerate(batch):
+            if p.staged:  # written by the append above, or else by this one
                 try:
                     self._write(p.events)
-                    outcomes[id(p)] = None
                 except Exception as exc:  # noqa: BLE001 - answered to the caller
-                    outcomes[id(p)] = exc
-        return [outcomes[id(p)] for p in batch]
+                    outcomes[i] = exc
+        return outcomes
 
     def _write_calls(self, calls: list[_Pending]) -> list[BaseException | None]:
         try:
