@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from collectors.proxy.appender import INLINE_TOKENS, BatchAppender
-from trajstore import InvalidEventError, Status, Turn, Writer, open_store
-from trajstore.writer import Staged
+from trajstore import InvalidEventError, Staged, Status, Turn, Writer, open_store
 
 
 class Counted:
