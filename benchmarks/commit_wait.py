@@ -3,14 +3,16 @@
 S sessions on one event loop, as in the proxy: each waits for its "upstream" (`--upstream-ms`), spends
 `--loop-ms` of CPU on the loop (what rendering, parsing and answering cost there), then appends one
 turn event (a few hundred prompt and output ids with logprobs, a `--request-kb` request) through
-`collectors.proxy.appender.BatchAppender`, given the writer's `prepare` as the proxy gives it, to a
+`collectors.proxy.appender.BatchAppender`, given the writer's `stage` as the proxy gives it, to a
 real store writer (fsync'd) in a temporary directory, and records the wait twice: from `append`
 asked, and from the turn handed to the commit thread (what `append` returns, and what the proxy's
-/stats `durable_wait` counts: a turn that finds the commit thread idle is converted first, by its
-caller). `--appender FILE` loads another implementation of `BatchAppender` (e.g. an
-earlier version: `git show REV:collectors/proxy/appender.py > /tmp/old.py`) to compare in one run;
+/stats `durable_wait` counts: a turn that finds the commit thread idle is staged first, by its
+caller; an earlier appender is given the writer's `prepare`, which it took). `--appender FILE` loads
+another implementation of `BatchAppender` (e.g. an earlier version:
+`git show REV:collectors/proxy/appender.py > /tmp/old.py`) to compare in one run, with this tree's writer;
 the implementations take turns, `--repeats` rounds each, and so do the thread switch intervals of `--switch-ms`
-(the servers run with `collectors.serving.SWITCH_INTERVAL_S`).
+(the servers run with `collectors.serving.SWITCH_INTERVAL_S`). To compare writers as well, run the script
+from two checkouts in turn, each with its own `PYTHONPATH`.
 
     python benchmarks/commit_wait.py                               # 32 sessions, ~1 minute
     python benchmarks/commit_wait.py --appender /tmp/old.py --repeats 2
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import inspect
 import itertools
 import os
 import sys
@@ -54,10 +57,7 @@ async def one_round(module: Any, args: argparse.Namespace, directory: str) -> tu
     waits: list[float] = []
     commits: list[float] = []
     with open_store(directory).writer("bench") as writer:
-        try:  # given the writer's `prepare`, as the proxy does
-            appender = module.BatchAppender(writer.append, writer.prepare)
-        except TypeError:  # an earlier appender without it
-            appender = module.BatchAppender(writer.append)
+        appender = module.BatchAppender(writer.append, *helpers(module.BatchAppender, writer))
 
         async def session(s: int) -> None:
             await asyncio.sleep(s * args.upstream_ms / 1e3 / args.sessions)  # starts spread over one upstream time
@@ -76,10 +76,20 @@ async def one_round(module: Any, args: argparse.Namespace, directory: str) -> tu
     return sorted(waits), sorted(commits)
 
 
+def helpers(appender: type, writer: Any) -> list[Any]:
+    """What the proxy gives an appender beside `append`: the writer's `stage`, or, to an earlier appender, its
+    `prepare` (or nothing, to one older still)."""
+    params = list(inspect.signature(appender).parameters)[1:]
+    if not params:
+        return []
+    return [writer.stage if params[0] == "stage" else writer.prepare]
+
+
 def load(path: str) -> Any:
     spec = importlib.util.spec_from_file_location("other_appender", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
@@ -102,7 +112,8 @@ def main() -> None:
                                               if args.appender else [])
     print(f"{args.sessions} sessions x {args.turns} turns, upstream {args.upstream_ms:g} ms, {args.loop_ms:g} ms of "
           f"loop CPU per turn; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
-    print(f"  {'appender':<30} {'switch':>7} {'turns':>6} {'asked -> durable p50 / p90 / p99 ms':>36} "
+    width = max(len(name) for name, _ in modules)
+    print(f"  {'appender':<{width}} {'switch':>7} {'turns':>6} {'asked -> durable p50 / p90 / p99 ms':>36} "
           f"{'handed to the commit -> durable p50 / p90 / p99 ms':>52}")
     for _ in range(args.repeats):
         for (name, module), switch_ms in itertools.product(modules, args.switch_ms):
@@ -110,7 +121,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="commit-wait-") as d:
                 waits, commits = asyncio.run(one_round(module, args, d))
             at = [[1e3 * w[min(len(w) - 1, int(q * len(w)))] for q in (0.5, 0.9, 0.99)] for w in (waits, commits)]
-            print(f"  {name:<30} {switch_ms:>5g}ms {len(waits):>6} {' / '.join(f'{x:.2f}' for x in at[0]):>36} "
+            print(f"  {name:<{width}} {switch_ms:>5g}ms {len(waits):>6} {' / '.join(f'{x:.2f}' for x in at[0]):>36} "
                   f"{' / '.join(f'{x:.2f}' for x in at[1]):>52}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 

@@ -31,7 +31,7 @@ _EXPORTS: dict[str, str] = {
     "Shard": "trajstore.shard",
     "Store": "trajstore.store", "open_store": "trajstore.store",
     **dict.fromkeys(("ESTIMATORS", "ESTIMATOR_TITLES", "Estimator", "GROUP_ESTIMATORS", "VIEW_NAMES"), "trajstore.views"),
-    "AppendResult": "trajstore.writer", "Writer": "trajstore.writer",
+    "AppendResult": "trajstore.writer", "Staged": "trajstore.writer", "Writer": "trajstore.writer",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -60,4 +60,4 @@ if TYPE_CHECKING:
     from trajstore.shard import Shard
     from trajstore.store import Store, open_store
     from trajstore.views import ESTIMATOR_TITLES, ESTIMATORS, GROUP_ESTIMATORS, VIEW_NAMES, Estimator
-    from trajstore.writer import AppendResult, Writer
+    from trajstore.writer import AppendResult, Staged, Writer

@@ -39,6 +39,7 @@ keep a `SegmentRead` pass it back to read only what was appended since (`previou
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ _EOS = _CONTINUATION + b"\x00\x00\x00\x00"
 SCHEMA_MESSAGE = EVENT_SCHEMA.serialize().to_pybytes()
 # Given once: without options pyarrow reads two environment variables for every stream it opens.
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions()
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16  # buffers one writev takes
 
 
 def segment_name(epoch: int, first_seq: int) -> str:
@@ -88,8 +90,10 @@ def _frame_crc(head: bytes | bytearray, frame_at: int) -> int:
     return zlib.crc32(view[frame_at + 8:], zlib.crc32(b"00000000", zlib.crc32(view[:frame_at])))
 
 
-def encode_batch(batch: pa.RecordBatch, *, writer: str, epoch: int, first_seq: int,
-                 last_seq: int) -> tuple[bytes, memoryview]:
+Message = tuple[bytes, memoryview]  # one batch's message: its head and its body (`encode_batch`)
+
+
+def encode_batch(batch: pa.RecordBatch, *, writer: str, epoch: int, first_seq: int, last_seq: int) -> Message:
     """One record batch message with its checksums and framing (see the module docstring), as its head (the
     prefix and the flatbuffer, patched) and its body, a view of Arrow's buffer: written one after the other,
     the body is copied once, into the file (a 300 kB chat request is worth not copying four more times)."""
@@ -117,23 +121,37 @@ class SegmentWriter:
         self.path = path
         self.writer = writer
         self.epoch = epoch
-        self._file = open(path, "xb")  # never reuse a segment: a new epoch gets a new file
+        # unbuffered: each write is one system call that hands the bytes to the kernel, nothing is copied first
+        self._file = open(path, "xb", buffering=0)  # never reuse a segment: a new epoch gets a new file
         fsync_path(path.parent)
-        self._file.write(SCHEMA_MESSAGE)
-        self.bytes_written = self._file.tell()
+        self.bytes_written = 0
+        self._write([SCHEMA_MESSAGE])
 
     def write(self, batch: pa.RecordBatch, first_seq: int, last_seq: int) -> None:
-        head, body = encode_batch(batch, writer=self.writer, epoch=self.epoch, first_seq=first_seq, last_seq=last_seq)
-        self._file.write(head)
-        self._file.write(body)
-        self.bytes_written = self._file.tell()
+        self.write_messages([encode_batch(batch, writer=self.writer, epoch=self.epoch, first_seq=first_seq,
+                                          last_seq=last_seq)])
+
+    def write_messages(self, messages: list[Message]) -> None:
+        """Write messages `encode_batch` made (with this segment's writer and epoch), in order."""
+        self._write([part for message in messages for part in message])
+
+    def _write(self, parts: list[bytes | memoryview]) -> None:
+        fd, at = self._file.fileno(), 0
+        while at < len(parts):  # one system call for them all, unless the kernel takes less: then on from there
+            written = os.writev(fd, parts[at:at + _IOV_MAX])
+            self.bytes_written += written
+            while at < len(parts) and written >= len(parts[at]):
+                written -= len(parts[at])
+                at += 1
+            if written:
+                parts[at] = memoryview(parts[at])[written:]
 
     def sync(self) -> None:
         sync_file(self._file)
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.write(_EOS)
+            self._write([_EOS])
             self.sync()
             self._file.close()
 

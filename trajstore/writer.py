@@ -8,8 +8,12 @@ bumps its epoch and continues the sequence where the acknowledged events end.
 
 `append` validates the whole call, assigns sequence numbers, and returns after the
 segment is fsync'd. Validation and conversion (all of an append's CPU but the write) can run
-first, on the caller's thread, with `prepare`; `append` then takes the `PreparedBatch`. Concurrent appends from several threads share one fsync (group
-commit): whichever thread holds the I/O lock writes every pending batch and syncs once.
+first, on the caller's thread, with `prepare`; `append` then takes the `PreparedBatch`. `stage` goes
+further: it also skips duplicate ids, numbers the events and encodes their segment message (all
+under the writer's state lock, so numbers are handed out, and messages queued, in one order), and
+`append(staged)` only writes and fsyncs. Concurrent appends from several threads share one fsync (group
+commit): whichever thread holds the I/O lock writes every pending (staged) message, in numbering
+order, with one system call, and syncs once.
 Full segments, and segments older than `seal_interval` seconds, are sealed into the Delta
 table by a background thread; `close` seals the rest. Sealing is idempotent across crashes
 (see `trajstore.table`). Other machines see only sealed events, so for a remote store an
@@ -58,6 +62,17 @@ class AppendResult:
     duplicates: int  # events skipped because their event_id was already stored
     first_seq: int | None
     last_seq: int | None
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Events `Writer.stage` numbered and encoded, queued for the writer's next write; `Writer.append` of it
+    returns `result` once they are durable."""
+
+    writer: Writer
+    result: AppendResult
+    through: int  # the seq up to which the writer must be durable for `result` to hold (-1: nothing to wait for)
+    urgent: bool  # holds a kind that a remote store seals at once
 
 
 def check_writer_name(name: str) -> None:
@@ -239,7 +254,7 @@ class Writer:
         self._state = threading.Lock()  # seq assignment, pending queue, known ids
         self._io = threading.Lock()  # segment writes, fsync, rotation
         self._sealing = threading.Lock()  # seals commit in seq order, one at a time
-        self._pending: list[tuple[pa.RecordBatch, int, int]] = []
+        self._pending: list[tuple[wal.Message, int, int]] = []  # staged, in seq order: (message, first, last)
         self._closed_segments: list[Path] = []
         self._segment: wal.SegmentWriter | None = None
         self._segment_opened = 0.0
@@ -297,18 +312,23 @@ class Writer:
             events = list(events) if not isinstance(events, Mapping) else [events]
         return prepare(events)
 
-    def append(self, events: Iterable[Event | Mapping[str, Any]] | Mapping[str, Any] | PreparedBatch) -> AppendResult:
-        """Durably append events (or a batch from `prepare`); returns after fsync. Re-appended event_ids are
-        skipped.
+    def stage(self, events: Iterable[Event | Mapping[str, Any]] | Mapping[str, Any] | PreparedBatch) -> Staged:
+        """Number, convert and encode events (or a batch from `prepare`) for the next write, without waiting for
+        the disk; `append(staged)` then returns once they are durable.
 
-        Raises InvalidEventError (nothing written) when any event is invalid.
-        """
+        This is all of an append but the write and the fsync: event ids already stored (or repeated within
+        the call) are skipped, the rest get the next sequence numbers and are encoded as one segment message,
+        queued in seq order. The next write of the segment, whoever makes it, writes them, so a staged batch
+        never leaves a gap in the sequence; a caller that stages must still call `append(staged)` (or close the
+        writer) to learn that they are durable. Raises InvalidEventError (nothing staged) when any event is
+        invalid."""
         self._check_open()
         batch = events if isinstance(events, PreparedBatch) else self.prepare(events)
         if not len(batch):
-            return AppendResult(0, 0, None, None)
+            return Staged(self, AppendResult(0, 0, None, None), through=-1, urgent=False)
         columns = batch.columns
         event_ids = columns["event_id"].to_pylist()
+        urgent = bool(self.seal_kinds) and not self.seal_kinds.isdisjoint(columns["kind"].to_pylist())
         with self._state:
             self._check_open()
             keep = np.ones(len(event_ids), dtype=bool)
@@ -318,19 +338,36 @@ class Writer:
                     keep[i] = False
                 seen_here.add(eid)
             n = int(keep.sum())
-            if n == 0:
-                return AppendResult(0, len(event_ids), None, None)
+            if n == 0:  # all stored before, or numbered before and still to be written: those must be durable too
+                return Staged(self, AppendResult(0, len(event_ids), None, None), through=self._next_seq - 1,
+                              urgent=False)
             first = self._next_seq
             last = first + n - 1
-            batch = self._batch(columns, keep, first, n)
+            # encoded here, in seq order: the queue is written as it stands, by whichever flush comes next
+            message = wal.encode_batch(self._batch(columns, keep, first, n), writer=self.name, epoch=self.epoch,
+                                       first_seq=first, last_seq=last)
             self._next_seq = last + 1
-            self._pending.append((batch, first, last))
+            self._pending.append((message, first, last))
             self._known_ids.add_all(seen_here)
-        self._flush(last)
-        if self.seal_kinds and not self.seal_kinds.isdisjoint(columns["kind"].to_pylist()):
+        return Staged(self, AppendResult(n, len(event_ids) - n, first, last), through=last, urgent=urgent)
+
+    def append(self, events: Iterable[Event | Mapping[str, Any]] | Mapping[str, Any] | PreparedBatch | Staged
+               ) -> AppendResult:
+        """Durably append events (or a batch from `prepare`, or one `stage` numbered); returns after fsync.
+        Re-appended event_ids are skipped (returning once the events that hold them are durable).
+
+        Raises InvalidEventError (nothing written) when any event is invalid.
+        """
+        staged = events if isinstance(events, Staged) else self.stage(events)
+        if staged.writer is not self:
+            raise ValueError(f"a batch staged by writer {staged.writer.name!r} was given to writer {self.name!r}: "
+                             "append it to the writer that staged it")
+        if staged.through >= 0:
+            self._flush(staged.through)
+        if staged.urgent:
             self._urgent = True
             self._wake.set()
-        return AppendResult(n, len(event_ids) - n, first, last)
+        return staged.result
 
     def _batch(self, columns: Mapping[str, pa.Array], keep: np.ndarray, first: int, n: int) -> pa.RecordBatch:
         total = len(keep)
@@ -358,8 +395,7 @@ class Writer:
             try:
                 segment = self._open_segment(pending[0][1])
                 acknowledged = segment.bytes_written
-                for batch, first, last in pending:
-                    segment.write(batch, first, last)
+                segment.write_messages([message for message, _, _ in pending])
                 segment.sync()
             except BaseException as exc:
                 self._failed = exc
@@ -451,6 +487,11 @@ class Writer:
         """Seal what was appended (unless seal_on_close=False) and release the writer."""
         if self._closed:
             return
+        if self._failed is None and self._pending:  # staged, never appended: written as the next append would
+            try:
+                self._flush(self._next_seq - 1)
+            except WriterClosedError:  # the writer failed: closed below, as any failed writer
+                pass
         self._closed = True
         self._wake.set()
         self._sealer.join()

@@ -177,7 +177,7 @@ class Capture:
         self.registry = Registry()
         self.upstream = Upstream(client.base_url, upstream_wait_s)  # outages waited out, calls cancelled on close
         self.stats = ProxyStats(upstream=self.upstream)
-        self._appender = BatchAppender(writer.append, writer.prepare)  # concurrent turns share one append and its fsync
+        self._appender = BatchAppender(writer.append, writer.stage)  # concurrent turns share one append and its fsync
         self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="proxy-render")
         self._heavy_pool = heavy_pool("proxy-heavy")  # huge calls' renders, at a lower CPU priority
         self._extender = Extender(renderer)  # a call that extends its session's last renders only what is new
