@@ -7,7 +7,10 @@ with the list the session's previous stored call sent, equal as parsed JSON, the
 list cut to the new items, `request_base` (the previous turn's event_id) and `request_shared` (the previous
 list's length); `trajstore.requests` puts the full request back together. Anything else (the session's first
 call, a history the agent rewrote or compacted, another protocol, a body that is not a JSON object or not strict
-JSON) is stored whole, as is every call when the proxy runs with `--whole-requests`.
+JSON) is stored whole, as is every call when the proxy runs with `--whole-requests`. So is a call whose body
+grew by more than `WHOLE_ABOVE_CHARS` since the previous one (an agent pasting megabytes into a new message): its
+text is stored as it came, where writing the new part as JSON again would hold the event loop (and the GIL) for
+milliseconds per megabyte; the next call is a delta of it.
 
 The session keeps the previous call's parsed list by reference (the decoded body's own list, never a copy) and
 its event_id. The prefix check is one `==` of list slices in C; the delta is a shallow copy of the body written by
@@ -25,15 +28,18 @@ from collectors.proxy.chat import ChatRequest
 from trajstore.json_text import JSONText
 from trajstore.requests import conversation_key, delta_body
 
+WHOLE_ABOVE_CHARS = 1 << 20  # a body this much longer than the previous call's is stored as its own text
+
 
 @dataclass(frozen=True)
 class LastRequest:
     """What a session's previous stored call sent: its protocol, its conversation list (the decoded body's own
-    list object) and its turn's event_id."""
+    list object), its turn's event_id and the length of its body's text."""
 
     protocol: str
     items: list[Any]
     event_id: str
+    chars: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,8 @@ def stored_request(body: Any, req: ChatRequest, protocol: str, field: str, event
     items = body.get(field) if isinstance(body, dict) and conversation_key(body) == field else None
     if not isinstance(items, list):  # the reader could not tell which list was cut: whole, and nothing to extend
         return StoredRequest(req.body_json, None, None, None)
-    mine = LastRequest(protocol, items, event_id)
-    if whole or last is None or last.protocol != protocol:
+    mine = LastRequest(protocol, items, event_id, len(req.body_json))
+    if whole or last is None or last.protocol != protocol or len(req.body_json) - last.chars > WHOLE_ABOVE_CHARS:
         return StoredRequest(req.body_json, None, None, mine)
     shared = len(last.items)
     if len(items) < shared or items[:shared] != last.items:  # one comparison in C, element by element

@@ -157,7 +157,8 @@ def _call(body: dict[str, Any], wire: Any, *, strict: bool = True) -> tuple[dict
     return body, dataclasses.replace(req, body_json=text)
 
 
-@pytest.mark.parametrize("case", ["first", "rewritten", "other protocol", "not strict", "input is text", "whole"])
+@pytest.mark.parametrize("case", ["first", "rewritten", "other protocol", "not strict", "input is text", "whole",
+                                  "megabytes new"])
 def test_what_is_stored_whole(case: str) -> None:
     """Each case where a call cannot be stored as a delta of the previous one (pure: no proxy)."""
     chat, responses = OpenAIChat(), OpenAIResponses()
@@ -184,6 +185,10 @@ def test_what_is_stored_whole(case: str) -> None:
     elif case == "input is text":
         body, req = _call({"model": MODEL, "input": "just text"}, responses)
         wire, field = responses, responses.conversation
+    elif case == "megabytes new":  # stored as its own text, not written again; the next call is a delta of it
+        body, req = _call({**two, "messages": [*two["messages"], {"role": "user", "content": "x" * (1 << 20)}]},
+                          chat)
+        assert stored_request(body, req, chat.name, field, "e1", last).request is req.body_json
     stored = stored_request(body, req, wire.name, field, "e1", last, whole=case == "whole")
     assert stored.base is None and stored.shared is None
     assert (json.loads(stored.request) if isinstance(stored.request, str) else stored.request) == body
