@@ -68,8 +68,8 @@ def child(args: argparse.Namespace) -> None:
         try:
             turns = cpu = 0.0
             for session in range(args.sessions):
-                n, spent = asyncio.run(one_session(model, str(Path(directory) / "store"), upstream, load, args.turns,
-                                                   None))
+                n, spent, _ = asyncio.run(one_session(model, str(Path(directory) / "store"), upstream, load,
+                                                      args.turns, None))
                 turns, cpu = turns + n, cpu + spent
         finally:
             conn.send("stop")

@@ -29,7 +29,7 @@ import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,7 +47,8 @@ STAGES = [
     ("segment: prefix check + tokenize the delta", ("segmenter.py", "plan_turn")),
     ("upstream hop, client side (request JSON, reply parse)", ("embedded_client.py", "complete")),
     ("parse the reply", ("capture.py", "_reply")),
-    ("append the turn (durable)", ("writer.py", "append")),
+    ("stage the turn (validate, convert, number, encode)", ("writer.py", "stage")),
+    ("append the turn (durable; on the commit thread, unseen)", ("writer.py", "append")),
     ("record the turn (session state)", ("segmenter.py", "record_turn")),
     ("answer (json.dumps of the response)", ("__init__.py", "dumps")),
 ]
@@ -65,8 +66,19 @@ class Inline(ThreadPoolExecutor):
         return future
 
 
+class Session(NamedTuple):
+    """One session through the proxy's code: its calls, their CPU seconds, and the CPU seconds of sealing what it
+    wrote into the table (the writer's close)."""
+
+    turns: int
+    cpu: float
+    seal_cpu: float
+
+
 async def one_session(model_dir: str, store_dir: str, upstream: str, load: Workload, turns: int,
-                      profile: cProfile.Profile | None) -> tuple[int, float]:
+                      profile: cProfile.Profile | None, *, whole_requests: bool = False) -> Session:
+    """`turns` calls of `load` in one session, each handed over as the proxy's chat route does, into a store at
+    `store_dir`; `whole_requests`: the proxy's `--whole-requests`."""
     from transformers import AutoTokenizer
 
     from collectors.policy import EmbeddedClient
@@ -79,7 +91,7 @@ async def one_session(model_dir: str, store_dir: str, upstream: str, load: Workl
     asyncio.get_running_loop().set_default_executor(Inline())
     writer = open_store(store_dir).writer("profile")
     capture = Capture(EmbeddedClient(upstream), ChatRenderer(AutoTokenizer.from_pretrained(model_dir)), writer,
-                      run="profile", max_model_len=1 << 22, default_max_tokens=256)
+                      run="profile", max_model_len=1 << 22, default_max_tokens=256, whole_requests=whole_requests)
     capture._render_pool = Inline()  # noqa: SLF001 - one thread, so that the profile sees the renders
     wire = OpenAIChat()
     rollout = await capture.open_rollout(run=None, group_id=None, rollout_id=None, group_size=None, meta=None)
@@ -99,8 +111,9 @@ async def one_session(model_dir: str, store_dir: str, upstream: str, load: Workl
         cpu += time.process_time() - c0
     await capture.client.aclose()
     capture.close()
-    writer.close()
-    return turns, cpu
+    c0 = time.process_time()
+    writer.close()  # seals what it wrote: the proxy's writer does the same every minute or 64 MB while it serves
+    return Session(turns, cpu, time.process_time() - c0)
 
 
 def stage_times(stats: pstats.Stats) -> dict[str, float]:
@@ -133,11 +146,11 @@ def main() -> None:
         try:
             for context in args.contexts:
                 load = build_workload(tok, context, args.turns, 256)
-                _, plain = asyncio.run(one_session(model_dir, str(Path(tmp) / f"plain-{context}"), upstream, load,
-                                                   args.turns, None))
+                plain = asyncio.run(one_session(model_dir, str(Path(tmp) / f"plain-{context}"), upstream, load,
+                                                args.turns, None)).cpu
                 profile = cProfile.Profile(time.process_time)  # CPU time: the waits for the upstream are not work
-                turns, cpu = asyncio.run(one_session(model_dir, str(Path(tmp) / f"store-{context}"), upstream, load,
-                                                     args.turns, profile))
+                turns, cpu, _ = asyncio.run(one_session(model_dir, str(Path(tmp) / f"store-{context}"), upstream,
+                                                        load, args.turns, profile))
                 stats = pstats.Stats(profile)
                 rows.append((context, load.last_prompt_tokens, 1000 * plain / turns, 1000 * cpu / turns, stats, stage_times(stats), turns))
         finally:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import sys
@@ -30,48 +29,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from proxy_agents import Workload, build_workload, start_upstream  # noqa: E402
-from proxy_profile import Inline  # noqa: E402
+import proxy_profile  # noqa: E402
 
 
 async def one_session(model_dir: str, store_dir: str, upstream: str, load: Workload, turns: int,
                       whole: bool) -> tuple[int, float, float]:
     """(stored request bytes of the session, CPU seconds per turn, CPU seconds per turn of sealing the session's
     write-ahead segments into the table)."""
-    from transformers import AutoTokenizer
-
-    from collectors.policy import EmbeddedClient
-    from collectors.proxy.capture import Capture
-    from collectors.proxy.render import ChatRenderer
-    from collectors.proxy.wire import OpenAIChat
-    from collectors.serving import decode_json
     from trajstore import open_store
-    from trajstore.json_text import JSONText
 
-    asyncio.get_running_loop().set_default_executor(Inline())
-    store = open_store(store_dir)
-    writer = store.writer("bench")
-    capture = Capture(EmbeddedClient(upstream), ChatRenderer(AutoTokenizer.from_pretrained(model_dir)), writer,
-                      run="bench", max_model_len=1 << 22, default_max_tokens=256, whole_requests=whole)
-    capture._render_pool = Inline()  # noqa: SLF001 - one thread, as proxy_profile.py
-    wire = OpenAIChat()
-    rollout = await capture.open_rollout(run=None, group_id=None, rollout_id=None, group_size=None, meta=None)
-    await capture.turn(rollout, "warm", wire.parse_request(json.loads(load.bodies[0])), None, wire)  # caches, imports
-    cpu = 0.0
-    for t in range(turns):
-        raw = load.bodies[t]
-        c0 = time.process_time()
-        body = decode_json(raw)  # as the proxy's chat route reads, parses and keeps a call
-        req = dataclasses.replace(wire.parse_request(body), body_bytes=len(raw), body_json=JSONText.parsed(raw.decode()))
-        _, answer = await capture.turn(rollout, "main", req, body, wire)
-        json.dumps(answer)
-        cpu += time.process_time() - c0
-    await capture.client.aclose()
-    capture.close()
-    c0 = time.process_time()
-    writer.close()  # seals what it wrote: the proxy's writer does the same every minute or 64 MB while it serves
-    seal = time.process_time() - c0
-    stored = store.query("SELECT sum(strlen(request))::BIGINT AS n FROM turns WHERE session_id = 'main'")
-    return stored.column("n")[0].as_py(), cpu / turns, seal / turns
+    run = await proxy_profile.one_session(model_dir, store_dir, upstream, load, turns, None, whole_requests=whole)
+    stored = open_store(store_dir).query("SELECT sum(strlen(request))::BIGINT AS n FROM turns "
+                                         "WHERE session_id = 'main'")
+    return stored.column("n")[0].as_py(), run.cpu / run.turns, run.seal_cpu / run.turns
 
 
 def prefix_check_ms(load: Workload, turns: int) -> float:
