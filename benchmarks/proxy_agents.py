@@ -26,7 +26,8 @@ Proxy and direct rounds alternate in one run. Printed side by side:
    and again (1b) with every call adding the same `--step-tokens` (150) to a session that starts
    from a long history, so that the cost per call is seen against the history alone; each row
    also gives the CPU per turn over the calls after each session's first (which renders the
-   whole history once);
+   whole history once); `--cpu-repeats` (3) rounds per context, taken in turns so that a slow moment of
+   the shared machine falls on every context alike, and each row gives the median round and the range;
 2. throughput through the proxy as % of direct, and the added p50 / p99 latency, at each of
    `--sessions` (default 32 / 96 / 192) with the upstream taking `--upstream-ms` (1000), at
    `--throughput-context` (32k);
@@ -367,29 +368,45 @@ async def set_delay(upstream: str, **delays: float) -> None:
 
 def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: str, proxy: str, pid: int,
               title: str = "1. proxy CPU per turn") -> int:
+    """The CPU rows, `--cpu-repeats` rounds per context taken in turns (8k, 32k, 80k, 8k, ...), so that a slow
+    moment of the machine falls on every context alike; each row gives the median round and the range."""
     asyncio.run(set_delay(upstream, s=0.0))
+    repeats = args.cpu_repeats
     print(f"\n{title}: {args.cpu_sessions} sessions of {args.turns[0]}-{args.turns[1]} calls, upstream "
-          f"answering at once; load average {os.getloadavg()[0]:.1f}")
-    print(f"  {'context':>8} {'last prompt':>11} {'added/call':>10} {'turns':>6} {'proxy CPU ms/turn':>18} "
-          f"{'after the 1st':>13} {'turns/s':>8} {'durable wait p50 / p99 ms':>26}")
-    answered, per_turn = 0, {}
+          f"answering at once, {repeats} round{'s' * (repeats > 1)} per context taken in turns"
+          f"{', median round (range)' if repeats > 1 else ''}; load average {os.getloadavg()[0]:.1f}")
+    print(f"  {'context':>8} {'last prompt':>11} {'added/call':>10} {'turns':>6} {'proxy CPU ms/turn':>20} "
+          f"{'after the 1st':>20} {'turns/s':>8} {'durable wait p50 / p99 ms':>26}")
+    rounds: dict[int, list[Round]] = {context: [] for context in loads}
+    for _ in range(repeats):
+        for context, load in loads.items():
+            rounds[context].append(asyncio.run(run_round(proxy, load, args.cpu_sessions, tuple(args.turns),
+                                                         proxy=proxy, proxied=True, pid=pid, steady=True)))
+    answered, overall, steady = 0, {}, {}
     for context, load in loads.items():
-        rounds = [asyncio.run(run_round(proxy, load, args.cpu_sessions, tuple(args.turns), proxy=proxy, proxied=True,
-                                        pid=pid, steady=True)) for _ in range(args.repeats)]
-        turns = sum(r.turns for r in rounds)
+        got = rounds[context]
+        turns = sum(r.turns for r in got)
         answered += turns
-        cpu = 1000 * sum(r.proxy_cpu for r in rounds) / turns
-        steady = 1000 * sum(r.steady_cpu for r in rounds) / max(1, sum(r.steady_turns for r in rounds))
-        per_turn[context] = cpu
-        waits = [sum(c) for c in zip(*(r.waits for r in rounds))]
-        print(f"  {context:>8,} {load.last_prompt_tokens:>11,} {load.added_tokens:>10,.0f} {turns:>6} {cpu:>18.2f} "
-              f"{steady:>13.2f} {statistics.median(r.rate for r in rounds):>8.1f} "
-              f"{wait_pct(waits, 0.5):>12} / {wait_pct(waits, 0.99):<10}")
-    if len(per_turn) > 1:
-        lo, hi = min(per_turn.values()), max(per_turn.values())
-        print(f"  target: <= 3 ms per turn, flat within 25% -> max {hi:.2f} ms "
-              f"({'met' if hi <= 3 else 'MISSED'}), spread {hi / lo - 1:+.0%} ({'met' if hi <= 1.25 * lo else 'MISSED'})")
+        overall[context] = [1000 * r.proxy_cpu / r.turns for r in got]
+        steady[context] = [1000 * r.steady_cpu / max(1, r.steady_turns) for r in got]
+        waits = [sum(c) for c in zip(*(r.waits for r in got))]
+        print(f"  {context:>8,} {load.last_prompt_tokens:>11,} {load.added_tokens:>10,.0f} {turns:>6} "
+              f"{spread(overall[context]):>20} {spread(steady[context]):>20} "
+              f"{statistics.median(r.rate for r in got):>8.1f} {wait_pct(waits, 0.5):>12} / {wait_pct(waits, 0.99):<10}")
+    if len(loads) > 1:
+        for label, per in (("per turn", overall), ("after the 1st", steady)):
+            medians = [statistics.median(v) for v in per.values()]
+            lo, hi = min(medians), max(medians)
+            print(f"  target: <= 3 ms per turn, flat within 25%; {label} (medians): max {hi:.2f} ms "
+                  f"({'met' if hi <= 3 else 'MISSED'}), spread {hi / lo - 1:+.0%} ({'met' if hi <= 1.25 * lo else 'MISSED'})")
     return answered
+
+
+def spread(values: list[float]) -> str:
+    """The median of `values`, and their range when there are several."""
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def table_throughput(args: argparse.Namespace, load: Workload, upstream: str, proxy: str, pid: int) -> int:
@@ -466,7 +483,9 @@ def main() -> None:
     ap.add_argument("--hog-mb", type=float, default=7.0, help="the huge body's size in MB (default 7)")
     ap.add_argument("--hog-sessions", type=int, default=32, help="sessions measured beside the huge body (32)")
     ap.add_argument("--max-tokens", type=int, default=256, help="max_tokens of every call (default 256)")
-    ap.add_argument("--repeats", type=int, default=1, help="rounds per row (default 1)")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds per row of tables 2-4 (default 1)")
+    ap.add_argument("--cpu-repeats", type=int, default=3,
+                    help="rounds per context of tables 1 and 1b, taken in turns (default 3; the median is shown)")
     ap.add_argument("--workers", type=int, help="passed to `trajstore proxy --workers N` when it has that option")
     ap.add_argument("--only", choices=["cpu", "throughput", "hog"], nargs="+", help="run only these tables")
     ap.add_argument("--quick", action="store_true",
@@ -475,7 +494,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.turns, args.contexts, args.sessions, args.upstream_ms = [4, 8], [8000, 32000], [16, 48], 300.0
-        args.cpu_sessions, args.hog_sessions, args.hog_mb = 16, 8, 2.0
+        args.cpu_sessions, args.hog_sessions, args.hog_mb, args.cpu_repeats = 16, 8, 2.0, 1
+    if args.cpu_repeats < 1:
+        ap.error("--cpu-repeats needs at least 1 round")
     if args.turns[0] < 1 or args.turns[1] < args.turns[0]:
         ap.error("--turns MIN MAX needs 1 <= MIN <= MAX")
     only = set(args.only or ["cpu", "throughput", "hog"])
