@@ -46,7 +46,7 @@ from proxy_agents import hog_body  # noqa: E402
 # (module, class or None, function, label): the stages of a call, outer ones and the parts inside them
 STAGES = [
     ("collectors.serving", None, "_decode", "decode the body (orjson.loads)"),
-    ("collectors.serving", None, "decode_json_text", "decode the body + its text"),
+    ("collectors.serving", None, "decode_json_text", "decode the body"),
     ("collectors.proxy.wire.openai_chat", "OpenAIChat", "parse_request", "parse_request"),
     ("collectors.proxy.render", "ChatRenderer", "check_fits", "check_fits"),
     ("collectors.proxy.capture", None, "reconcile", "reconcile"),

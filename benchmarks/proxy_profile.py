@@ -102,8 +102,8 @@ async def one_session(model_dir: str, store_dir: str, upstream: str, load: Workl
         c0 = time.process_time()
         if profile is not None:
             profile.enable()
-        body, text = decode_json_text(raw)  # as the proxy's chat route reads, parses and keeps a call
-        req = dataclasses.replace(wire.parse_request(body), body_bytes=len(raw), body_json=text)
+        body, kept = decode_json_text(raw)  # as the proxy's chat route reads, parses and keeps a call
+        req = dataclasses.replace(wire.parse_request(body), body_bytes=len(raw), body_json=kept)
         _, answer = await capture.turn(rollout, "main", req, body, wire)
         json.dumps(answer)
         if profile is not None:

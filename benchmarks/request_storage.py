@@ -4,7 +4,7 @@ Sessions of `benchmarks/proxy_agents.py`'s workload (40 calls growing to 8k, 32k
 prebuilt bodies) run through the capture proxy's own code in this process, as `benchmarks/proxy_profile.py`
 does (its `Inline` executor: everything on one thread), once with `Capture(whole_requests=True)` (the proxy's
 `--whole-requests`) and once with deltas, each into its own store, alternating `--repeats` times. The body is
-handed over as the proxy's chat route does: decoded, parsed by the OpenAI Chat wire adapter, its text kept
+handed over as the proxy's chat route does: decoded, parsed by the OpenAI Chat wire adapter, its bytes kept
 (`ChatRequest.body_json`). Printed per size: the bodies' bytes, the stored `request` bytes of a session, CPU per
 turn (time.process_time, mean of the repeats), the CPU per turn of sealing the session's segments into the table
 (the writer's close; a serving proxy seals every minute or 64 MB, and that CPU is the proxy process's too), and the cost of the prefix check (`==` of the two longest calls'

@@ -132,11 +132,33 @@ def decode_json(raw: bytes) -> Any:
     return _decode(raw)[0]
 
 
-def decode_json_text(raw: bytes) -> tuple[Any, JSONText | None]:
-    """`decode_json(raw)`, and the body's own text when it is strict JSON (RFC 8259, read by orjson): a store keeps
-    that text as the value's JSON as it is, without writing the value again (None otherwise: NaN, say)."""
+class BodyText:
+    """A request body that is strict JSON (RFC 8259, read by orjson), as its bytes: its text is made only when
+    asked (`text()`, once), since most calls that keep one never need it. Making it costs more than reading the
+    body (a `JSONText` of a 350 kB body: 0.4 ms, against 0.25 ms for orjson to decode it), and a capture proxy
+    stores most calls as a delta of the one before, not as their own text."""
+
+    __slots__ = ("_text", "raw")
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw, self._text = raw, None
+
+    def __len__(self) -> int:
+        """The body's size in bytes."""
+        return len(self.raw)
+
+    def text(self) -> JSONText:
+        """The body's text, stored as a JSON column as it is, without writing its value again."""
+        if self._text is None:
+            self._text = JSONText.parsed(self.raw.decode())  # orjson checked the UTF-8 and the JSON
+        return self._text
+
+
+def decode_json_text(raw: bytes) -> tuple[Any, BodyText | None]:
+    """`decode_json(raw)`, and the body as `BodyText` when it is strict JSON (None otherwise: NaN, say): a store
+    keeps that text as the value's JSON as it is, without writing the value again."""
     value, strict = _decode(raw)
-    return value, JSONText.parsed(raw.decode()) if strict else None  # orjson checked the UTF-8 and the JSON
+    return value, BodyText(raw) if strict else None
 
 
 def _decode(raw: bytes) -> tuple[Any, bool]:
@@ -167,7 +189,7 @@ async def read_json(request: web.Request, max_bytes: int) -> Any:
     return await _read_decoded(request, max_bytes, decode_json)
 
 
-async def read_json_text(request: web.Request, max_bytes: int) -> tuple[Any, JSONText | None]:
+async def read_json_text(request: web.Request, max_bytes: int) -> tuple[Any, BodyText | None]:
     """`read_json`, with the body's own text when it is strict JSON (`decode_json_text`)."""
     return await _read_decoded(request, max_bytes, decode_json_text)
 

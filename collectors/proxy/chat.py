@@ -18,7 +18,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from jsonschema.exceptions import SchemaError
@@ -27,7 +27,9 @@ from jsonschema.validators import validator_for
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 from collectors.model.toolcalls import ToolCall
-from trajstore import JSONText
+
+if TYPE_CHECKING:
+    from collectors.serving import BodyText
 
 Message = dict[str, Any]
 
@@ -64,9 +66,9 @@ class ChatRequest:
     # `messages` and `tools` is one of the body's, each character at least one byte there, or a constant such as a
     # role, shorter than the JSON around it); None when unknown
     body_bytes: int | None = None
-    # the body's own text when it is strict JSON: stored as the turn's `request` as it is (None: the decoded value
+    # the body when it is strict JSON: its text is stored as the turn's `request` as it is (None: the decoded value
     # is written as JSON instead)
-    body_json: JSONText | None = None
+    body_json: BodyText | None = None
 
     def sampling_for(self, max_tokens: int) -> SamplingParams:
         """The sampling parameters of this call, sampling at most `max_tokens`."""

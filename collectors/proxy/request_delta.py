@@ -8,7 +8,7 @@ list cut to the new items, `request_base` (the previous turn's event_id) and `re
 list's length); `trajstore.requests` puts the full request back together. Anything else (the session's first
 call, a history the agent rewrote or compacted, another protocol, a body that is not a JSON object or not strict
 JSON) is stored whole, as is every call when the proxy runs with `--whole-requests`. So is a call whose body
-grew by more than `WHOLE_ABOVE_CHARS` since the previous one (an agent pasting megabytes into a new message): its
+grew by more than `WHOLE_ABOVE_BYTES` since the previous one (an agent pasting megabytes into a new message): its
 text is stored as it came, where writing the new part as JSON again would hold the event loop (and the GIL) for
 milliseconds per megabyte; the next call is a delta of it.
 
@@ -28,18 +28,18 @@ from collectors.proxy.chat import ChatRequest
 from trajstore.json_text import JSONText
 from trajstore.requests import conversation_key, delta_body
 
-WHOLE_ABOVE_CHARS = 1 << 20  # a body this much longer than the previous call's is stored as its own text
+WHOLE_ABOVE_BYTES = 1 << 20  # a body this much larger than the previous call's is stored as its own text
 
 
 @dataclass(frozen=True)
 class LastRequest:
     """What a session's previous stored call sent: its protocol, its conversation list (the decoded body's own
-    list object), its turn's event_id and the length of its body's text."""
+    list object), its turn's event_id and its body's size in bytes."""
 
     protocol: str
     items: list[Any]
     event_id: str
-    chars: int = 0
+    size: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,18 +59,19 @@ class StoredRequest:
 def stored_request(body: Any, req: ChatRequest, protocol: str, field: str, event_id: str,
                    last: LastRequest | None, *, whole: bool = False) -> StoredRequest:
     """The turn `event_id`'s request columns for a call of `protocol` (whose conversation list is `field`) sent
-    as `body` (decoded; `req.body_json` its text), given what the session's previous stored call sent."""
+    as `body` (decoded; `req.body_json` its bytes), given what the session's previous stored call sent. The
+    body's own text is made only when it is stored whole."""
     if req.body_json is None:  # not strict JSON (NaN, say): stored as its value, and nothing to extend
         return StoredRequest(body, None, None, None)
     items = body.get(field) if isinstance(body, dict) and conversation_key(body) == field else None
     if not isinstance(items, list):  # the reader could not tell which list was cut: whole, and nothing to extend
-        return StoredRequest(req.body_json, None, None, None)
+        return StoredRequest(req.body_json.text(), None, None, None)
     mine = LastRequest(protocol, items, event_id, len(req.body_json))
-    if whole or last is None or last.protocol != protocol or len(req.body_json) - last.chars > WHOLE_ABOVE_CHARS:
-        return StoredRequest(req.body_json, None, None, mine)
+    if whole or last is None or last.protocol != protocol or len(req.body_json) - last.size > WHOLE_ABOVE_BYTES:
+        return StoredRequest(req.body_json.text(), None, None, mine)
     shared = len(last.items)
     if len(items) < shared or items[:shared] != last.items:  # one comparison in C, element by element
-        return StoredRequest(req.body_json, None, None, mine)
+        return StoredRequest(req.body_json.text(), None, None, mine)
     # orjson read the body (strict JSON), so it writes any part of it back as the same value
     text = JSONText.parsed(orjson.dumps(delta_body(body, field, shared)).decode())
     return StoredRequest(text, last.event_id, shared, mine)

@@ -80,8 +80,9 @@ def test_the_body_text_comes_back_only_when_it_is_strict_json() -> None:
     from collectors.serving import decode_json_text
 
     raw = '{ "a" : [1, 2.5], "b": "caf\u00e9" }'.encode()
-    value, text = decode_json_text(raw)
-    assert value == {"a": [1, 2.5], "b": "café"} and text == raw.decode()
+    value, body = decode_json_text(raw)
+    assert value == {"a": [1, 2.5], "b": "café"} and len(body) == len(raw) and body.text() == raw.decode()
+    assert body.text() is body.text()  # made once
     for loose in (b'{"a": NaN}', b'\xef\xbb\xbf{"a": 1}', b'{"a": 123456789012345678901234567890}'):
         value, text = decode_json_text(loose)
         assert text is None and value is not None  # read by json (as before), written again from the value

@@ -20,6 +20,7 @@ from collectors.policy import EmbeddedClient
 from collectors.proxy.request_delta import stored_request
 from collectors.proxy.wire import OpenAIChat, OpenAIResponses
 from collectors.replay import load_episode
+from collectors.serving import BodyText
 from collectors.viewer import ViewerSettings, viewer_in_thread
 from tests.collectors.proxy_harness import MODEL, Harness, Recording, anthropic_client, openai_client, running_proxy
 from tests.collectors.viewer.test_app import get
@@ -151,10 +152,24 @@ def test_whole_requests_setting_stores_every_body_whole(whole_proxy: Harness) ->
     assert [json.loads(t["request"]) for t in turns] == sent.bodies
 
 
+class CountedBody(BodyText):
+    """A body that counts how often its text is made."""
+
+    __slots__ = ("made",)
+
+    def __init__(self, raw: bytes) -> None:
+        super().__init__(raw)
+        self.made = 0
+
+    def text(self) -> JSONText:
+        self.made += 1
+        return super().text()
+
+
 def _call(body: dict[str, Any], wire: Any, *, strict: bool = True) -> tuple[dict[str, Any], Any]:
     req = wire.parse_request(body)
-    text = JSONText.parsed(json.dumps(body)) if strict else None
-    return body, dataclasses.replace(req, body_json=text)
+    raw = CountedBody(json.dumps(body).encode()) if strict else None
+    return body, dataclasses.replace(req, body_json=raw)
 
 
 @pytest.mark.parametrize("case", ["first", "rewritten", "other protocol", "not strict", "input is text", "whole",
@@ -171,6 +186,7 @@ def test_what_is_stored_whole(case: str) -> None:
     body, req = _call(two, chat)
     delta = stored_request(body, req, chat.name, chat.conversation, "e1", last)
     assert (delta.base, delta.shared, json.loads(delta.request)["messages"]) == ("e0", 1, two["messages"][1:])
+    assert req.body_json.made == 0  # a delta never makes the body's own text (the costly part of keeping it)
     wire, field = chat, chat.conversation
     if case == "first":
         last = None
@@ -188,7 +204,7 @@ def test_what_is_stored_whole(case: str) -> None:
     elif case == "megabytes new":  # stored as its own text, not written again; the next call is a delta of it
         body, req = _call({**two, "messages": [*two["messages"], {"role": "user", "content": "x" * (1 << 20)}]},
                           chat)
-        assert stored_request(body, req, chat.name, field, "e1", last).request is req.body_json
+        assert stored_request(body, req, chat.name, field, "e1", last).request is req.body_json.text()
     stored = stored_request(body, req, wire.name, field, "e1", last, whole=case == "whole")
     assert stored.base is None and stored.shared is None
     assert (json.loads(stored.request) if isinstance(stored.request, str) else stored.request) == body
