@@ -134,9 +134,8 @@ def decode_json(raw: bytes) -> Any:
 
 class BodyText:
     """A request body that is strict JSON (RFC 8259, read by orjson), as its bytes: its text is made only when
-    asked (`text()`, once), since most calls that keep one never need it. Making it costs more than reading the
-    body (a `JSONText` of a 350 kB body: 0.4 ms, against 0.25 ms for orjson to decode it), and a capture proxy
-    stores most calls as a delta of the one before, not as their own text."""
+    asked (`text()`, once). Making it copies the body twice (decoded, then as a `JSONText`), and a capture proxy
+    stores most calls as a delta of the one before, never as their own text."""
 
     __slots__ = ("_text", "raw")
 
