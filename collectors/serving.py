@@ -365,14 +365,24 @@ def serving_process() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
+# Container objects made (less those freed) that start a collection of the youngest generation: Python's default
+# is 700. A call decodes a body of hundreds to thousands of dicts and lists that live until its answer, so at 700
+# the capture proxy collected every two or three calls, walking the bodies in flight each time: 0.25-0.3 ms of
+# CPU a call at 8k-80k contexts, over a few hundred collections of ~0.3 ms. At 10,000 a collection comes every
+# few hundred calls, a few milliseconds each (`python benchmarks/gc_pause.py` prints both).
+YOUNG_COLLECTION_THRESHOLD = 10_000
+
+
 def settle_heap() -> None:
     """Once a foreground server is up: collect, then move every object alive to the collector's permanent
     generation (`gc.freeze`). A server holds a few hundred thousand objects from its imports (transformers
     brings torch) and its model or tokenizer, none of which become garbage; a full collection walked them all,
     holding the GIL for 0.1-0.3 s whenever it ran while serving (`python benchmarks/gc_pause.py`). Collections
-    now walk only what was made since."""
+    now walk only what was made since, and the youngest generation is collected after
+    `YOUNG_COLLECTION_THRESHOLD` objects, not 700."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def serve_sockets(app: web.Application, host: str, socks: Sequence[socket.socket], started: Callable[[], None], *,
