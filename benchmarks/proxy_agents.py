@@ -5,7 +5,11 @@ call resends the whole conversation so far: a system prompt and a dozen tool sch
 then every earlier reply (a short text and one tool call) with its tool result. The history
 grows evenly to its context size (`--contexts`, default 8k / 32k / 80k tokens of this model's
 tokenizer) at the 40th call. Every request body is built and serialized once before the clock
-starts and sent as bytes, so the load generator's own CPU stays small.
+starts and sent as bytes, so the load generator's own CPU stays small. Each session's task and tool
+results carry its own tag (numbered as the call is sent), so sessions share only the system prompt and
+the tools, as distinct agents do; `--shared-sessions` sends all the very same bodies, as one fan-out
+group's sessions (one task, several samples) do. With `--step-tokens`, a session's long starting history
+is its own (in its task), not the system prompt.
 
 Three processes: the load generator (this one, aiohttp), `trajstore proxy` (the real command,
 its own process, `--workers N` passed through), and a fake policy server that answers at once
@@ -108,6 +112,13 @@ def filler(rng: random.Random, chars: int) -> str:
     return "\n".join(lines)
 
 
+# Every session's own text (its task and tool results) starts with this tag, numbered per session as the call is
+# sent (`Workload.body`), so no two sessions send the same history: as distinct agents do, only the system
+# prompt and the tool schemas are shared. `--shared-sessions` sends every session the very same bodies, as the
+# sessions of one fan-out group (one task, several samples) do.
+SESSION_TAG = b"[session #####]"
+
+
 @dataclass
 class Workload:
     """One context size: the serialized body of every call index, and the tokens of the longest prompt."""
@@ -117,22 +128,31 @@ class Workload:
     stream_bodies: list[bytes]
     last_prompt_tokens: int = 0
     added_tokens: float = 0.0  # tokens each call adds to the one before, on average
+    shared: bool = False  # every session sends the same bodies (`SESSION_TAG` left as it is)
+
+    def body(self, t: int, session: int, *, stream: bool = False) -> bytes:
+        """Call `t`'s body as session `session` sends it: its tag numbered, unless sessions share their bodies."""
+        raw = (self.stream_bodies if stream else self.bodies)[t]
+        return raw if self.shared else raw.replace(SESSION_TAG, b"[session %05d]" % session)
 
 
 def build_workload(tok: Any, context: int, max_turns: int, max_tokens: int, seed: int = 0,
-                   step_tokens: int | None = None) -> Workload:
+                   step_tokens: int | None = None, shared: bool = False) -> Workload:
     """Bodies growing evenly to `context` tokens at call `max_turns` (a tenth of it in the system prompt); with
-    `step_tokens`, every call adds about that many tokens and the system prompt holds the rest (a session that
-    starts from a long history, as a resumed or forked agent does)."""
+    `step_tokens`, every call adds about that many tokens and the task holds the rest (a session that starts
+    from a long history of its own, as a resumed or forked agent does). `shared`: see `SESSION_TAG`."""
     rng = random.Random(seed)
     sample = filler(rng, 20000)
     chars_per_token = len(sample) / len(tok.encode(sample, add_special_tokens=False))
     tools = tool_schemas()
-    head = 0.1 * context if step_tokens is None else max(0.0, context - step_tokens * max_turns)
-    system = "You are a coding agent. Use the tools to inspect and change the repository.\n" + filler(
-        rng, int(head * chars_per_token))
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system},
-                                      {"role": "user", "content": "Fix the failing test in src/app.py."}]
+    tag = SESSION_TAG.decode()
+    system = "You are a coding agent. Use the tools to inspect and change the repository.\n"
+    task = f"{tag} Fix the failing test in src/app.py."
+    if step_tokens is None:
+        system += filler(rng, int(0.1 * context * chars_per_token))
+    else:
+        task += " What was done so far:\n" + filler(rng, int(max(0.0, context - step_tokens * max_turns) * chars_per_token))
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": task}]
     base = len(tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)) \
         / chars_per_token
     step = (context - base) / max_turns if step_tokens is None else step_tokens
@@ -143,13 +163,14 @@ def build_workload(tok: Any, context: int, max_turns: int, max_tokens: int, seed
             messages.append({"role": "assistant", "content": SAID, "tool_calls": [{
                 "id": f"call_{t}", "type": "function",
                 "function": {"name": CALL["name"], "arguments": json.dumps(CALL["arguments"])}}]})
-            messages.append({"role": "tool", "tool_call_id": f"call_{t}", "content": filler(rng, step_chars)})
+            messages.append({"role": "tool", "tool_call_id": f"call_{t}",
+                             "content": f"{tag} " + filler(rng, step_chars)})
         body = {"model": MODEL, "messages": messages, "tools": tools, "max_tokens": max_tokens}
         bodies.append(json.dumps(body).encode())
         streams.append(json.dumps({**body, "stream": True}).encode())
     last = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     last_tokens = len(tok.encode(last, add_special_tokens=False))
-    return Workload(context, bodies, streams, last_tokens, (last_tokens - base) / max(1, max_turns - 1))
+    return Workload(context, bodies, streams, last_tokens, (last_tokens - base) / max(1, max_turns - 1), shared)
 
 
 def hog_body(megabytes: float, max_tokens: int) -> bytes:
@@ -312,9 +333,8 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
 
         async def session(s: int) -> None:
             await asyncio.sleep(spread_s * s / sessions)
-            bodies = load.stream_bodies if stream else load.bodies
             for t in range(session_turns(s, *turns)):
-                await call(bodies[t], keys[s] if proxied else None, True, urls[s])
+                await call(load.body(t, s, stream=stream), keys[s] if proxied else None, True, urls[s])
                 if steady and t == 0 and await firsts.wait() == 0:
                     steady_from.append((tree_cpu_seconds(pid) if pid else 0.0, rnd.turns))
 
@@ -472,6 +492,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, nargs=2, default=[20, 40], metavar=("MIN", "MAX"),
                     help="calls per session, spread evenly over MIN..MAX (default 20 40)")
     ap.add_argument("--cpu-sessions", type=int, default=32, help="sessions of the CPU-per-turn table (default 32)")
+    ap.add_argument("--shared-sessions", action="store_true",
+                    help="every session sends the very same bodies, as one fan-out group's do (default: each "
+                         "session's task and tool results are its own; the system prompt and tools are shared)")
     ap.add_argument("--step-tokens", type=int, default=150,
                     help="table 1b: the CPU per turn again with every call adding about this many tokens, the rest "
                          "of each context in the history a session starts with (default 150; 0: no table 1b)")
@@ -519,14 +542,17 @@ def main() -> None:
         if args.quick:
             args.throughput_context = 8000
         max_turns = 40 if not args.quick else args.turns[1]
-        loads = {c: build_workload(tok, c, max_turns, args.max_tokens) for c in contexts}
+        loads = {c: build_workload(tok, c, max_turns, args.max_tokens, shared=args.shared_sessions) for c in contexts}
         if args.step_tokens and args.step_tokens * max_turns >= min(args.contexts):
             ap.error(f"--step-tokens {args.step_tokens} over {max_turns} calls is more than the smallest context")
-        stepped = {c: build_workload(tok, c, max_turns, args.max_tokens, step_tokens=args.step_tokens)
+        stepped = {c: build_workload(tok, c, max_turns, args.max_tokens, step_tokens=args.step_tokens,
+                                         shared=args.shared_sessions)
                    for c in sorted(args.contexts)} if args.step_tokens and "cpu" in only else {}
         print(f"workload: sessions of {args.turns[0]}-{args.turns[1]} calls, each resending the whole history (a "
               f"system prompt, {len(tool_schemas())} tool schemas, one tool call and its result per earlier call); "
-              "bodies prebuilt; every reply is one text and tool call")
+              "bodies prebuilt; every reply is one text and tool call; "
+              + ("every session sends the same bodies (--shared-sessions)" if args.shared_sessions else
+                 "each session's task and tool results its own, the system prompt and tools shared"))
         print(f"machine: {os.cpu_count()} CPU cores shared by the load generator, the proxy and the fake upstream; "
               f"load average {os.getloadavg()[0]:.1f} at start")
         up_proc, up_conn, upstream = start_upstream(model_dir)

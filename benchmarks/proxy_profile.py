@@ -95,10 +95,10 @@ async def one_session(model_dir: str, store_dir: str, upstream: str, load: Workl
     capture._render_pool = Inline()  # noqa: SLF001 - one thread, so that the profile sees the renders
     wire = OpenAIChat()
     rollout = await capture.open_rollout(run=None, group_id=None, rollout_id=None, group_size=None, meta=None)
-    await capture.turn(rollout, "warm", wire.parse_request(json.loads(load.bodies[0])), None, wire)  # caches, imports
+    await capture.turn(rollout, "warm", wire.parse_request(json.loads(load.body(0, 0))), None, wire)  # caches, imports
     cpu = 0.0
     for t in range(turns):
-        raw = load.bodies[t]
+        raw = load.body(t, 1)  # another session's text than the warm call's
         c0 = time.process_time()
         if profile is not None:
             profile.enable()
