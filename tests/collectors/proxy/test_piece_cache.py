@@ -4,6 +4,7 @@ itself off where piece-wise encoding would not be exact; it stays bounded; the p
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,15 @@ from collectors.proxy.render import ChatRenderer
 from tests.collectors.proxy_harness import MODEL, Scripted, call, running_proxy
 
 FAMILY_NAMES = sorted(FAMILIES)
+OVERLAPPING = ["<x>", "<x><y>", "<y>", "ab|", "|cd", "<|im_end|>x"]  # prefixes of and overlaps with each other
 
 
 @pytest.fixture(scope="module")
 def tokenizers() -> dict[str, PreTrainedTokenizerFast]:
-    return {name: train_tokenizer(1024, family=name) for name in FAMILY_NAMES}
+    made = {name: train_tokenizer(1024, family=name) for name in FAMILY_NAMES}
+    made["overlapping"] = train_tokenizer(1024, family="hermes")  # leftmost-longest matching decides the split
+    made["overlapping"].add_tokens([AddedToken(t, normalized=False) for t in OVERLAPPING])
+    return made
 
 
 def whole(tok: PreTrainedTokenizerFast, text: str) -> list[int]:
@@ -42,7 +47,7 @@ def _texts(added: list[str]) -> st.SearchStrategy[str]:
     return st.lists(piece, max_size=40).map("".join)
 
 
-@pytest.mark.parametrize("family", FAMILY_NAMES)
+@pytest.mark.parametrize("family", [*FAMILY_NAMES, "overlapping"])
 def test_pieces_give_the_whole_text_ids(tokenizers: dict[str, PreTrainedTokenizerFast], family: str) -> None:
     tok = tokenizers[family]
     backend = tok.backend_tokenizer
@@ -171,3 +176,27 @@ def test_a_second_sessions_first_call_through_the_proxy_tokenizes_only_what_diff
         system_and_tools = len(json.dumps(tools))  # at least this much text is shared by the two first calls
         assert sizes[0] > system_and_tools and 0 < sizes[1] < 200, sizes
         assert stats["chars_hit"] > system_and_tools
+
+
+def test_threads_share_one_cache(tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
+    tok = tokenizers["hermes"]
+    cache = PieceCache(tok.backend_tokenizer, min_chars=0, max_chars=3000)  # small: threads evict each other's
+    texts = [f"<|im_start|>system\n{'shared head ' * 40}<|im_end|>\n<|im_start|>user\n{i % 7} {'z' * (i * 13)}"
+             f"<|im_end|>\n" for i in range(60)]
+    expected = [whole(tok, t) for t in texts]
+    failures: list[int] = []
+
+    def run(offset: int) -> None:
+        for k in range(len(texts)):
+            i = (k + offset) % len(texts)
+            if cache.encode(texts[i]) != expected[i]:
+                failures.append(i)
+
+    threads = [threading.Thread(target=run, args=(n * 15,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    held = cache.as_json()
+    assert held["held_chars"] == sum(map(len, cache._pieces)) <= 3000 and held["pieces_hit"] > 0
