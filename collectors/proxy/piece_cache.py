@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MIN_CHARS = 8192  # a shorter text is encoded whole: splitting and looking up would cost more than they save
-MAX_CHARS = 32 << 20  # characters of pieces kept (about 128 MB of ids and keys at most, usually far less)
+MAX_CHARS = 16 << 20  # characters of pieces kept: 16-64 MB of keys (1-4 bytes a character) and ~20 MB of ids
 
 
 @dataclass
