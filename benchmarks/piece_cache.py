@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as `trajstore proxy` runs
 
-from proxy_agents import build_workload  # noqa: E402
+from proxy_agents import build_workload
 
 
 def cpu_ms(work: Callable[[], Any], repeats: int) -> float:
@@ -73,12 +74,12 @@ def main() -> None:
             head = renderer.render(first["messages"][:1], first["tools"], generation_prompt=False)
             ids = {t: backend.encode(t, add_special_tokens=False).ids for t in (text, other)}
 
-            whole = cpu_ms(lambda: backend.encode_batch_fast([text], add_special_tokens=False), args.repeats)
-            whole_other = cpu_ms(lambda: backend.encode_batch_fast([other], add_special_tokens=False), args.repeats)
-            cold = cpu_ms(lambda: PieceCache(backend).encode(text), args.repeats)
+            whole = cpu_ms(partial(backend.encode_batch_fast, [text], add_special_tokens=False), args.repeats)
+            whole_other = cpu_ms(partial(backend.encode_batch_fast, [other], add_special_tokens=False), args.repeats)
+            cold = cpu_ms(lambda t=text: PieceCache(backend).encode(t), args.repeats)
             warm = PieceCache(backend)
             assert warm.encode(text) == ids[text]
-            fan_out = cpu_ms(lambda: warm.encode(text), args.repeats)
+            fan_out = cpu_ms(partial(warm.encode, text), args.repeats)
             shared = []
             for _ in range(args.repeats):
                 cache = PieceCache(backend)
