@@ -19,7 +19,8 @@ token-exact `turn` event (`collectors.proxy.capture`). Routes:
     GET  /stats                         counters: turns, forks by reason, histories by how they were
                                         reconciled, streams the agent left, errors, rollouts, calls
                                         waiting for an unreachable policy server (`upstream`), and how
-                                        long turns waited to be durable (`durable_wait`, ms)
+                                        long turns waited to be durable (`durable_wait`, ms); the
+                                        piece cache's hits (`piece_cache`, `collectors.proxy.piece_cache`)
     GET  /health
 
 Point an SDK at one rollout with what `POST /rollouts` returned (see `collectors.proxy.sessions` for
@@ -388,7 +389,8 @@ async def get_rollout(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     capture = request.app[STATE].capture
-    return json_answer(capture.stats.as_json(capture.registry.open_count))
+    return json_answer({**capture.stats.as_json(capture.registry.open_count),
+                        "piece_cache": capture.renderer.piece_stats()})
 
 
 async def health(request: web.Request) -> web.Response:

@@ -33,6 +33,7 @@ from jinja2 import TemplateError
 from collectors.policy import Sample
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
 from collectors.proxy.far_tokenizer import FAR_CHARS, FarTokenizer
+from collectors.proxy.piece_cache import PieceCache, unsplittable
 from collectors.proxy.template import Template
 from collectors.model.toolcalls import check_format, detect_format, parse_output
 
@@ -67,6 +68,10 @@ class ChatRenderer:
             getattr(tokenizer, "split_special_tokens", False) or backend.encode_special_tokens)
         self._backend = backend if plain else None
         self._far = FarTokenizer(backend) if plain else None
+        # a long text's pieces between control tokens are tokenized once: see `collectors.proxy.piece_cache`
+        self._pieces = PieceCache.of(backend) if plain else None
+        self._pieces_off = None if self._pieces is not None else (
+            unsplittable(backend) if plain else "the tokenizer is encoded through transformers")
         self._template = Template.of(tokenizer)  # renders as apply_chat_template does, without its copies
         # byte-level and SentencePiece vocabularies spell a token with at least as many symbols as its text has
         # characters; added tokens (control tokens) are written by the template, not by the request's text
@@ -77,6 +82,8 @@ class ChatRenderer:
             ids = self._far.encode(text)
             if ids is not None:
                 return ids
+        if self._pieces is not None:  # the same ids, through the same backend call, for the pieces not yet seen
+            return self._pieces.encode(text)
         if self._backend is not None:
             # The same ids as `encode`, which holds the GIL for its whole run (about a second per MB of text
             # here: a render thread tokenizing a huge prompt would stop the event loop all the same);
@@ -84,6 +91,10 @@ class ChatRenderer:
             # less time at every length.
             return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def piece_stats(self) -> dict[str, Any]:
+        """The piece cache's counters (GET /stats), or why there is no cache for this tokenizer."""
+        return self._pieces.as_json() if self._pieces is not None else {"off": self._pieces_off}
 
     def close(self) -> None:
         """Stop the helper process that tokenizes huge texts, if one was started."""
