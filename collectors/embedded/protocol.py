@@ -79,7 +79,7 @@ from collectors.embedded.engine import Completion
 from collectors.embedded.prefix_cache import MAX_KEY_CHARS, PrefixCache, PrefixMissing
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
-from collectors.policy.token_ids import PACKED_FIELD, listed
+from collectors.policy.token_ids import PACKED_FIELD, PREFIX_FIELD, PREFIX_NOT_CACHED, SESSION_KEY_FIELD, listed
 from collectors.policy.versions import span_list
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -102,10 +102,6 @@ class RequestError(CollectorError):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.kind, self.param, self.code if self.code is not None else self.status)
-
-
-PREFIX_FIELD, SESSION_KEY_FIELD = "prompt_prefix", "session_key"
-PREFIX_NOT_CACHED = "prefix_not_cached"  # the 409's code: resend the prompt whole
 
 
 @dataclass(frozen=True)
