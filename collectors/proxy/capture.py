@@ -119,8 +119,8 @@ class ProxyStats:
                 "forks": {"total": sum(self.forks.values()), **self.forks}, "history": dict(self.history),
                 "retokenize_mismatches": self.retokenize_mismatches, "upstream_failures": self.upstream_failures,
                 "errors": {str(k): v for k, v in sorted(self.errors.items())},
-                "upstream": {**(self.upstream.as_json() if self.upstream is not None else {}),
-                             **({"prompt_prefix": self.prefix.as_json()} if self.prefix is not None else {})},
+                "upstream": self.upstream.as_json() if self.upstream is not None else {},
+                **({"prompt_prefix": self.prefix.as_json()} if self.prefix is not None else {}),
                 "durable_wait": self.durable_wait.as_json(),
                 "rollouts": {"open": open_rollouts, "opened": self.rollouts_opened, "closed": self.rollouts_closed}}
 

@@ -58,7 +58,7 @@ def test_a_session_through_the_proxy_sends_prefixes_and_stores_the_same_turns(
     # every call after a segment's first named the held ids: 4 of 6, none resent whole
     assert after["hits"] - middle["hits"] == 4 and after["misses"] == middle["misses"]
     assert after["stored"] - middle["stored"] == 6
-    assert stats["upstream"]["prompt_prefix"] == {"prefix_calls": 4, "resent_whole": 0}
+    assert stats["prompt_prefix"] == {"prefix_calls": 4, "resent_whole": 0}
 
 
 def test_a_segments_first_call_is_a_view_of_the_log_the_session_keeps() -> None:
