@@ -29,7 +29,7 @@ DEFAULT_BUDGET = 16 << 20  # ids (64 MiB as int32)
 MAX_KEY_CHARS = 200
 
 
-class PrefixMissing(Exception):  # noqa: N818 - a normal outcome, not a failure
+class PrefixMissing(Exception):
     """The prefix a request names is not held as named (key unknown or evicted, too few ids, another crc32)."""
 
 

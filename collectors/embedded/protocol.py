@@ -68,8 +68,8 @@ import binascii
 import math
 import time
 import uuid
-from dataclasses import dataclass, replace
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -79,7 +79,13 @@ from collectors.embedded.engine import Completion
 from collectors.embedded.prefix_cache import MAX_KEY_CHARS, PrefixCache, PrefixMissing
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
-from collectors.policy.token_ids import PACKED_FIELD, PREFIX_FIELD, PREFIX_NOT_CACHED, SESSION_KEY_FIELD, listed
+from collectors.policy.token_ids import (
+    PACKED_FIELD,
+    PREFIX_FIELD,
+    PREFIX_NOT_CACHED,
+    SESSION_KEY_FIELD,
+    listed,
+)
 from collectors.policy.versions import span_list
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -264,8 +270,8 @@ def _prefix_ref(value: Any, bad: Any) -> PrefixRef | None:
     """A request's `prompt_prefix`, checked; a problem goes to `bad(field, message)` and gives None."""
     if value is None:
         return None
-    how = f'`{PREFIX_FIELD}` must be {{"key": a string of 1 to {MAX_KEY_CHARS} characters, "tokens": an integer >= 1, ' \
-          '"crc32": an integer from 0 to 2^32 - 1}'
+    how = (f'`{PREFIX_FIELD}` must be {{"key": a string of 1 to {MAX_KEY_CHARS} characters, '
+           '"tokens": an integer >= 1, "crc32": an integer from 0 to 2^32 - 1}')
     if not isinstance(value, dict):
         bad(PREFIX_FIELD, f"{how}, got {value!r:.80}")
         return None

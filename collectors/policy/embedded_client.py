@@ -40,17 +40,6 @@ from multidict import CIMultiDict
 
 from collectors.errors import VersionConflict, WeightLoadError
 from collectors.policy.contract import MAX_POLICY_VERSION, Chunk, Sample, SamplingParams
-from collectors.policy.token_ids import (
-    PACKED_FIELD,
-    PREFIX_FIELD,
-    PREFIX_NOT_CACHED,
-    SESSION_KEY_FIELD,
-    PackedIds,
-    TokenIds,
-    TokenLog,
-)
-from collectors.policy.versions import int_label
-from trajstore.announcement import LoadRequest
 from collectors.policy.http import (
     Http,
     PolicyServerBadResponse,
@@ -66,7 +55,17 @@ from collectors.policy.http import (
     prompt_list,
     session_headers,
 )
-
+from collectors.policy.token_ids import (
+    PACKED_FIELD,
+    PREFIX_FIELD,
+    PREFIX_NOT_CACHED,
+    SESSION_KEY_FIELD,
+    PackedIds,
+    TokenIds,
+    TokenLog,
+)
+from collectors.policy.versions import int_label
+from trajstore.announcement import LoadRequest
 
 PREFIX_MIN_IDS = 2048  # shorter log parts go whole: a prefix saves little there
 

@@ -15,7 +15,15 @@ from collectors.policy import EmbeddedClient
 from collectors.policy.token_ids import TokenLog
 from collectors.proxy.segmenter import SessionState, plan_turn, record_turn
 from tests.collectors import http
-from tests.collectors.proxy_harness import MODEL, Harness, Recording, assert_exact, call, openai_client, running_proxy
+from tests.collectors.proxy_harness import (
+    MODEL,
+    Harness,
+    Recording,
+    assert_exact,
+    call,
+    openai_client,
+    running_proxy,
+)
 
 KEEP = ("segment_id", "turn_index", "prompt_ids", "output_ids", "output_logprobs", "finish_reason")
 
@@ -52,7 +60,7 @@ def test_a_session_through_the_proxy_sends_prefixes_and_stores_the_same_turns(
     off, _, _ = run(server, tiny_model, tmp_path / "off", lambda: EmbeddedClient(server.url, prompt_prefix=False))
     middle = http.get(server.url + "/stats").json()["prefix_cache"]
     assert (middle["hits"], middle["stored"]) == (before["hits"], before["stored"])  # nothing sent with a key
-    on, h, stats = run(server, tiny_model, tmp_path / "on", lambda: EmbeddedClient(server.url, prefix_min_ids=1))
+    on, _, stats = run(server, tiny_model, tmp_path / "on", lambda: EmbeddedClient(server.url, prefix_min_ids=1))
     after = http.get(server.url + "/stats").json()["prefix_cache"]
     assert on == off and [t["turn_index"] for t in on] == [0, 1, 2, 3, 4, 0]
     # every call after a segment's first named the held ids: 4 of 6, none resent whole
@@ -64,7 +72,9 @@ def test_a_session_through_the_proxy_sends_prefixes_and_stores_the_same_turns(
 def test_a_segments_first_call_is_a_view_of_the_log_the_session_keeps() -> None:
     """The log the server learned from a segment's first call (its key) is the log of the segment's next calls."""
     state = SessionState(name="s")
-    encode = lambda text: [ord(ch) for ch in text]  # noqa: E731
+    def encode(text: str) -> list[int]:
+        return [ord(ch) for ch in text]
+
     plan = plan_turn(state, "hello", encode, lambda: "seg")
     assert state.held is None and state.segment_id is None  # planning changes nothing (the call may fail)
     first_log = plan.full_ids.log  # type: ignore[attr-defined]
