@@ -78,7 +78,11 @@ def server_side(ids: list[int], calls: int) -> tuple[float, ...]:
     import orjson
 
     from collectors.embedded.prefix_cache import PrefixCache
-    from collectors.embedded.protocol import check_prompt, parse_completion_request, with_prefix
+    from collectors.embedded.protocol import (
+        check_prompt,
+        parse_completion_request,
+        with_prefix,
+    )
     from collectors.policy.token_ids import PackedIds, TokenLog
     from collectors.serving import decode_json
 
