@@ -25,11 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collectors.errors import CollectorError
+
 DEFAULT_BUDGET = 16 << 20  # ids (64 MiB as int32)
 MAX_KEY_CHARS = 200
 
 
-class PrefixMissing(Exception):
+class PrefixMissing(CollectorError):
     """The prefix a request names is not held as named (key unknown or evicted, too few ids, another crc32)."""
 
 
