@@ -7,7 +7,10 @@ It answers at once or after a fixed delay (POST /bench/delay sets it):
                          option it takes is honoured, the packed prompt `prompt_token_ids_b64` too:
                          /health announces it as the embedded server does, so `EmbeddedClient` sends it;
                          BENCH_UPSTREAM_PACKED=0 in the environment leaves it unannounced, for the
-                         JSON-list form to be measured against it)
+                         JSON-list form to be measured against it), and a session's held prefix
+                         (`session_key` / `prompt_prefix`, kept in the embedded server's own
+                         `PrefixCache`): announced as `"prompt_prefix": true` unless
+                         BENCH_UPSTREAM_PREFIX=0, so the proxy's per-call cost is measured both ways)
                          and answered in its JSON, streamed too; the reply is always the same text
                          and tool call, the one the next request's history holds;
 - POST /v1/chat/completions  what the direct rounds call with the very same bodies: the body is
@@ -36,12 +39,16 @@ def upstream_app(model_dir: str) -> Any:
     from transformers import AutoTokenizer
 
     from collectors.embedded.engine import Completion
+    from collectors.embedded.prefix_cache import PrefixCache
     from collectors.embedded.protocol import (
         PACKED_FIELD,
+        PREFIX_FIELD,
         RequestError,
         completion_response,
         parse_completion_request,
+        remember,
         stream_event,
+        with_prefix,
     )
     from collectors.serving import read_json
 
@@ -56,12 +63,15 @@ def upstream_app(model_dir: str) -> Any:
             "function": {"name": CALL["name"], "arguments": json.dumps(CALL["arguments"])}}]}}],
         "usage": {"prompt_tokens": 0, "completion_tokens": len(ids), "total_tokens": len(ids)}}
 
+    prefixes = PrefixCache(0 if os.environ.get("BENCH_UPSTREAM_PREFIX") == "0" else 1 << 24)
+
     async def completions(request: web.Request) -> web.StreamResponse:
         try:
-            job = parse_completion_request(await read_json(request, MAX_BODY))
+            job = with_prefix(parse_completion_request(await read_json(request, MAX_BODY)), prefixes)
         except RequestError as exc:
             return web.json_response(exc.body(), status=exc.status)
         prompt = list(job.prompt) if isinstance(job.prompt, list) else tok.encode(job.prompt)
+        remember(job, prefixes, prompt, ids)  # the reply is always `ids`, answered whole (the stream too)
         if job.stream:
             return await stream(request, job, prompt)
         await asyncio.sleep(delay["s"])
@@ -103,7 +113,8 @@ def upstream_app(model_dir: str) -> Any:
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/bench/delay", delay_route)
     app.router.add_get("/v1/models", models)
-    health = {"status": "ok", "policy_version": 0, PACKED_FIELD: os.environ.get("BENCH_UPSTREAM_PACKED") != "0"}
+    health = {"status": "ok", "policy_version": 0, PACKED_FIELD: os.environ.get("BENCH_UPSTREAM_PACKED") != "0",
+              PREFIX_FIELD: bool(prefixes.budget)}
     app.router.add_get("/health", lambda r: web.json_response(health))
     return app
 

@@ -572,7 +572,8 @@ def main() -> None:
             if "hog" in only:
                 answered += table_hog(args, loads[min(args.contexts)], upstream, proxy, proxy_proc.pid)
             counted = asyncio.run(proxy_stats(proxy))
-            print(f"\nproxy /stats: turns {counted['turns']}, histories {counted['history']}, forks {counted['forks']}")
+            print(f"\nproxy /stats: turns {counted['turns']}, histories {counted['history']}, forks {counted['forks']}, "
+                  f"calls sent as a held prefix {counted.get('prompt_prefix', 'n/a')}")
         finally:
             stop_proxy(proxy_proc)
             up_conn.send("stop")

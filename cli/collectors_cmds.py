@@ -87,9 +87,12 @@ def init_model(directory: str, vocab_size: int, hidden_size: int, layers: int, h
 @click.option("--checkpoint-cache", type=click.Path(file_okay=False), metavar="DIR",
               help="Where versions that collectors name by their published URI are fetched to (default: "
                    "$TRAJSTORE_CHECKPOINT_CACHE or ~/.cache/trajstore/checkpoints).")
+@click.option("--prefix-cache-tokens", type=click.IntRange(min=0), default=16 << 20, show_default=True,
+              help="Token ids held for sessions' `session_key`s (int32, least recently used evicted), so their next "
+                   "call sends only the new ids after a `prompt_prefix`; 0 turns it off.")
 def serve(model_dir: str, host: str, port: int, max_batch: int, device: str, policy_version: int,
           served_model_name: str | None, threads: int | None, control_token: str | None,
-          checkpoint_cache: str | None) -> None:
+          checkpoint_cache: str | None, prefix_cache_tokens: int) -> None:
     """Serve a model with vLLM's completions API (token ids in, token ids and logprobs out).
 
     Concurrent requests share batched decode steps; each response reports the policy version
@@ -108,4 +111,4 @@ def serve(model_dir: str, host: str, port: int, max_batch: int, device: str, pol
 
     run_server(model_dir, host=host, port=port, model_name=served_model_name, device=device, max_batch=max_batch,
                policy_version=policy_version, threads=threads, control_token=control_token,
-               checkpoint_cache=checkpoint_cache)
+               checkpoint_cache=checkpoint_cache, prefix_cache_tokens=prefix_cache_tokens)

@@ -59,8 +59,10 @@ from typing import Any
 from aiohttp import web
 
 from collectors.embedded.engine import Completion, Engine
+from collectors.embedded.prefix_cache import DEFAULT_BUDGET, PrefixCache
 from collectors.embedded.protocol import (
     PACKED_FIELD,
+    PREFIX_FIELD,
     CompletionJob,
     RequestError,
     check_prompt,
@@ -68,8 +70,10 @@ from collectors.embedded.protocol import (
     completion_response,
     error_body,
     parse_completion_request,
+    remember,
     stream_event,
     usage_event,
+    with_prefix,
 )
 from collectors.errors import EngineError, VersionConflict, WeightLoadError
 from collectors.model.detokenize import IncrementalText
@@ -91,6 +95,7 @@ ENGINE = web.AppKey("engine", Engine)
 MODEL_NAME = web.AppKey("model_name", str)
 CONTROL_TOKEN = web.AppKey("control_token", str)  # "" when none: loopback callers only
 CHECKPOINT_CACHE = web.AppKey("checkpoint_cache", Path)  # copies of versions fetched by URI
+PREFIX_CACHE = web.AppKey("prefix_cache", PrefixCache)  # sessions' ids for `prompt_prefix` (budget 0: off)
 MIN_TOKEN_CHARS = 16
 MAX_BODY = 8 << 20
 TOKENIZE_OFF_LOOP_CHARS = 64 << 10  # longer text prompts are tokenized on a worker thread
@@ -138,6 +143,8 @@ async def completions(request: web.Request) -> web.Response:
     if job.model is not None and job.model != model_name:
         raise RequestError(f"The model `{job.model}` does not exist; this server serves `{model_name}` "
                            "(see GET /v1/models)", param="model", status=404, kind="NotFoundError")
+    cache = request.app[PREFIX_CACHE]
+    job = with_prefix(job, cache)
     if isinstance(job.prompt, str):
         encode = functools.partial(engine.tokenizer.encode, job.prompt, add_special_tokens=True)
         prompt_ids = await asyncio.to_thread(encode) if len(job.prompt) > TOKENIZE_OFF_LOOP_CHARS else encode()
@@ -151,6 +158,8 @@ async def completions(request: web.Request) -> web.Response:
         result = await engine.agenerate(prompt_ids, job.params)
     except EngineError as exc:
         raise RequestError(str(exc), status=503, kind="ServiceUnavailableError") from exc
+    if result.finish_reason != "abort":
+        remember(job, cache, prompt_ids, result.output_ids)
     tokenizer = engine.tokenizer
     body = completion_response(job, result, model_name=model_name,
                                decode_one=lambda t: tokenizer.decode([t], skip_special_tokens=False))
@@ -202,6 +211,8 @@ async def _stream(request: web.Request, engine: Engine, job: CompletionJob, prom
                 if isinstance(item, Completion):
                     rest = item.text[len(sent_text):] if item.text.startswith(sent_text) else ""
                     await send(item.spans()[1][-1], rest, item)  # the last tokens' version
+                    if item.finish_reason != "abort":  # what the caller got: the ids of every event
+                        remember(job, request.app[PREFIX_CACHE], prompt_ids, [t for t, _, _ in sampled])
                     if job.include_usage:
                         await response.write(_sse(usage_event(request_id, created, model_name, len(prompt_ids),
                                                               len(item.output_ids))))
@@ -232,14 +243,18 @@ async def models(request: web.Request) -> web.Response:
     engine, name = request.app[ENGINE], request.app[MODEL_NAME]
     card = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "trajstore", "root": engine.model_dir,
             "parent": None, "max_model_len": engine.max_model_len, "permission": [],
-            "policy_version": engine.policy_version, PACKED_FIELD: True}
+            "policy_version": engine.policy_version, **_forms(request)}
     return _json({"object": "list", "data": [card]}, version=engine.policy_version)
+
+
+def _forms(request: web.Request) -> dict[str, bool]:
+    """The prompt forms taken besides vLLM's (`collectors.embedded.protocol`), announced for clients to ask."""
+    return {PACKED_FIELD: True, **({PREFIX_FIELD: True} if request.app[PREFIX_CACHE].budget else {})}
 
 
 async def health(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
-    # PACKED_FIELD: the prompt form it takes besides vLLM's (`collectors.embedded.protocol`), for clients to ask
-    return _json({"status": "ok", "policy_version": engine.policy_version, PACKED_FIELD: True},
+    return _json({"status": "ok", "policy_version": engine.policy_version, **_forms(request)},
                  version=engine.policy_version)
 
 
@@ -247,7 +262,8 @@ async def stats(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     body = {**asdict(engine.stats), "running": engine.running, "waiting": engine.waiting,
             "reload_pending": engine.reload_pending, "policy_version": engine.policy_version,
-            "device": str(engine.device), "max_batch": engine.max_batch}
+            "device": str(engine.device), "max_batch": engine.max_batch,
+            "prefix_cache": request.app[PREFIX_CACHE].as_json()}
     return _json(body, version=engine.policy_version)
 
 
@@ -324,15 +340,17 @@ def check_token(token: str | None) -> None:
 
 
 def create_app(engine: Engine, model_name: str | None = None, control_token: str | None = None,
-               checkpoint_cache: str | Path | None = None) -> web.Application:
+               checkpoint_cache: str | Path | None = None,
+               prefix_cache_tokens: int = DEFAULT_BUDGET) -> web.Application:
     """The server's routes over `engine`; versions named by URI are fetched into `checkpoint_cache`
-    (default `trajstore.artifacts.default_cache()`)."""
+    (default `trajstore.artifacts.default_cache()`); sessions' ids are held up to `prefix_cache_tokens` ids."""
     check_token(control_token)
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
     app[ENGINE] = engine
     app[CONTROL_TOKEN] = control_token or ""
     app[CHECKPOINT_CACHE] = Path(checkpoint_cache) if checkpoint_cache is not None else artifacts.default_cache()
     app[MODEL_NAME] = model_name or engine.model_dir
+    app[PREFIX_CACHE] = PrefixCache(prefix_cache_tokens)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
@@ -342,11 +360,12 @@ def create_app(engine: Engine, model_name: str | None = None, control_token: str
 
 
 async def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 0, model_name: str | None = None,
-                       control_token: str | None = None,
-                       checkpoint_cache: str | Path | None = None) -> tuple[web.AppRunner, str]:
+                       control_token: str | None = None, checkpoint_cache: str | Path | None = None,
+                       prefix_cache_tokens: int = DEFAULT_BUDGET) -> tuple[web.AppRunner, str]:
     """Serve `engine` from the running event loop; port 0 takes a free one. Returns (runner, base URL)."""
     # a caller that went away (an agent stopped or timed out) frees its row in the batch at once
-    return await start_app(create_app(engine, model_name, control_token, checkpoint_cache), host, port,
+    return await start_app(create_app(engine, model_name, control_token, checkpoint_cache, prefix_cache_tokens),
+                           host, port,
                            cancel_on_disconnect=True)
 
 
@@ -359,7 +378,7 @@ class RunningServer:
 @contextmanager
 def serve_in_thread(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 0, model_name: str | None = None,
                     control_token: str | None = None, checkpoint_cache: str | Path | None = None,
-                    **engine_options: Any) -> Iterator[RunningServer]:
+                    prefix_cache_tokens: int = DEFAULT_BUDGET, **engine_options: Any) -> Iterator[RunningServer]:
     """Run the server on its own event-loop thread; yields the base URL and the engine.
 
         with serve_in_thread("tiny-model") as server:
@@ -367,8 +386,8 @@ def serve_in_thread(model_dir: str | Path, *, host: str = "127.0.0.1", port: int
     """
     engine = Engine(model_dir, **engine_options)
     try:
-        with app_in_thread(lambda: start_server(engine, host, port, model_name, control_token, checkpoint_cache),
-                           name="trajstore-serve") as (_, url):
+        with app_in_thread(lambda: start_server(engine, host, port, model_name, control_token, checkpoint_cache,
+                                                prefix_cache_tokens), name="trajstore-serve") as (_, url):
             yield RunningServer(url=url, engine=engine)
     finally:
         engine.close()
@@ -376,13 +395,13 @@ def serve_in_thread(model_dir: str | Path, *, host: str = "127.0.0.1", port: int
 
 def run_server(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
                control_token: str | None = None, checkpoint_cache: str | Path | None = None,
-               **engine_options: Any) -> None:
+               prefix_cache_tokens: int = DEFAULT_BUDGET, **engine_options: Any) -> None:
     """Serve until interrupted (the `trajstore serve` command)."""
     check_token(control_token)  # before the model loads
     engine = Engine(model_dir, **engine_options)
     try:
         run_until_interrupted(
-            lambda: start_server(engine, host, port, model_name, control_token, checkpoint_cache),
+            lambda: start_server(engine, host, port, model_name, control_token, checkpoint_cache, prefix_cache_tokens),
             lambda _, url: f"serving {engine.model_dir} (policy version {engine.policy_version}) on {url} "
                            f"[device {engine.device}, max batch {engine.max_batch}]",
         )

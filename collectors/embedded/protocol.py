@@ -20,6 +20,18 @@ protocol.py), so a collector cannot tell the embedded server from vLLM:
   The answer is the one the same ids sent as a JSON list get. And `return_prompt_token_ids:
   false` leaves the prompt's ids out of a `return_token_ids` answer (the caller sent them and knows them: an 80k-token prompt echoed
   back is half a megabyte of JSON per call); `usage.prompt_tokens` still counts them.
+  Two more, for a session's calls (`collectors.embedded.prefix_cache`), announced as
+  `"prompt_prefix": true` where the server keeps a store (`serve --prefix-cache-tokens`, 0 = off):
+  `session_key` (a string of 1 to 200 characters): once the request is answered (streamed or not;
+  not when it failed or was aborted), the server holds its whole prompt's ids followed by the output
+  ids it sampled (those of `token_ids`) under that key, replacing what the key held.
+  `prompt_prefix: {"key": str, "tokens": int, "crc32": int}`: the prompt is the first `tokens` ids
+  held under `key`, followed by the ids sent (`prompt_token_ids_b64` or `prompt` as a list; with
+  `tokens` >= 1 the sent part may be empty); `crc32` is zlib's crc32 of those `tokens` ids as
+  little-endian int32 bytes. When the key is not held (never stored, evicted, the server restarted),
+  holds fewer ids, or their crc32 differs, the answer is a 409 with `code: "prefix_not_cached"`:
+  resend the prompt whole (nothing is guessed). Otherwise the answer is exactly the one the whole
+  prompt sent gets (`usage.prompt_tokens`, `prompt_token_ids` and `routed_experts` cover all of it).
   `n` > 1, `echo`, `best_of`, `use_beam_search` and lists of prompts are refused with a 400
   that says what to send instead.
 - response: `choices[].text`, `finish_reason` (stop | length), `stop_reason` (the stop string
@@ -56,16 +68,24 @@ import binascii
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from collectors.embedded import routes
 from collectors.embedded.engine import Completion
+from collectors.embedded.prefix_cache import MAX_KEY_CHARS, PrefixCache, PrefixMissing
 from collectors.errors import CollectorError
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
-from collectors.policy.token_ids import PACKED_FIELD, listed
+from collectors.policy.token_ids import (
+    PACKED_FIELD,
+    PREFIX_FIELD,
+    PREFIX_NOT_CACHED,
+    SESSION_KEY_FIELD,
+    listed,
+)
 from collectors.policy.versions import span_list
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -81,15 +101,25 @@ class RequestError(CollectorError):
     """A request the server refuses; rendered as an OpenAI-style error body."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 kind: str = "BadRequestError") -> None:
+                 kind: str = "BadRequestError", code: str | None = None) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.kind = message, param, status, kind
+        self.code = code  # the body's `code` where it is not the status (a refusal the client acts on)
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.kind, self.param, self.status)
+        return error_body(self.message, self.kind, self.param, self.code if self.code is not None else self.status)
 
 
-def error_body(message: str, kind: str, param: str | None, code: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PrefixRef:
+    """A request's `prompt_prefix`: the first `tokens` ids held under `key`, whose crc32 is `crc32`."""
+
+    key: str
+    tokens: int
+    crc32: int
+
+
+def error_body(message: str, kind: str, param: str | None, code: int | str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -106,6 +136,9 @@ class CompletionJob:
     echo_prompt: bool = True  # with return_token_ids: the prompt's ids come back too (`return_prompt_token_ids`)
     prompt_max_id: int | None = None  # the largest prompt id where known already (a packed prompt's, from numpy)
     prompt_field: str = "prompt"  # the field the prompt came in, for errors about it
+    session_key: str | None = None  # hold the prompt and output under it once answered (module docstring)
+    prefix: PrefixRef | None = None  # `prompt` is the tail after these held ids, until `with_prefix`
+    prompt_array: np.ndarray | None = None  # the prompt's ids as int32 where they came so (packed, or a prefix)
 
 
 def _is_int(v: Any) -> bool:
@@ -116,8 +149,9 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def unpack_prompt(value: Any) -> np.ndarray:
-    """A `prompt_token_ids_b64` value as int32 ids, checked in bulk (non-empty, ids >= 0); RequestError naming it."""
+def unpack_prompt(value: Any, *, allow_empty: bool = False) -> np.ndarray:
+    """A `prompt_token_ids_b64` value as int32 ids, checked in bulk (non-empty unless `allow_empty`, ids >= 0);
+    RequestError naming it."""
     how = f"`{PACKED_FIELD}` is base64 of the prompt's token ids as little-endian int32"
 
     def refuse(problem: str) -> RequestError:
@@ -129,12 +163,12 @@ def unpack_prompt(value: Any) -> np.ndarray:
         raw = binascii.a2b_base64(value, strict_mode=True)
     except (binascii.Error, ValueError) as exc:  # ValueError: not ASCII
         raise refuse(f"it is not base64 (standard alphabet, padded with '='): {exc}") from None
-    if not raw:
+    if not raw and not allow_empty:
         raise refuse("it is empty: send at least one token id")
     if len(raw) % 4:
         raise refuse(f"it decodes to {len(raw)} bytes, not a multiple of 4 (4 bytes per id)")
     ids = np.frombuffer(raw, dtype="<i4")
-    if (low := int(ids.min())) < 0:
+    if len(ids) and (low := int(ids.min())) < 0:
         raise refuse(f"token ids must be >= 0, got {low}")
     return ids
 
@@ -160,16 +194,29 @@ def parse_completion_request(body: Any) -> CompletionJob:
     for name, (refused, message) in REFUSED.items():
         if refused(body.get(name)):
             bad(name, message.format(v=body.get(name)))
+    session_key = body.get(SESSION_KEY_FIELD)
+    if session_key is not None and not (isinstance(session_key, str) and 0 < len(session_key) <= MAX_KEY_CHARS):
+        bad(SESSION_KEY_FIELD, f"`{SESSION_KEY_FIELD}` must be a string of 1 to {MAX_KEY_CHARS} characters naming "
+                               f"the session, got {session_key!r:.80}")
+        session_key = None
+    prefix = _prefix_ref(body.get(PREFIX_FIELD), bad)
+    tail_only = prefix is not None and prefix.tokens >= 1  # the ids sent may be none: the held ones are the prompt
     prompt, packed = body.get("prompt"), body.get(PACKED_FIELD)
-    prompt_max_id, prompt_field = None, "prompt" if packed is None else PACKED_FIELD
+    prompt_max_id, prompt_field, prompt_array = None, "prompt" if packed is None else PACKED_FIELD, None
     if packed is not None and prompt is not None:
         bad(PACKED_FIELD, f"send the prompt either as `prompt` or as `{PACKED_FIELD}`, not both")
     elif packed is not None:
         try:
-            ids = unpack_prompt(packed)
-            prompt, prompt_max_id = listed(ids), int(ids.max())  # the engine's list form
+            ids = unpack_prompt(packed, allow_empty=tail_only)
+            prompt, prompt_array = listed(ids), ids  # the list: the engine's form
+            prompt_max_id = int(ids.max()) if len(ids) else -1
         except RequestError as exc:
             bad(PACKED_FIELD, exc.message)
+    elif prefix is not None and not isinstance(prompt, list):
+        bad("prompt", f"with `{PREFIX_FIELD}` the rest of the prompt is token ids: `prompt` as a list or "
+                      f"`{PACKED_FIELD}`, not {type(prompt).__name__}")
+    elif tail_only and prompt == []:
+        pass
     elif isinstance(prompt, str):
         if not prompt:
             bad("prompt", "`prompt` is an empty string; send text or a list of token ids")
@@ -215,7 +262,55 @@ def parse_completion_request(body: Any) -> CompletionJob:
     return CompletionJob(prompt=prompt, params=params, return_token_ids=flags["return_token_ids"], model=model,
                          stream=stream, include_usage=bool(options.get("include_usage")),
                          echo_prompt=flags["return_prompt_token_ids"], prompt_max_id=prompt_max_id,
-                         prompt_field=prompt_field)
+                         prompt_field=prompt_field, session_key=session_key, prefix=prefix,
+                         prompt_array=prompt_array)
+
+
+def _prefix_ref(value: Any, bad: Any) -> PrefixRef | None:
+    """A request's `prompt_prefix`, checked; a problem goes to `bad(field, message)` and gives None."""
+    if value is None:
+        return None
+    how = (f'`{PREFIX_FIELD}` must be {{"key": a string of 1 to {MAX_KEY_CHARS} characters, '
+           '"tokens": an integer >= 1, "crc32": an integer from 0 to 2^32 - 1}')
+    if not isinstance(value, dict):
+        bad(PREFIX_FIELD, f"{how}, got {value!r:.80}")
+        return None
+    key, tokens, crc = value.get("key"), value.get("tokens"), value.get("crc32")
+    problem = ("key" if not (isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS) else
+               "tokens" if not (_is_int(tokens) and tokens >= 1) else
+               "crc32" if not (_is_int(crc) and 0 <= crc < 1 << 32) else None)
+    if problem is not None:
+        bad(PREFIX_FIELD, f"{how}; its `{problem}` is {value.get(problem)!r:.80}")
+        return None
+    return PrefixRef(key, tokens, crc)
+
+
+def with_prefix(job: CompletionJob, cache: PrefixCache | None) -> CompletionJob:
+    """`job` with its whole prompt: the ids `cache` holds for its `prompt_prefix`, then the ids it sent. A prefix
+    not held as named is a 409 `prefix_not_cached` (module docstring); a server without a store answers it too."""
+    ref = job.prefix
+    if ref is None:
+        return job
+    if cache is None or not cache.budget:
+        raise RequestError(f"this server keeps no session prefixes (started with --prefix-cache-tokens 0); "
+                           f"resend the whole prompt without `{PREFIX_FIELD}`", param=PREFIX_FIELD, status=409,
+                           kind="ConflictError", code=PREFIX_NOT_CACHED)
+    try:
+        held = cache.prefix(ref.key, ref.tokens, ref.crc32)
+    except PrefixMissing as exc:
+        raise RequestError(f"{exc}; resend the whole prompt (with `{SESSION_KEY_FIELD}` for the server to hold "
+                           "it again)", param=PREFIX_FIELD, status=409, kind="ConflictError",
+                           code=PREFIX_NOT_CACHED) from None
+    assert isinstance(job.prompt, list)  # parse_completion_request: token ids with a prefix
+    tail = job.prompt_array if job.prompt_array is not None else np.asarray(job.prompt, dtype="<i4")
+    whole = np.concatenate((held, tail))  # a copy of int32s: the held ids are never converted from Python ints
+    return replace(job, prompt=listed(whole), prompt_max_id=int(whole.max()), prompt_array=whole, prefix=None)
+
+
+def remember(job: CompletionJob, cache: PrefixCache | None, prompt_ids: list[int], output_ids: Sequence[int]) -> None:
+    """Hold an answered request's prompt and the output ids it was answered with under its `session_key`."""
+    if job.session_key is not None and cache is not None and cache.budget:
+        cache.put(job.session_key, job.prompt_array if job.prompt_array is not None else prompt_ids, output_ids)
 
 
 def check_prompt(prompt_ids: list[int], params: SamplingParams, *, vocab_size: int, max_model_len: int,

@@ -19,20 +19,27 @@ and checks it in bulk instead of parsing tens of thousands of JSON numbers per c
 that announces it in /health, asked once, before the first completion; to an older server as a
 JSON list. A `TokenIds` prompt is packed from its log's kept form (`collectors.policy.token_ids`),
 encoding only the ids new since the session's last call.
+
+A server that announces `"prompt_prefix": true` holds a session's ids itself: a `TokenIds` prompt goes
+with `session_key` (its log's `key`), and once a call with that key was answered, the next prompt of
+the log whose log part has at least `prefix_min_ids` ids names that part (`prompt_prefix`: the key,
+its length and crc32) and sends only the tail: per call the cost of the new ids, not of the history.
+The log part is the previous prompt and the ids it sampled, what the server holds under the key.
+When the server does not hold them as named (restarted, evicted, or the ids differ) it answers a 409
+`prefix_not_cached`, and the call is sent again once, whole (`prefix_stats.resent_whole` counts it).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
+from weakref import WeakSet
 
 from multidict import CIMultiDict
 
 from collectors.errors import VersionConflict, WeightLoadError
 from collectors.policy.contract import MAX_POLICY_VERSION, Chunk, Sample, SamplingParams
-from collectors.policy.token_ids import PACKED_FIELD, PackedIds, TokenIds
-from collectors.policy.versions import int_label
-from trajstore.announcement import LoadRequest
 from collectors.policy.http import (
     Http,
     PolicyServerBadResponse,
@@ -48,6 +55,30 @@ from collectors.policy.http import (
     prompt_list,
     session_headers,
 )
+from collectors.policy.token_ids import (
+    PACKED_FIELD,
+    PREFIX_FIELD,
+    PREFIX_NOT_CACHED,
+    SESSION_KEY_FIELD,
+    PackedIds,
+    TokenIds,
+    TokenLog,
+)
+from collectors.policy.versions import int_label
+from trajstore.announcement import LoadRequest
+
+PREFIX_MIN_IDS = 2048  # shorter log parts go whole: a prefix saves little there
+
+
+@dataclass
+class PrefixStats:
+    """How a client's calls named their prompt (module docstring)."""
+
+    prefix_calls: int = 0  # sent as a held prefix plus the tail
+    resent_whole: int = 0  # of those, answered 409 prefix_not_cached and sent again whole
+
+    def as_json(self) -> dict[str, int]:
+        return asdict(self)
 
 
 class EmbeddedClient:
@@ -60,10 +91,14 @@ class EmbeddedClient:
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, model: str | None = None,
                  timeout_s: float = 600.0, reload_timeout_s: float = 600.0, connect_retries: int = 2,
                  retry_backoff_s: float = 0.25, max_connections: int = 0, control_token: str | None = None,
-                 packed_prompts: bool | None = None) -> None:
-        """`packed_prompts`: send token ids packed (module docstring); None asks the server whether it takes them."""
+                 packed_prompts: bool | None = None, prompt_prefix: bool | None = None,
+                 prefix_min_ids: int = PREFIX_MIN_IDS) -> None:
+        """`packed_prompts`, `prompt_prefix`: send token ids packed, a session's history as a held prefix (module
+        docstring); None asks the server whether it takes them."""
         self.base_url = base_url.rstrip("/")
-        self._packed = packed_prompts
+        self._packed, self._prefix, self._prefix_min = packed_prompts, prompt_prefix, prefix_min_ids
+        self._keyed: WeakSet[TokenLog] = WeakSet()  # logs whose key a call answered here was sent with
+        self.prefix_stats = PrefixStats()
         self._control = {"Authorization": f"Bearer {control_token}"} if control_token else None
         self.policy_version: int | None = None  # the newest version the server has reported
         self._reported: int | None = None  # the version of the last answer to a call sent after the last reload
@@ -79,11 +114,20 @@ class EmbeddedClient:
                        session_id: str | None = None) -> Sample:
         ids, loads = prompt_list(prompt_ids), self._loads
         try:
-            body = await self._body(ids, sampling)
-            reply = await self._http.call("POST", "/v1/completions", body=body, headers=session_headers(session_id))
+            sent = await self._body(ids, sampling)
+            try:
+                reply = await self._http.call("POST", "/v1/completions", body=sent,
+                                              headers=session_headers(session_id))
+            except PolicyServerRejected as exc:
+                if not self._missed(exc, sent):
+                    raise
+                sent = await self._body(ids, sampling, whole=True)
+                reply = await self._http.call("POST", "/v1/completions", body=sent,
+                                              headers=session_headers(session_id))
         except PolicyServerUnreachable:
             self._lost = True
             raise
+        self._answered(ids, sent)
         body = await self._http.parsed(reply, "/v1/completions")
         version = self._version(body, reply.headers, loads)
         return parse_completion(body, ids, policy_version=version, url=self.base_url,
@@ -93,31 +137,62 @@ class EmbeddedClient:
                      session_id: str | None = None) -> AsyncIterator[Chunk]:
         ids, loads = prompt_list(prompt_ids), self._loads
         try:
-            body = {**await self._body(ids, sampling), "stream": True}
-            async for head, event in self._http.events("/v1/completions", body=body,
-                                                       headers=session_headers(session_id)):
-                chunk = parse_chunk(event, ids, policy_version=self._version(event, head, loads), url=self.base_url,
-                                    top_logprobs=bool(sampling.logprobs))
-                if chunk is not None:
-                    yield chunk
+            sent = {**await self._body(ids, sampling), "stream": True}
+            for last_try in (False, True):
+                try:
+                    async for head, event in self._http.events("/v1/completions", body=sent,
+                                                               headers=session_headers(session_id)):
+                        chunk = parse_chunk(event, ids, policy_version=self._version(event, head, loads),
+                                            url=self.base_url, top_logprobs=bool(sampling.logprobs))
+                        if chunk is not None:
+                            yield chunk
+                    break
+                except PolicyServerRejected as exc:  # refused before its first event
+                    if last_try or not self._missed(exc, sent):
+                        raise
+                    sent = {**await self._body(ids, sampling, whole=True), "stream": True}
         except PolicyServerUnreachable:
             self._lost = True
             raise
+        self._answered(ids, sent)
 
-    async def _body(self, ids: list[int] | TokenIds, sampling: SamplingParams) -> dict[str, Any]:
+    async def _body(self, ids: list[int] | TokenIds, sampling: SamplingParams, *,
+                    whole: bool = False) -> dict[str, Any]:
         """The completion request: the embedded server need not echo the prompt back (`return_prompt_token_ids`:
-        it counts it in `usage`), and takes it packed where it says so (module docstring)."""
+        it counts it in `usage`), and takes it packed, and a session's history as a held prefix, where it says so
+        (module docstring); `whole`: never as a prefix."""
         body = completion_body(ids, sampling, self._model, echo_prompt=False)
-        if self._packed is None:
+        if self._packed is None or self._prefix is None:
             try:
                 # not retried on a failed connection: the completion would not be either
                 health = self._http.json(await self._http.call("GET", "/health", timeout_s=10), "/health")
             except (PolicyServerRejected, PolicyServerBadResponse):  # no such /health: it cannot announce it
                 health = None
-            self._packed = isinstance(health, dict) and health.get(PACKED_FIELD) is True
+            said = health if isinstance(health, dict) else {}
+            self._packed = said.get(PACKED_FIELD) is True if self._packed is None else self._packed
+            self._prefix = said.get(PREFIX_FIELD) is True if self._prefix is None else self._prefix
+        if self._prefix and isinstance(ids, TokenIds):
+            log = ids.log
+            body[SESSION_KEY_FIELD] = log.key  # the server holds this prompt and its answer under it
+            if not whole and ids.logged >= self._prefix_min and log in self._keyed:
+                body[PREFIX_FIELD] = {"key": log.key, "tokens": ids.logged, "crc32": ids.logged_crc32()}
+                body["prompt"] = ids.tail
+                self.prefix_stats.prefix_calls += 1
         if self._packed:
             body[PACKED_FIELD] = PackedIds(body.pop("prompt"))  # packed as the body is written
         return body
+
+    def _missed(self, exc: PolicyServerRejected, sent: dict[str, Any]) -> bool:
+        """Whether a refusal is the server not holding the prefix `sent` named: then it is sent again whole."""
+        missed = PREFIX_FIELD in sent and exc.status == 409 and exc.server_code == PREFIX_NOT_CACHED
+        self.prefix_stats.resent_whole += missed
+        return missed
+
+    def _answered(self, ids: list[int] | TokenIds, sent: dict[str, Any]) -> None:
+        """After a call the server answered: it holds the prompt and its output under the key the call was sent
+        with, so the log's next call may name them."""
+        if SESSION_KEY_FIELD in sent and isinstance(ids, TokenIds):
+            self._keyed.add(ids.log)
 
     async def reported_version(self) -> int | None:
         """The version the server serves by its own account (module docstring); None while unknown."""

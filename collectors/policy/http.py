@@ -62,9 +62,10 @@ class PolicyServerError(CollectorError):
     """A policy server could not serve a call. `status` and `server_message` when it answered."""
 
     def __init__(self, message: str, *, url: str, status: int | None = None,
-                 server_message: str | None = None) -> None:
+                 server_message: str | None = None, server_code: str | None = None) -> None:
         super().__init__(message)
         self.url, self.status, self.server_message = url, status, server_message
+        self.server_code = server_code  # the error body's `code` where it is a name, not the status
 
 
 class PolicyServerUnreachable(PolicyServerError):
@@ -142,6 +143,17 @@ class Reply:
     @property
     def text(self) -> str:
         return self.raw.decode("utf-8", errors="replace")
+
+
+def server_code(text: str) -> str | None:
+    """The `code` of vLLM's error body `{"error": {"code"}}` where it is a string (a refusal to act on)."""
+    try:
+        body = loads(text)
+    except ValueError:
+        return None
+    err = body.get("error") if isinstance(body, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def server_message(text: str) -> str:
@@ -267,7 +279,7 @@ class Http:
         kind = PolicyServerFailed if status >= 500 else PolicyServerRejected
         what = "failed" if status >= 500 else "refused"
         return kind(f'the policy server at {self.base_url} {what} {method} {route} ({status}): "{said}"',
-                    url=self.base_url, status=status, server_message=said)
+                    url=self.base_url, status=status, server_message=said, server_code=server_code(text))
 
     async def events(self, route: str, *, body: Any,
                      headers: Mapping[str, str] | None = None) -> AsyncIterator[tuple[CIMultiDict[str], Any]]:

@@ -27,12 +27,19 @@ lazily, the first time a view of it is packed (`PackedIds`), by the ids added si
 int32 bytes, and the base64 of their whole 3-byte groups (base64 of a concatenation is the
 concatenation of the pieces' base64 only at 3-byte boundaries); the 0 to 2 bytes after the last
 whole group are encoded with the view's own ids. A call costs O(new ids) plus one copy.
+
+The embedded server can also hold a session's ids itself (`session_key`, `prompt_prefix`: the
+next call names the held ids by their count and crc32 and sends only the ids after them). A log
+is such a session: it has a random `key`, its identity on the server, and keeps the crc32 of its
+int32 form as that grows (`crc32`), so naming a view's log part costs O(new ids) too.
 """
 
 from __future__ import annotations
 
 import base64
+import secrets
 import threading
+import zlib
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
 from typing import Any, overload
@@ -98,7 +105,7 @@ def drain(log: TokenLog) -> None:
     if len(log.ids) > SLICE and not log._views:
         while log.ids:
             del log.ids[-SLICE:]
-        log._json, log._int32, log._b64 = bytearray(b"["), bytearray(), bytearray()
+        log._json, log._int32, log._b64, log._crc = bytearray(b"["), bytearray(), bytearray(), 0
 
 
 def ids_int32(ids: Sequence[int]) -> bytes:
@@ -122,6 +129,8 @@ def b64(data: bytes | bytearray | memoryview) -> bytes:
 
 
 PACKED_FIELD = "prompt_token_ids_b64"  # the embedded server's request field for packed ids
+# the embedded server's fields for a prompt that starts with ids it holds (module docstring), and its 409's code
+PREFIX_FIELD, SESSION_KEY_FIELD, PREFIX_NOT_CACHED = "prompt_prefix", "session_key", "prefix_not_cached"
 
 
 class PackedIds:
@@ -171,7 +180,7 @@ class PackedIds:
 class TokenLog:
     """A session's token ids, append-only, and their JSON text without its closing bracket (module docstring)."""
 
-    __slots__ = ("_b64", "_int32", "_json", "_pack_lock", "_views", "ids")
+    __slots__ = ("__weakref__", "_b64", "_crc", "_int32", "_json", "_pack_lock", "_views", "ids", "key")
 
     def __init__(self, ids: Sequence[int] = ()) -> None:
         self.ids: list[int] = []
@@ -180,6 +189,8 @@ class TokenLog:
         # the packed form (module docstring), grown only when a view is packed: int32 bytes of ids[:len // 4],
         # and the base64 of their first len // 3 * 3 bytes; a request body may be encoded on a thread
         self._int32, self._b64, self._pack_lock = bytearray(), bytearray(), threading.Lock()
+        self._crc = 0  # zlib.crc32 of `_int32`
+        self.key = secrets.token_hex(16)  # this session's name on a server that holds its ids (`session_key`)
         self.extend(ids)
 
     def __len__(self) -> int:
@@ -221,17 +232,33 @@ class TokenLog:
         groups, then the rest encoded here (0-2 bytes of the log's, and `tail`'s); the log's form grows to `n` first."""
         more = ids_int32(tail)  # first: an id past int32 leaves the log's form as it was
         with self._pack_lock:
-            have = len(self._int32) // 4
-            for at in range(have, n, SLICE):
-                self._int32 += ids_int32(self.ids[at:min(at + SLICE, n)])
-            if have < n:
-                done, whole = len(self._b64) // 4 * 3, len(self._int32) // 3 * 3
+            self._grow_int32(n)
+            # the base64 catches up with the int32 form, which `crc32` may have grown alone
+            done, whole = len(self._b64) // 4 * 3, len(self._int32) // 3 * 3
+            if done < whole:
                 with memoryview(self._int32) as raw:
                     self._b64 += b64(raw[done:whole])
             cut = 4 * n // 3 * 3  # the log's bytes whose base64 is kept
             with memoryview(self._b64) as kept, memoryview(self._int32) as raw:
                 rest = b64(b"".join((raw[cut:4 * n], more)))
                 return b"".join((b'"', kept[:cut // 3 * 4], rest, b'"'))
+
+    def crc32(self, n: int) -> int:
+        """zlib.crc32 of the first `n` ids as little-endian int32 bytes: kept as the int32 form grows (to `n` first),
+        so a view's whole log part costs O(ids new since); an older view's is computed."""
+        with self._pack_lock:
+            self._grow_int32(n)
+            if 4 * n == len(self._int32):
+                return self._crc
+            with memoryview(self._int32) as raw:
+                return zlib.crc32(raw[:4 * n])
+
+    def _grow_int32(self, n: int) -> None:
+        """Extend the int32 form (and its crc32) to the first `n` ids; under `_pack_lock`."""
+        for at in range(len(self._int32) // 4, n, SLICE):
+            more = ids_int32(self.ids[at:min(at + SLICE, n)])
+            self._int32 += more
+            self._crc = zlib.crc32(more, self._crc)
 
 
 class TokenIds(Sequence[int]):
@@ -287,6 +314,20 @@ class TokenIds(Sequence[int]):
     def tail(self) -> list[int]:
         """The ids after the log's part (the ones `json()` encodes)."""
         return self._tail
+
+    @property
+    def log(self) -> TokenLog:
+        """The log whose first `logged` ids these start with."""
+        return self._log
+
+    @property
+    def logged(self) -> int:
+        """How many of the ids are the log's (the rest are `tail`)."""
+        return self._n
+
+    def logged_crc32(self) -> int:
+        """`TokenLog.crc32` of the log's part."""
+        return self._log.crc32(self._n)
 
     def tail_json(self) -> bytes:
         """`ids_json(self.tail)`, encoded on the first call only."""

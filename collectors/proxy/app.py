@@ -18,9 +18,11 @@ token-exact `turn` event (`collectors.proxy.capture`). Routes:
     GET|HEAD /, /r/{key}                 200 (agents such as Claude Code probe their base URL)
     GET  /stats                         counters: turns, forks by reason, histories by how they were
                                         reconciled, streams the agent left, errors, rollouts, calls
-                                        waiting for an unreachable policy server (`upstream`), and how
-                                        long turns waited to be durable (`durable_wait`, ms); the
-                                        piece cache's hits (`piece_cache`, `collectors.proxy.piece_cache`)
+                                        waiting for an unreachable policy server (`upstream`), how
+                                        long turns waited to be durable (`durable_wait`, ms), the
+                                        piece cache's hits (`piece_cache`, `collectors.proxy.piece_cache`),
+                                        and with the embedded server, calls sent as a held prefix
+                                        (`prompt_prefix`)
     GET  /health
 
 Point an SDK at one rollout with what `POST /rollouts` returned (see `collectors.proxy.sessions` for

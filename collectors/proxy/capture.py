@@ -110,6 +110,7 @@ class ProxyStats:
     rollouts_opened: int = 0
     rollouts_closed: int = 0
     upstream: Upstream | None = None  # its outage and cancellation counters
+    prefix: Any = None  # the policy client's `prefix_stats`, where it has them (`EmbeddedClient`)
     durable_wait: WaitHistogram = field(default_factory=WaitHistogram)  # per turn: handed to the commit -> durable
 
     def as_json(self, open_rollouts: int) -> dict[str, Any]:
@@ -119,6 +120,7 @@ class ProxyStats:
                 "retokenize_mismatches": self.retokenize_mismatches, "upstream_failures": self.upstream_failures,
                 "errors": {str(k): v for k, v in sorted(self.errors.items())},
                 "upstream": self.upstream.as_json() if self.upstream is not None else {},
+                **({"prompt_prefix": self.prefix.as_json()} if self.prefix is not None else {}),
                 "durable_wait": self.durable_wait.as_json(),
                 "rollouts": {"open": open_rollouts, "opened": self.rollouts_opened, "closed": self.rollouts_closed}}
 
@@ -176,7 +178,7 @@ class Capture:
         self.run, self.max_model_len, self.default_max_tokens = run, max_model_len, default_max_tokens
         self.registry = Registry()
         self.upstream = Upstream(client.base_url, upstream_wait_s)  # outages waited out, calls cancelled on close
-        self.stats = ProxyStats(upstream=self.upstream)
+        self.stats = ProxyStats(upstream=self.upstream, prefix=getattr(client, "prefix_stats", None))
         self._appender = BatchAppender(writer.append, writer.stage)  # concurrent turns share one append and its fsync
         self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="proxy-render")
         self._heavy_pool = heavy_pool("proxy-heavy")  # huge calls' renders, at a lower CPU priority

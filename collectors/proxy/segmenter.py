@@ -119,8 +119,18 @@ def plan_turn(state: SessionState, prompt_text: str, encode: Encode, new_segment
             view = held.ids.view(encode(rest))  # the delta is its tail: its JSON is encoded once, for both
             return TurnPlan(state.segment_id, state.next_turn, view.tail, view, None, None)
         fork = held.fork_reason(prompt_text)
-    view = TokenLog().view(encode(prompt_text))
-    return TurnPlan(new_segment_id(), 0, view.tail, view, fork, state.segment_id)
+    ids = encode(prompt_text)
+    # the segment's log from its first call: a policy server that holds a session's ids under the log's key
+    # (`collectors.policy.embedded_client`) learns them from this call, and `record_turn` keeps this very log
+    view = TokenLog(ids).view()
+    return TurnPlan(new_segment_id(), 0, ids, view, fork, state.segment_id)
+
+
+def _first_log(full_ids: Sequence[int]) -> TokenLog:
+    """A new segment's log: the one its first call was a view of (`plan_turn`), unless grown since, else a copy."""
+    if isinstance(full_ids, TokenIds) and not full_ids.tail and len(full_ids.log) == full_ids.logged:
+        return full_ids.log
+    return TokenLog(full_ids)
 
 
 def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_ids: Sequence[int],
@@ -134,7 +144,7 @@ def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_id
     state.next_turn = plan.turn_index + 1
     state.turns += 1
     if plan.turn_index == 0 or state.held is None:
-        ids = TokenLog(plan.full_ids)
+        ids = _first_log(plan.full_ids)
     else:  # the session's ids grow in place: a long episode is not copied or encoded again on every call
         ids = state.held.ids
         full = plan.full_ids  # the delta's JSON, when the policy client was sent it (the view's tail)

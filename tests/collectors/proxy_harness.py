@@ -46,6 +46,11 @@ class Recording:
     def base_url(self) -> str:
         return self.inner.base_url
 
+    @property
+    def prefix_stats(self) -> Any:
+        """The inner client's, where it has them (the proxy's /stats shows them)."""
+        return getattr(self.inner, "prefix_stats", None)
+
     async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
         sample = await self.inner.complete(prompt_ids, sampling, session_id=session_id)

@@ -115,6 +115,7 @@ async def relay(target: str, *, older: bool) -> AsyncIterator[tuple[str, list[di
             body = await r.json()
         if older:
             body.pop(FIELD)
+            body.pop("prompt_prefix", None)  # nor this one
         return web.json_response(body, headers={"X-Policy-Version": str(body["policy_version"])})
 
     async def completions(request: web.Request) -> web.StreamResponse:
