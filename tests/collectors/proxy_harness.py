@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import urllib.error
@@ -37,7 +38,8 @@ MODEL = "tiny"  # accepted by every test proxy besides the upstream's own name
 
 @dataclass
 class Recording:
-    """Keeps every call an upstream answered: `calls[i] = (ids sent, Sample)`."""
+    """Keeps every call an upstream answered: `calls[i] = (ids sent, Sample)`, the sample's prompt ids as a list: a
+    kept view of a session's `TokenLog` would keep that log from being freed when its rollout closes (`drain`)."""
 
     inner: PolicyClient
     calls: list[tuple[list[int], Sample]] = field(default_factory=list)
@@ -54,7 +56,7 @@ class Recording:
     async def complete(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Sample:
         sample = await self.inner.complete(prompt_ids, sampling, session_id=session_id)
-        self.calls.append((list(prompt_ids), sample))
+        self.calls.append((list(prompt_ids), dataclasses.replace(sample, prompt_ids=list(sample.prompt_ids))))
         return sample
 
     async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
