@@ -94,7 +94,7 @@ _BIG = 2.0 ** 63
 _DEEP = 900
 
 
-def _as_json_reads(value: Any) -> bool:
+def as_json_reads(value: Any) -> bool:
     """Whether orjson's `value` is what `json` reads from the same body: no float past +-2**63 and no nesting
     `_DEEP` levels deep (a walk of the containers only; their strings are not looked at)."""
     if type(value) is float:
@@ -127,7 +127,7 @@ def decode_json(raw: bytes) -> Any:
 
     orjson decodes what it accepts several times faster than `json`; whatever it refuses (NaN, lone surrogates, a
     byte order mark, UTF-16, invalid JSON) or might read otherwise (integers past 64 bits, nesting `json`
-    refuses; `_as_json_reads`) is decoded by `json` as before, to its values, errors and messages. orjson accepts
+    refuses; `as_json_reads`) is decoded by `json` as before, to its values, errors and messages. orjson accepts
     no lone surrogate, so only `json`'s result needs the walk for one."""
     return _decode(raw)[0]
 
@@ -167,7 +167,7 @@ def _decode(raw: bytes) -> tuple[Any, bool]:
     except orjson.JSONDecodeError:
         pass
     else:
-        if _as_json_reads(value):
+        if as_json_reads(value):
             return value, True
     try:
         value = json.loads(raw)
@@ -194,19 +194,24 @@ async def read_json_text(request: web.Request, max_bytes: int) -> tuple[Any, Bod
 
 
 async def _read_decoded(request: web.Request, max_bytes: int, decode: Callable[[bytes], T]) -> T:
+    raw = await read_body(request, max_bytes)
+    if len(raw) > DECODE_OFF_LOOP_BYTES:
+        return await asyncio.to_thread(decode, raw)
+    return decode(raw)
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The request's body, at most `max_bytes` (BadRequest 413 past it); ClientGone if the client left."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise BadRequest(f"the request body is {request.content_length:,} bytes; this server takes at most "
                          f"{max_bytes:,} ({max_bytes >> 20} MiB)", status=413)
     try:
-        raw = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise BadRequest(f"the request body is over {max_bytes:,} bytes ({max_bytes >> 20} MiB), this server's "
                          "limit", status=413) from None
     except (ConnectionResetError, ClientPayloadError) as exc:
         raise ClientGone(f"the client of {request.method} {request.path} disconnected while sending ({exc})") from exc
-    if len(raw) > DECODE_OFF_LOOP_BYTES:
-        return await asyncio.to_thread(decode, raw)
-    return decode(raw)
 
 
 def header_text(request: web.Request, name: str) -> str | None:

@@ -65,6 +65,7 @@ import orjson
 from aiohttp import web
 
 from collectors.policy import PolicyClient
+from collectors.proxy.body_splice import read_session_body
 from collectors.proxy.capture import Capture
 from collectors.proxy.chat import ChatError, ChatRequest, is_int
 from collectors.proxy.protocol import SESSION_HEADER, split_key
@@ -234,12 +235,24 @@ async def _body(request: web.Request) -> Any:
     return await read_json(request, MAX_BODY)
 
 
-async def _chat_request(request: web.Request, parse: Callable[[Any], ChatRequest]) -> tuple[ChatRequest, Any]:
+async def _chat_request(request: web.Request, parse: Callable[[Any], ChatRequest], rollout: Rollout | None = None,
+                        session: str = "", wire: WireProtocol | None = None) -> tuple[ChatRequest, Any]:
     """A chat route's request (parsed by `parse`) and its decoded body; the request knows the body's size, which
     spares `ChatRenderer.check_fits` counting the text of a body too small to be refused, and its text, which
-    the turn stores as its `request` without writing the body's value again."""
-    body, text = await read_json_text(request, MAX_BODY)
-    req = parse(body)
+    the turn stores as its `request` without writing the body's value again. With `rollout` (a call to sample),
+    the body is decoded onto the session's last one (`collectors.proxy.body_splice`), which it then replaces."""
+    if rollout is None or wire is None:
+        body, text = await read_json_text(request, MAX_BODY)
+        req = parse(body)
+    else:
+        body, text, held, spliced = await read_session_body(request, MAX_BODY, rollout.held_bodies.get(session),
+                                                            wire.conversation)
+        req = parse(body)
+        if held is not None:
+            rollout.held_bodies[session] = held
+        else:
+            rollout.held_bodies.pop(session, None)
+        request.app[STATE].capture.stats.bodies["spliced" if spliced else "whole"] += 1
     return dataclasses.replace(req, body_bytes=len(await request.read()), body_json=text), body  # aiohttp's copy
 
 
@@ -262,7 +275,7 @@ async def chat(request: web.Request, wire: WireProtocol) -> web.StreamResponse:
     capture.stats.requests += 1
     rollout, session = capture.registry.resolve(request.match_info.get("key"), _header_keys(request),
                                                 request.headers.get(SESSION_HEADER))
-    req, body = await _chat_request(request, wire.parse_request)
+    req, body = await _chat_request(request, wire.parse_request, rollout, session, wire)
     await state.check_model(req.model)
     if not req.stream:
         _, answer = await capture.turn(rollout, session, req, body, wire)

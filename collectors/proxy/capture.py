@@ -112,6 +112,7 @@ class ProxyStats:
     upstream: Upstream | None = None  # its outage and cancellation counters
     prefix: Any = None  # the policy client's `prefix_stats`, where it has them (`EmbeddedClient`)
     durable_wait: WaitHistogram = field(default_factory=WaitHistogram)  # per turn: handed to the commit -> durable
+    bodies: Counter[str] = field(default_factory=Counter)  # request bodies decoded onto the session's last, or whole
 
     def as_json(self, open_rollouts: int) -> dict[str, Any]:
         return {"requests": self.requests, "turns": self.turns, "streamed": self.streamed,
@@ -122,6 +123,7 @@ class ProxyStats:
                 "upstream": self.upstream.as_json() if self.upstream is not None else {},
                 **({"prompt_prefix": self.prefix.as_json()} if self.prefix is not None else {}),
                 "durable_wait": self.durable_wait.as_json(),
+                "bodies": {"spliced": self.bodies["spliced"], "whole": self.bodies["whole"]},
                 "rollouts": {"open": open_rollouts, "opened": self.rollouts_opened, "closed": self.rollouts_closed}}
 
 
@@ -469,6 +471,7 @@ class Capture:
         for slot in rollout.sessions.values():
             slot.state.held = slot.state.answered = None  # keep the counts, free the tokens and messages
             slot.last_request = None
+        rollout.held_bodies.clear()
         long = [ids for ids in logs if len(ids) > LONG_TURN_IDS]  # millions of ids: freed a slice at a time
         await self._sized(bool(long), lambda: [drain(ids) for ids in long])
         self.stats.rollouts_closed += 1

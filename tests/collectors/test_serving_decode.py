@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.serving import BadRequest, _as_json_reads, decode_json
+from collectors.serving import BadRequest, as_json_reads, decode_json
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
@@ -42,7 +42,7 @@ def test_a_body_decodes_to_what_json_reads(value: Any, ascii_only: bool) -> None
     b'\xef\xbb\xbf{"a": 1}', '{"a": "é"}'.encode("utf-16"),  # byte order mark, UTF-16
     b'{"a": "\\ud83d\\ude00"}',  # a surrogate pair
 ])
-def test_what_orjson_refuses_or_reads_otherwise_is_read_as_json_reads_it(raw: bytes) -> None:
+def test_what_orjson_refuses_or_reads_otherwise_is_readas_json_reads_it(raw: bytes) -> None:
     assert typed(decode_json(raw)) == typed(json.loads(raw))
 
 
@@ -64,8 +64,8 @@ def test_a_bad_body_is_refused_with_jsons_message(raw: bytes, says: str) -> None
 def test_nesting_json_may_refuse_is_left_to_json(depth: int) -> None:
     """orjson reads 1024 levels; `json` about 1000 less the caller's stack: such a body is json's to take or not."""
     nested = orjson.loads(b"[" * depth + b"]" * depth)
-    assert not _as_json_reads(nested) and not _as_json_reads({"a": [nested]})
-    assert _as_json_reads(orjson.loads(b"[" * 100 + b"]" * 100))
+    assert not as_json_reads(nested) and not as_json_reads({"a": [nested]})
+    assert as_json_reads(orjson.loads(b"[" * 100 + b"]" * 100))
 
 
 @pytest.mark.parametrize(("value", "reads"), [
@@ -73,7 +73,7 @@ def test_nesting_json_may_refuse_is_left_to_json(depth: int) -> None:
     (9.2e18, True), ({"a": [1, {"b": 2 ** 63}]}, True), ("1e19", True),
 ])
 def test_a_float_that_may_be_an_integer_past_64_bits_is_left_to_json(value: Any, reads: bool) -> None:
-    assert _as_json_reads(value) == reads
+    assert as_json_reads(value) == reads
 
 
 def test_the_body_text_comes_back_only_when_it_is_strict_json() -> None:

@@ -1,0 +1,224 @@
+"""Decode a session's request body by what is new in it: the part its previous body also sent is not read again.
+
+An agent resends its whole conversation on every call, so at 80k tokens of context each body is some 300 kB of
+JSON of which a few kB are new. Decoding it whole costs time proportional to the history on every call (orjson
+reads every byte and makes every string again), and so does everything after it that compares the history with
+the call before (the stored request's delta, the reconciled history): new strings compare byte by byte.
+
+`HeldBody` keeps a session's last body: its bytes, where each element of its conversation list (`messages`,
+`input`) ends, the decoded elements, and the decoded top-level members before and after that list. The next
+body of the session is decoded as the held elements whose bytes it repeats (a `memcmp` of the prefix, no
+parse) plus what follows them:
+
+- usually the bytes after the new elements (the tools, the sampling options) are the held body's too: only
+  the new elements are parsed, as a list, and the members after the list are the held values;
+- otherwise the rest of the body is parsed as `{"\\u0000": [` + the rest: it closes the list and the object
+  just as it does in the whole body.
+
+Either way the parse accepts exactly what a parse of the whole body accepts, and the value is the same. The
+repeated elements and members are then the very objects of the previous call (so nothing may change a decoded
+body in place), which makes the comparisons that follow with the previous call cheap. A session holds its last
+body until its rollout closes.
+
+What falls back to decoding the whole body (`None` from `splice`): no held body, a body that does not repeat
+any held element's bytes, a trailing comma, a member of the rest that repeats one before the list (or is
+named by the marker), anything orjson refuses or reads otherwise than `json` (`as_json_reads`). A list whose
+elements are not all objects, arrays or strings is never held.
+
+No JSON library offers this: a parser resumable at a byte offset with the values it made before. The element
+ends are found by a scan of the structure (strings and brackets, a regular expression in C) over the new
+bytes only; the first body of a session, or one after a miss, is scanned whole once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from collectors.serving import DECODE_OFF_LOOP_BYTES, BodyText, as_json_reads, decode_json_text, read_body
+
+# a JSON string (any escapes) or a bracket: the scan's tokens; anything else (numbers, literals, commas, colons,
+# whitespace) lies between them
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[][{}]')
+_COLON = re.compile(rb"[ \t\n\r]*:[ \t\n\r]*")  # a member's name ends here; the match ends at its value
+_NEXT = re.compile(rb"[ \t\n\r]*([,\]])[ \t\n\r]*")
+_MARK = "\x00"  # the rest's list is parsed under this name: JSON text can only write it as \u0000
+_MARK_HEAD = b'{"\\u0000":['
+_MARK_ESCAPE = b"\\u0000"
+MIN_BYTES = 16 << 10  # a smaller body decodes whole faster than the prefix check and the scan
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBody:
+    """A session's last decoded body, as the next one is spliced onto: see the module docstring."""
+
+    raw: bytes
+    key: str  # the conversation list's member
+    head: dict[str, Any]  # the top-level members up to the list, in order; the list's own value is None
+    ends: tuple[int, ...]  # where each element of the list ends in `raw` (the offset past its last byte)
+    items: list[Any]  # the list's decoded elements
+    close: int  # the offset of the list's closing bracket
+    tail: dict[str, Any]  # the top-level members after the list, in order
+
+    def shared(self, raw: bytes) -> int:
+        """How many of the held elements `raw` repeats byte for byte from the start (0: none)."""
+        view = memoryview(self.raw)
+        ends = self.ends
+        if raw.startswith(view[:ends[-1]]):  # the usual call: every held element again, then what is new
+            return len(ends)
+        lo, hi = 0, len(ends) - 1  # ends[:lo] repeated, ends[hi:] not: a prefix match is monotone
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if raw.startswith(view[:ends[mid]]):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def same_tail(self, raw: bytes, close: int) -> bool:
+        """Whether `raw` from `close` on (its list's closing bracket) is the held body's tail byte for byte."""
+        return len(raw) - close == len(self.raw) - self.close and raw.endswith(memoryview(self.raw)[self.close:])
+
+
+def _elements(raw: bytes, pos: int) -> tuple[list[int], int] | None:
+    """The ends of a list's elements from `pos` (just inside the list or just past an element's comma) and
+    the offset of the list's closing bracket; None when the list does not close (not JSON: the parse says why).
+    Only objects, arrays and strings are seen: a list holding another kind of element shows fewer ends."""
+    ends: list[int] = []
+    depth = 0
+    for m in _TOKEN.finditer(raw, pos):
+        c = raw[m.start()]
+        if c == 0x22:  # a string
+            if not depth:
+                ends.append(m.end())
+        elif c == 0x7B or c == 0x5B:  # { [
+            depth += 1
+        elif depth:
+            depth -= 1
+            if not depth:
+                ends.append(m.end())
+        else:
+            return ends, m.start()
+    return None
+
+
+def _members(raw: bytes, close: int) -> dict[str, Any]:
+    """The top-level members after a list closing at `close`, parsed as the list's rest (see the docstring)."""
+    after = orjson.loads(_MARK_HEAD + raw[close:])
+    del after[_MARK]
+    return after
+
+
+def anchor(raw: bytes, value: Any, key: str) -> HeldBody | None:
+    """Hold `raw` (decoded whole as `value`) for the session's next body, or None when its conversation list
+    cannot be held (not a top-level list of objects, arrays or strings; a member named twice)."""
+    items = value.get(key) if type(value) is dict else None
+    if type(items) is not list or not items or len(raw) < MIN_BYTES:
+        return None
+    depth, before, opened = 0, set(), -1
+    for m in _TOKEN.finditer(raw):
+        c = raw[m.start()]
+        if c == 0x22:
+            colon = _COLON.match(raw, m.end()) if depth == 1 else None
+            if colon:
+                name = orjson.loads(m.group())
+                if name in before:
+                    return None
+                before.add(name)
+                if name == key:
+                    opened = colon.end()
+                    break
+        elif c == 0x7B or c == 0x5B:  # { [
+            depth += 1
+        else:
+            depth -= 1
+    if raw[opened:opened + 1] != b"[":
+        return None
+    found = _elements(raw, opened + 1)
+    if found is None or len(found[0]) != len(items):
+        return None
+    head = orjson.loads(raw[:opened + 1] + b"]}")
+    tail = _members(raw, found[1])
+    if any(name in head for name in tail):  # named again after the list
+        return None
+    head[key] = None
+    return HeldBody(raw, key, head, tuple(found[0]), items, found[1], tail)
+
+
+def splice(raw: bytes, held: HeldBody, shared: int | None = None) -> tuple[Any, HeldBody | None] | None:
+    """`raw` decoded onto `held` (the same value as a whole decode) and the body to hold next; None when it
+    must be decoded whole (see the module docstring). `shared`: `held.shared(raw)`, when the caller has it."""
+    shared = held.shared(raw) if shared is None else shared
+    if not shared:
+        return None
+    nxt = _NEXT.match(raw, held.ends[shared - 1])
+    if nxt is None:
+        return None
+    if nxt.group(1) == b",":
+        start = nxt.end()
+        found = _elements(raw, start) if raw[start:start + 1] != b"]" else None  # `,]`: JSON refuses it
+        if found is None:
+            return None
+        ends, close = found
+    else:
+        ends, start = [], nxt.start(1)
+        close = start
+    if held.same_tail(raw, close):  # the usual call: only the new elements are parsed, the rest is held
+        try:
+            new = orjson.loads(b"[" + raw[start:close + 1]) if ends or start < close else []
+        except orjson.JSONDecodeError:
+            return None
+        if type(new) is not list or not as_json_reads({_MARK: new}):  # at the depth the whole body has it
+            return None
+        tail = held.tail
+    else:
+        if raw.find(_MARK_ESCAPE, start) >= 0:
+            return None
+        try:
+            rest = orjson.loads(_MARK_HEAD + raw[start:])
+        except orjson.JSONDecodeError:
+            return None
+        if type(rest) is not dict or not as_json_reads(rest):
+            return None
+        new = rest.pop(_MARK)
+        if any(name in held.head for name in rest):  # a member named again after the list
+            return None
+        tail = rest
+    items = held.items[:shared] + new
+    value = {name: items if name == held.key else v for name, v in held.head.items()}
+    value.update(tail)
+    if len(ends) != len(new):  # an element the scan does not see: decoded right, but not held
+        return value, None
+    return value, HeldBody(raw, held.key, held.head, held.ends[:shared] + tuple(ends), items, close, tail)
+
+
+def decode_whole(raw: bytes, key: str) -> tuple[Any, BodyText | None, HeldBody | None]:
+    """`decode_json_text(raw)`, and the body held for the session's next call (None if it cannot be)."""
+    value, text = decode_json_text(raw)
+    return value, text, anchor(raw, value, key) if text is not None else None
+
+
+async def read_session_body(request: web.Request, max_bytes: int, held: HeldBody | None, key: str
+                            ) -> tuple[Any, BodyText | None, HeldBody | None, bool]:
+    """A session's request body, decoded (spliced onto `held`, the session's last body, when it can be; whole
+    otherwise), its `BodyText`, the body to hold for the session's next call, and whether it was spliced.
+
+    As `collectors.serving.read_json_text`, what is proportional to a body's size runs off the event loop: a
+    splice runs on it when what is new in the body is small (the check of the rest is a `memcmp`)."""
+    raw = await read_body(request, max_bytes)
+    if held is not None and held.key == key and len(raw) >= MIN_BYTES:
+        shared = held.shared(raw)
+        if shared and len(raw) - held.ends[shared - 1] <= DECODE_OFF_LOOP_BYTES:
+            got = splice(raw, held, shared)
+        else:
+            got = await asyncio.to_thread(splice, raw, held, shared) if shared else None
+        if got is not None:
+            return got[0], BodyText(raw), got[1], True
+    if len(raw) > DECODE_OFF_LOOP_BYTES:
+        return *await asyncio.to_thread(decode_whole, raw, key), False
+    return *decode_whole(raw, key), False
