@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -401,7 +402,7 @@ def _vector_checks(columns: dict[str, pa.Array]) -> list[tuple[int, str]]:
         if lp is None or lp.null_count == len(lp) or not len(lp.values):
             continue
         values = lp.values.to_numpy()  # a view of the float32 buffer, not a copy
-        if np.isnan(values).any() or values.max() > _LOGPROB_SLACK:  # rows only when some fail
+        if not values.max() <= _LOGPROB_SLACK:  # NaN as well (the max of values holding one): rows only when some fail
             flat = pc.list_flatten(lp)
             bad = pc.or_(pc.is_nan(flat), pc.greater(flat, _LOGPROB_SLACK))
             if pc.any(bad).as_py():
@@ -570,21 +571,26 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
     out_len = _lengths(columns["output_ids"])
     columns["prompt_tokens"] = _count_column(prompt_len, columns["prompt_ids"])
     columns["output_tokens"] = _count_column(out_len, columns["output_ids"])
-    columns["trainable_tokens"] = _trainable_counts(columns["output_mask"], out_len, columns["output_ids"])
+    mask = columns["output_mask"]
+    columns["trainable_tokens"] = (columns["output_tokens"] if mask.null_count == len(mask)  # all of them
+                                   else _trainable_counts(mask, out_len, columns["output_ids"]))
     return columns
 
 
 def _string_columns(strings: list[tuple[str, list[str | None]]], n: int) -> dict[str, pa.Array]:
-    """Columns of `n` strings each, converted in one call and sliced apart: a dozen conversions of one value
-    cost more than the one of a dozen values (and pyarrow reads an environment variable for each)."""
+    """Columns of `n` strings each, built as one string array and sliced apart: a dozen conversions of one value
+    cost more than the one of a dozen values. The array is made from the texts' UTF-8 bytes directly: what Arrow's
+    conversion stores, without its setup per call (a lone surrogate raises UnicodeEncodeError all the same)."""
     if not strings:
         return {}
-    # Inferred, not typed: pyarrow 26 converts Python text given `type=pa.string()` some 40 times slower (0.4 ms
-    # for a 280 kB request) than the same text whose type it infers (a string column, or a null one when empty)
-    flat = pa.array([v for _, values in strings for v in values])
-    if isinstance(flat, pa.ChunkedArray) or flat.type not in (_STRING, pa.null()):  # over 2 GiB: column by column
+    texts = [v for _, values in strings for v in values]
+    data = [b"" if v is None else v.encode() for v in texts]
+    offsets = np.fromiter(itertools.accumulate(map(len, data), initial=0), np.int64, len(data) + 1)
+    if offsets[-1] >= INT32_MAX:  # over 2 GiB, more than one string array holds: column by column
         return {name: pa.array(values, _STRING) for name, values in strings}
-    flat = flat.cast(_STRING) if flat.type != _STRING else flat
+    validity = None if None not in texts else pa.array([v is not None for v in texts]).buffers()[1]
+    flat = pa.Array.from_buffers(_STRING, len(texts), [validity, pa.py_buffer(offsets.astype(np.int32)),
+                                                       pa.py_buffer(b"".join(data))], null_count=texts.count(None))
     return {name: flat.slice(k * n, n) for k, (name, _) in enumerate(strings)}
 
 
@@ -599,16 +605,14 @@ def _lengths(column: pa.ListArray) -> np.ndarray:
 def _count_column(counts: np.ndarray, of: pa.Array) -> pa.Array:
     """Counts as an int32 column, null where the list they count is null (events without tokens)."""
     if not of.null_count:
-        return pa.array(counts, _INT32)
+        return numpy_column(counts.astype(np.int32, copy=False), _INT32)
     if of.null_count == len(of):
         return nulls(len(of), _INT32)
     return pa.array(counts, _INT32, mask=of.is_null().to_numpy(zero_copy_only=False))
 
 
 def _trainable_counts(mask: pa.Array, out_len: np.ndarray, output_ids: pa.Array) -> pa.Array:
-    """Per row: output tokens the mask leaves trainable (all of them when the mask is null)."""
-    if mask.null_count == len(mask):
-        return _count_column(out_len, output_ids)
+    """Per row: output tokens the mask leaves trainable (all of them where the mask is null)."""
     counts = out_len.astype(np.int64)
     has_mask = mask.is_valid().to_numpy(zero_copy_only=False)
     flat = mask.values.to_numpy(zero_copy_only=False)
