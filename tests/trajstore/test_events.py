@@ -383,19 +383,20 @@ def _checked_list_column(name: str, values: list[Any], typ: pa.ListType) -> tupl
     return column, problems
 
 
-_TOKEN_ITEMS = st.one_of(
-    st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), st.integers(-(2**70), 2**70), st.sampled_from(
-        [-1, 2**31 - 1, 2**31, 2**32, 2**63, -(2**63) - 1, True, False, 1.0, 1.5, None, "7", np.int64(3)]))
-_LOGPROB_ITEMS = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True), st.floats(max_value=0.0), st.floats(-1e-37, 0.0),
-    st.sampled_from([0, -3, 2**70, True, None, "-0.5", np.float32(-0.5), -3.4028235677973366e38,
-                     -3.4028234663852886e38, -1e-46, -0.0, math.nan, -math.inf, math.inf, 1e300, -1e300]))
+_ODD_IDS = st.sampled_from([-1, 2**31, 2**32, 2**63, -(2**63) - 1, 2**70, True, False, 1.0, 1.5, None, "7", np.int64(3)])
+_TOKEN_ITEMS = st.one_of(st.integers(0, 2**31 - 1), st.integers(-(2**70), 2**70), _ODD_IDS)
+_ODD_LOGPROBS = st.sampled_from([0, -3, 2**70, True, None, "-0.5", np.float32(-0.5), np.float64(-0.5), math.nan,
+                                 -math.inf, math.inf, 1e300, -1e300, -3.4028235677973366e38, -1e-46])
+_LOGPROB_ITEMS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-1e-37, 0.0), _ODD_LOGPROBS)
 
 
-def _rows(items: st.SearchStrategy[Any], pure: st.SearchStrategy[Any]) -> st.SearchStrategy[list[Any]]:
-    """1-3 rows of a column: None, a list of clean values (the common case), or of anything."""
-    row = st.one_of(st.none(), st.lists(pure, max_size=40), st.lists(items, max_size=8),
-                    st.lists(pure, max_size=8).map(tuple))
+def _rows(odd: st.SearchStrategy[Any], pure: st.SearchStrategy[Any]) -> st.SearchStrategy[list[Any]]:
+    """1-3 rows of a column: None, a list of clean values (the common case), clean values but one odd one (what a
+    fast path must not take for clean), or anything."""
+    one_odd = st.builds(lambda clean, item, at: [*clean[:at], item, *clean[at:]],
+                        st.lists(pure, max_size=20), odd, st.integers(0, 20))
+    anything = st.lists(st.one_of(pure, odd), max_size=8)
+    row = st.one_of(st.none(), st.lists(pure, max_size=40), one_odd, anything, st.lists(pure, max_size=8).map(tuple))
     return st.lists(row, min_size=1, max_size=3)
 
 
@@ -406,13 +407,13 @@ def test_short_token_lists_are_stored_exactly_as_the_checked_conversion_stores_t
     mixed rows): `list_column` stores the same bytes, or refuses with the same problems, as the checked way."""
     from trajstore.tokens import list_column
 
-    name, items, pure = data.draw(st.sampled_from([
+    name, odd, pure = data.draw(st.sampled_from([
         ("prompt_ids", _TOKEN_ITEMS, st.integers(0, 2**31 - 1)),
-        ("support_sizes", _TOKEN_ITEMS, st.integers(0, 600)),
-        ("output_logprobs", _LOGPROB_ITEMS, st.floats(max_value=0.0, allow_nan=False)),
-        ("teacher_logprobs", _LOGPROB_ITEMS, st.floats(width=32, allow_nan=True, allow_infinity=True)),
+        ("support_sizes", _ODD_IDS, st.integers(0, 600)),
+        ("output_logprobs", _ODD_LOGPROBS, st.floats(max_value=0.0, allow_nan=False)),
+        ("teacher_logprobs", _LOGPROB_ITEMS, st.floats(width=32)),
     ]))
-    values = data.draw(_rows(items, pure))
+    values = data.draw(_rows(odd, pure))
     typ = pa.list_(pa.int32()) if name.endswith(("ids", "sizes")) else pa.list_(pa.float32())
     column, problems = list_column(name, values, typ)
     expected, expected_problems = _checked_list_column(name, values, typ)
