@@ -466,6 +466,8 @@ _TYPES = {f.name: f.type for f in EVENT_SCHEMA}
 _CONVERTED = tuple(n for n in COLUMNS if n not in WRITER_COLUMNS and n not in COUNT_COLUMNS)
 _INT32 = pa.int32()
 _STRING = pa.string()
+# Text columns stored as given (ids, kinds, names): most of a turn's columns, sent straight to `_string_columns`
+_TEXT = frozenset(name for name in _CONVERTED if _TYPES[name] == _STRING) - _DEFAULTED - JSON_COLUMNS
 
 
 # Integer columns and their numpy type: a column of plain Python ints converts through numpy at a third of the
@@ -499,6 +501,9 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
             continue
         values = [r.get(name) for r in records]
         typ = _TYPES[name]
+        if name in _TEXT and all(v is None or type(v) is str for v in values):  # converted together, below
+            strings.append((name, values))
+            continue
         if name in ELEMENT:
             column, found = list_column(name, values, typ)
             problems += found
