@@ -524,7 +524,7 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
                 except (TypeError, ValueError) as exc:
                     problems.append((i, f"time: {exc}; use ISO 8601 such as 2026-01-31T12:00:00Z"))
                     converted.append(now)
-            if all(v.tzinfo is timezone.utc for v in converted):
+            if all(type(v) is datetime and v.tzinfo is timezone.utc for v in converted):  # not a subclass's ns
                 columns[name] = _time_column(converted, typ)
                 continue
             values = converted

@@ -393,7 +393,8 @@ class Writer:
         small sizes a live writer appends over and over are made once (the epoch never changes in a writer)."""
         made = self._made_columns.get(total)
         if made is None:
-            made = (pa.array([self.name] * total, pa.string()), numpy_column(np.full(total, self.epoch, np.int64), _INT64))
+            made = (pa.array([self.name] * total, pa.string()),
+                    numpy_column(np.full(total, self.epoch, np.int64), _INT64))
             if total <= _KEEP_COLUMNS_UP_TO:
                 self._made_columns[total] = made
         return made

@@ -383,7 +383,8 @@ def _checked_list_column(name: str, values: list[Any], typ: pa.ListType) -> tupl
     return column, problems
 
 
-_ODD_IDS = st.sampled_from([-1, 2**31, 2**32, 2**63, -(2**63) - 1, 2**70, True, False, 1.0, 1.5, None, "7", np.int64(3)])
+_ODD_IDS = st.sampled_from([-1, 2**31, 2**32, 2**63, -(2**63) - 1, 2**70, True, False, 1.0, 1.5, None, "7",
+                            np.int64(3)])
 _TOKEN_ITEMS = st.one_of(st.integers(0, 2**31 - 1), st.integers(-(2**70), 2**70), _ODD_IDS)
 _ODD_LOGPROBS = st.sampled_from([0, -3, 2**70, True, None, "-0.5", np.float32(-0.5), np.float64(-0.5), math.nan,
                                  -math.inf, math.inf, 1e300, -1e300, -3.4028235677973366e38, -1e-46])
