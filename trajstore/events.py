@@ -399,9 +399,11 @@ def _vector_checks(columns: dict[str, pa.Array]) -> list[tuple[int, str]]:
     problems: list[tuple[int, str]] = []
     for name in _LOGPROB_LISTS:
         lp = columns.get(name)  # missing when its conversion failed (already reported)
-        if lp is None or lp.null_count == len(lp) or not len(lp.values):
+        if lp is None or lp.null_count == len(lp):
             continue
         values = lp.values.to_numpy()  # a view of the float32 buffer, not a copy
+        if not values.size:
+            continue
         if not values.max() <= _LOGPROB_SLACK:  # NaN as well (the max of values holding one): rows only when some fail
             flat = pc.list_flatten(lp)
             bad = pc.or_(pc.is_nan(flat), pc.greater(flat, _LOGPROB_SLACK))

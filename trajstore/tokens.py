@@ -242,13 +242,16 @@ def _from_exact_lists(rows: list[list[Any] | tuple[Any, ...] | None], typ: pa.Li
     flat = present[0] if len(present) == 1 else [x for v in present for x in v]
     if not allowed.issuperset(map(type, flat)):
         return None
-    try:
-        with np.errstate(over="ignore"):
-            values = np.array(flat, dtype=dtype)  # ints beyond int32 raise, floats beyond float32 become inf
-    except OverflowError:
-        return None
-    if element == "int" and values.size and values.min() < 0:
-        return None
+    if element == "int":
+        try:
+            values = np.array(flat, dtype=dtype)
+        except OverflowError:  # beyond int32
+            return None
+        if values.size and values.min() < 0:
+            return None
+    else:
+        with np.errstate(over="ignore"):  # beyond float32 becomes infinity, as Arrow's cast makes it
+            values = np.array(flat, dtype=dtype)
     offsets = np.fromiter(itertools.accumulate((0 if v is None else len(v) for v in rows), initial=0), np.int32,
                           len(rows) + 1)
     validity = None if len(present) == len(rows) else pa.array([v is not None for v in rows]).buffers()[1]
