@@ -424,6 +424,23 @@ def test_short_token_lists_are_stored_exactly_as_the_checked_conversion_stores_t
         assert column.type == typ and _ipc_bytes(column) == _ipc_bytes(expected)
 
 
+@pytest.mark.parametrize("name", ["prompt_ids", "output_logprobs"])
+@pytest.mark.parametrize("odd", [2**31, 2**32, 2**32 + 5, 2**63, 2**64 + 1, -1, -(2**32) + 5, True, False, 1.0, 0, -3,
+                                 np.int64(3), np.float64(-0.5), "7", None, math.nan, math.inf, 1e300, -1e300])
+def test_one_odd_value_among_clean_ones_is_stored_or_refused_as_the_checked_conversion_does(name: str, odd: Any) -> None:
+    """The boundaries of the fast conversion, each among clean values of the other rows and its own."""
+    from trajstore.tokens import list_column
+
+    clean = [1, 2] if name == "prompt_ids" else [-0.5, -0.25]
+    typ = pa.list_(pa.int32()) if name == "prompt_ids" else pa.list_(pa.float32())
+    values = [clean, [*clean, odd], None]
+    column, problems = list_column(name, values, typ)
+    expected, expected_problems = _checked_list_column(name, values, typ)
+    assert problems == expected_problems and (column is None) == (expected is None)
+    if column is not None:
+        assert _ipc_bytes(column) == _ipc_bytes(expected)
+
+
 @pytest.mark.parametrize("values", [[[1, 2, 3]], [[0, 2**31 - 1], None, []], [None, (5,)], [[-0.5, -1e-40, -1e300]]])
 def test_plain_token_lists_take_the_numpy_conversion(values: list[Any]) -> None:
     """The lists a captured turn holds do take the fast conversion the test above pins (so that it tests it)."""
