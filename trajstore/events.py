@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar, Union
 
 import numpy as np
@@ -37,7 +38,7 @@ from trajstore.schema import (
     STATUSES,
     WRITER_COLUMNS,
 )
-from trajstore.tokens import ELEMENT, INT32_MAX, list_column, row_array
+from trajstore.tokens import ELEMENT, INT32_MAX, list_column, numpy_column, row_array
 
 TokenList = Union[Sequence[int], np.ndarray, pa.Array]
 FloatList = Union[Sequence[float], np.ndarray, pa.Array]
@@ -370,6 +371,16 @@ def _to_time(value: Any, now: datetime) -> datetime:
     return value
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _time_column(times: list[datetime], typ: pa.TimestampType) -> pa.Array:
+    """UTC times as microseconds since 1970 in exact integer arithmetic: the values Arrow's conversion of
+    datetimes stores, at a fraction of its cost (it looks the time zone up for every call)."""
+    return numpy_column(np.array([(t - _EPOCH) // _MICROSECOND for t in times], dtype=np.int64), typ)
+
+
 def _rows_failing(values: list[Any], typ: pa.DataType) -> list[int]:
     bad = []
     for i, v in enumerate(values):
@@ -388,10 +399,12 @@ def _vector_checks(columns: dict[str, pa.Array]) -> list[tuple[int, str]]:
     problems: list[tuple[int, str]] = []
     for name in _LOGPROB_LISTS:
         lp = columns.get(name)  # missing when its conversion failed (already reported)
-        if lp is None or lp.null_count == len(lp) or not len(lp.values):
+        if lp is None or lp.null_count == len(lp):
             continue
         values = lp.values.to_numpy()  # a view of the float32 buffer, not a copy
-        if np.isnan(values).any() or values.max() > _LOGPROB_SLACK:  # rows only when some fail
+        if not values.size:
+            continue
+        if not values.max() <= _LOGPROB_SLACK:  # NaN as well (the max of values holding one): rows only when some fail
             flat = pc.list_flatten(lp)
             bad = pc.or_(pc.is_nan(flat), pc.greater(flat, _LOGPROB_SLACK))
             if pc.any(bad).as_py():
@@ -455,6 +468,14 @@ _TYPES = {f.name: f.type for f in EVENT_SCHEMA}
 _CONVERTED = tuple(n for n in COLUMNS if n not in WRITER_COLUMNS and n not in COUNT_COLUMNS)
 _INT32 = pa.int32()
 _STRING = pa.string()
+# Text columns stored as given (ids, kinds, names): most of a turn's columns, sent straight to `_string_columns`
+_TEXT = frozenset(name for name in _CONVERTED if _TYPES[name] == _STRING) - _DEFAULTED - JSON_COLUMNS
+
+
+# Integer columns and their numpy type: a column of plain Python ints converts through numpy at a third of the
+# cost of Arrow's typed conversion of a list (which also reads an environment variable each time).
+_PLAIN_INTS = {name: np.dtype(_TYPES[name].to_pandas_dtype()) for name in _CONVERTED
+               if _TYPES[name] in (pa.int32(), pa.int64())}
 
 
 @functools.lru_cache(maxsize=2048)
@@ -463,21 +484,27 @@ def nulls(n: int, typ: pa.DataType) -> pa.Array:
     return pa.nulls(n, typ)
 
 
+@functools.lru_cache(maxsize=64)
+def _null_columns(n: int) -> Mapping[str, pa.Array]:
+    """Every converted column, all null, for `n` events: what a call starts from, so that the columns none of
+    its events fill in (most of them, for any one kind) cost nothing per call. Copied before it is changed."""
+    return {name: nulls(n, _TYPES[name]) for name in _CONVERTED}
+
+
 def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array]:
     """Structurally sound records to columns; raises InvalidEventError for bad values."""
     problems: list[tuple[int, str]] = []
     n = len(records)
-    present = set().union(*records)
-    columns: dict[str, pa.Array] = {}
+    given = {name for r in records for name, v in r.items() if v is not None}  # a typed event's unset fields: None
+    columns = dict(_null_columns(n))  # a failed column stays null, which the vector checks skip
     strings: list[tuple[str, list[str | None]]] = []  # converted together, below
     for name in _CONVERTED:
-        typ = _TYPES[name]
-        if name not in present and name not in _DEFAULTED:
-            columns[name] = nulls(n, typ)
+        if name not in given and name not in _DEFAULTED:
             continue
         values = [r.get(name) for r in records]
-        if name not in _DEFAULTED and all(v is None for v in values):  # a typed event's unset fields: no conversion
-            columns[name] = nulls(n, typ)
+        typ = _TYPES[name]
+        if name in _TEXT and all(v is None or type(v) is str for v in values):  # converted together, below
+            strings.append((name, values))
             continue
         if name in ELEMENT:
             column, found = list_column(name, values, typ)
@@ -499,6 +526,9 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
                 except (TypeError, ValueError) as exc:
                     problems.append((i, f"time: {exc}; use ISO 8601 such as 2026-01-31T12:00:00Z"))
                     converted.append(now)
+            if all(type(v) is datetime and v.tzinfo is timezone.utc for v in converted):  # not a subclass's ns
+                columns[name] = _time_column(converted, typ)
+                continue
             values = converted
         elif name in JSON_COLUMNS:
             texts = []
@@ -519,11 +549,16 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
             columns[name] = routes.column(values)
             continue
         if values.count(None) == n:  # JSON columns given as None
-            columns[name] = nulls(n, typ)
             continue
         if typ == _STRING and all(v is None or type(v) is str for v in values):
             strings.append((name, values))
             continue
+        if name in _PLAIN_INTS and all(type(v) is int for v in values):
+            try:
+                columns[name] = numpy_column(np.array(values, dtype=_PLAIN_INTS[name]), typ)
+                continue
+            except OverflowError:  # beyond the column's type: the conversion below names it
+                pass
         try:
             columns[name] = pa.array(values, type=typ)
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
@@ -543,21 +578,26 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
     out_len = _lengths(columns["output_ids"])
     columns["prompt_tokens"] = _count_column(prompt_len, columns["prompt_ids"])
     columns["output_tokens"] = _count_column(out_len, columns["output_ids"])
-    columns["trainable_tokens"] = _trainable_counts(columns["output_mask"], out_len, columns["output_ids"])
+    mask = columns["output_mask"]
+    columns["trainable_tokens"] = (columns["output_tokens"] if mask.null_count == len(mask)  # all of them
+                                   else _trainable_counts(mask, out_len, columns["output_ids"]))
     return columns
 
 
 def _string_columns(strings: list[tuple[str, list[str | None]]], n: int) -> dict[str, pa.Array]:
-    """Columns of `n` strings each, converted in one call and sliced apart: a dozen conversions of one value
-    cost more than the one of a dozen values (and pyarrow reads an environment variable for each)."""
+    """Columns of `n` strings each, built as one string array and sliced apart: a dozen conversions of one value
+    cost more than the one of a dozen values. The array is made from the texts' UTF-8 bytes directly: what Arrow's
+    conversion stores, without its setup per call (a lone surrogate raises UnicodeEncodeError all the same)."""
     if not strings:
         return {}
-    # Inferred, not typed: pyarrow 26 converts Python text given `type=pa.string()` some 40 times slower (0.4 ms
-    # for a 280 kB request) than the same text whose type it infers (a string column, or a null one when empty)
-    flat = pa.array([v for _, values in strings for v in values])
-    if isinstance(flat, pa.ChunkedArray) or flat.type not in (_STRING, pa.null()):  # over 2 GiB: column by column
+    texts = [v for _, values in strings for v in values]
+    data = [b"" if v is None else v.encode() for v in texts]
+    offsets = np.fromiter(itertools.accumulate(map(len, data), initial=0), np.int64, len(data) + 1)
+    if offsets[-1] >= INT32_MAX:  # over 2 GiB, more than one string array holds: column by column
         return {name: pa.array(values, _STRING) for name, values in strings}
-    flat = flat.cast(_STRING) if flat.type != _STRING else flat
+    validity = None if None not in texts else pa.array([v is not None for v in texts]).buffers()[1]
+    flat = pa.Array.from_buffers(_STRING, len(texts), [validity, pa.py_buffer(offsets.astype(np.int32)),
+                                                       pa.py_buffer(b"".join(data))], null_count=texts.count(None))
     return {name: flat.slice(k * n, n) for k, (name, _) in enumerate(strings)}
 
 
@@ -572,16 +612,14 @@ def _lengths(column: pa.ListArray) -> np.ndarray:
 def _count_column(counts: np.ndarray, of: pa.Array) -> pa.Array:
     """Counts as an int32 column, null where the list they count is null (events without tokens)."""
     if not of.null_count:
-        return pa.array(counts, _INT32)
+        return numpy_column(counts.astype(np.int32, copy=False), _INT32)
     if of.null_count == len(of):
         return nulls(len(of), _INT32)
     return pa.array(counts, _INT32, mask=of.is_null().to_numpy(zero_copy_only=False))
 
 
 def _trainable_counts(mask: pa.Array, out_len: np.ndarray, output_ids: pa.Array) -> pa.Array:
-    """Per row: output tokens the mask leaves trainable (all of them when the mask is null)."""
-    if mask.null_count == len(mask):
-        return _count_column(out_len, output_ids)
+    """Per row: output tokens the mask leaves trainable (all of them where the mask is null)."""
     counts = out_len.astype(np.int64)
     has_mask = mask.is_valid().to_numpy(zero_copy_only=False)
     flat = mask.values.to_numpy(zero_copy_only=False)

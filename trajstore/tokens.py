@@ -5,11 +5,14 @@ never silently made an integer (a typed `pa.array(values, list<int32>)` turns 1.
 and numpy's astype wraps 2**32 to 0). A column of Python lists goes through Arrow's type
 inference in one call, which keeps ints, floats, bools and nulls apart at C speed; a
 column of numpy (or Arrow) arrays is checked per row by dtype and concatenated once.
-Either way the range of token ids is checked before they are narrowed to int32.
+Either way the range of token ids is checked before they are narrowed to int32. Short lists
+of plain ints or plain floats (a captured turn's) skip the inference: their element types are
+checked exactly, then numpy converts them (`_from_exact_lists`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -211,6 +214,52 @@ def _in_slices(values: list[Any] | tuple[Any, ...]) -> np.ndarray | None:
     return np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in parts.chunks])
 
 
+def numpy_column(values: np.ndarray, typ: pa.DataType) -> pa.Array:
+    """A 1-d numpy array of `typ`'s width as a column without nulls, sharing its buffer: cheaper than `pa.array`,
+    whose conversion machinery is most of the cost of a column of a few values."""
+    return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
+
+
+# What a column of short Python lists may hold for `_from_exact_lists` to take it: exactly these types, so that
+# numpy's typed conversion (which would turn True into 1, 1.5 into 1 and "7" into 7) sees nothing it could bend.
+_EXACT = {"int": (frozenset({int}), np.int32), "float": (frozenset({float}), np.float32)}
+
+
+def _from_exact_lists(rows: list[list[Any] | tuple[Any, ...] | None], typ: pa.ListType,
+                      element: str) -> pa.Array | None:
+    """A column of short Python lists of plain ints (or plain floats), converted by numpy; None if it needs more.
+
+    The capture proxy stores one turn per call, whose lists are a few hundred plain ints and floats: Arrow's
+    inference, checks and cast cost five times more than this for them. Only such lists are taken: no other
+    type (bools, numpy scalars, ints among logprobs), no id outside [0, INT32_MAX]; anything else returns None
+    and goes the checked way, which names the problem. The result is what that way stores, value for value
+    (floats are rounded to float32 as Arrow's cast rounds them, beyond its range to infinity).
+    """
+    allowed, dtype = _EXACT[element]
+    present = [v for v in rows if v is not None]
+    if not present:
+        return None
+    flat = present[0] if len(present) == 1 else [x for v in present for x in v]
+    if not allowed.issuperset(map(type, flat)):
+        return None
+    if element == "int":
+        try:
+            values = np.array(flat, dtype=dtype)
+        except OverflowError:  # beyond int32
+            return None
+        if values.size and values.min() < 0:
+            return None
+    else:
+        with np.errstate(over="ignore"):  # beyond float32 becomes infinity, as Arrow's cast makes it
+            values = np.array(flat, dtype=dtype)
+    offsets = np.fromiter(itertools.accumulate((0 if v is None else len(v) for v in rows), initial=0), np.int32,
+                          len(rows) + 1)
+    validity = None if len(present) == len(rows) else pa.array([v is not None for v in rows]).buffers()[1]
+    child = numpy_column(values, typ.value_type)
+    return pa.Array.from_buffers(typ, len(rows), [validity, pa.py_buffer(offsets)],
+                                 null_count=len(rows) - len(present), children=[child])
+
+
 def list_column(name: str, values: list[Any], typ: pa.ListType) -> tuple[pa.Array | None, list[tuple[int, str]]]:
     """Convert one token/logprob/mask column strictly; returns (column, []) or (None, problems).
 
@@ -218,8 +267,9 @@ def list_column(name: str, values: list[Any], typ: pa.ListType) -> tuple[pa.Arra
     a bad row) goes row by row, which names each offending row.
     """
     element = ELEMENT[name]
-    if all(v is None or type(v) is list or type(v) is tuple for v in values) and \
-            sum(len(v) for v in values if v is not None) > LONG_LISTS:
+    python_lists = all(v is None or type(v) is list or type(v) is tuple for v in values)
+    total = sum(len(v) for v in values if v is not None) if python_lists else 0
+    if python_lists and total > LONG_LISTS:
         sliced = [v if v is None else _in_slices(v) for v in values]
         if all(v is not None for v, given in zip(sliced, values) if given is not None):  # else: as one, below
             values = sliced
@@ -227,7 +277,10 @@ def list_column(name: str, values: list[Any], typ: pa.ListType) -> tuple[pa.Arra
         arr, problems = _from_numpy(name, values, typ, element)
         if arr is not None or problems:
             return arr, problems
-    elif all(v is None or type(v) is list or type(v) is tuple for v in values):
+    elif python_lists:
+        arr = _from_exact_lists(values, typ, element) if element in _EXACT and total <= LONG_LISTS else None
+        if arr is not None:
+            return arr, []
         arr, problems = _from_python(name, values, typ, element)
         if arr is not None or problems:
             return arr, problems

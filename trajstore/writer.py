@@ -50,8 +50,12 @@ from trajstore.location import Location
 from trajstore.prepared import PreparedBatch, prepare
 from trajstore.schema import EVENT_SCHEMA
 from trajstore.table import Table, sealed_seq
+from trajstore.tokens import numpy_column
 
 log = logging.getLogger(__name__)
+_NAMES = tuple(EVENT_SCHEMA.names)  # the property builds a new list each time
+_INT64 = pa.int64()
+_KEEP_COLUMNS_UP_TO = 64  # batch sizes whose writer columns a writer keeps (`Writer._writer_columns`)
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 URGENT_KINDS = frozenset({"checkpoint", "status"})  # others wait on them: sealed at once in a remote store
 
@@ -261,6 +265,7 @@ class Writer:
         self._failed: BaseException | None = None
         self._closed = False
         self._urgent = False  # an urgent kind was appended: seal without waiting for the interval
+        self._made_columns: dict[int, tuple[pa.Array, pa.Array]] = {}  # `_writer_columns`, by batch size
         try:
             if location.remote:
                 owner.claim(table, name, owner.spool_id(location.wal_root))
@@ -372,17 +377,27 @@ class Writer:
     def _batch(self, columns: Mapping[str, pa.Array], keep: np.ndarray, first: int, n: int) -> pa.RecordBatch:
         total = len(keep)
         if n == total:
-            seqs = pa.array(np.arange(first, first + n, dtype=np.int64))
+            seqs = numpy_column(np.arange(first, first + n, dtype=np.int64), _INT64)
         else:  # duplicates keep a placeholder seq until they are filtered out below
             numbered = np.zeros(total, dtype=np.int64)
             numbered[keep] = np.arange(first, first + n, dtype=np.int64)
-            seqs = pa.array(numbered)
-        # numbers from numpy, not Python lists: pyarrow reads an environment variable for every list it converts
-        filled = {"writer": pa.array([self.name] * total, pa.string()),
-                  "writer_epoch": pa.array(np.full(total, self.epoch, dtype=np.int64)), "writer_seq": seqs}
-        batch = pa.RecordBatch.from_arrays([filled[name] if name in filled else columns[name] for name in EVENT_SCHEMA.names],
+            seqs = numpy_column(numbered, _INT64)
+        name_column, epoch_column = self._writer_columns(total)
+        filled = {"writer": name_column, "writer_epoch": epoch_column, "writer_seq": seqs}
+        batch = pa.RecordBatch.from_arrays([filled[name] if name in filled else columns[name] for name in _NAMES],
                                            schema=EVENT_SCHEMA)
         return batch if n == total else batch.filter(pa.array(keep))
+
+    def _writer_columns(self, total: int) -> tuple[pa.Array, pa.Array]:
+        """The `writer` and `writer_epoch` columns of `total` events: the same for every batch of that size, so the
+        small sizes a live writer appends over and over are made once (the epoch never changes in a writer)."""
+        made = self._made_columns.get(total)
+        if made is None:
+            made = (pa.array([self.name] * total, pa.string()),
+                    numpy_column(np.full(total, self.epoch, np.int64), _INT64))
+            if total <= _KEEP_COLUMNS_UP_TO:
+                self._made_columns[total] = made
+        return made
 
     def _flush(self, seq: int) -> None:
         with self._io:

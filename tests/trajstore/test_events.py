@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import trajstore
 from trajstore import Checkpoint, InvalidEventError, Metric, Reward, Status, Turn
@@ -359,3 +361,130 @@ def test_a_long_token_list_is_stored_whole_and_exact() -> None:
     assert columns["prompt_ids"].type == pa.list_(pa.int32()) and columns["prompt_tokens"].to_pylist() == [1_000_000, 3]
     assert columns["output_logprobs"].type == pa.list_(pa.float32())
     assert columns["output_mask"][0].as_py() == mask and columns["trainable_tokens"].to_pylist()[0] == sum(mask)
+
+
+# The conversions a captured turn takes (`tokens._from_exact_lists`, `events._string_columns`, `events._time_column`
+# and the plain int columns) skip Arrow's checked conversion for speed; these pin them to what it stores, byte for
+# byte, and to the same refusals.
+
+def _ipc_bytes(column: pa.Array) -> bytes:
+    """A column as the segment stores it (an IPC record batch body): NaNs and null rows compared exactly too."""
+    return pa.RecordBatch.from_arrays([column], names=["c"]).serialize().to_pybytes()
+
+
+def _checked_list_column(name: str, values: list[Any], typ: pa.ListType) -> tuple[pa.Array | None, list[Any]]:
+    """The checked way of converting a column of Python lists: Arrow's inference, then row by row."""
+    from trajstore import tokens
+
+    element = tokens.ELEMENT[name]
+    column, problems = tokens._from_python(name, values, typ, element)
+    if column is None and not problems:
+        column, problems = tokens._from_rows(name, values, typ, element)
+    return column, problems
+
+
+_ODD_IDS = st.sampled_from([-1, 2**31, 2**32, 2**63, -(2**63) - 1, 2**70, True, False, 1.0, 1.5, None, "7",
+                            np.int64(3)])
+_TOKEN_ITEMS = st.one_of(st.integers(0, 2**31 - 1), st.integers(-(2**70), 2**70), _ODD_IDS)
+_ODD_LOGPROBS = st.sampled_from([0, -3, 2**70, True, None, "-0.5", np.float32(-0.5), np.float64(-0.5), math.nan,
+                                 -math.inf, math.inf, 1e300, -1e300, -3.4028235677973366e38, -1e-46])
+_LOGPROB_ITEMS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-1e-37, 0.0), _ODD_LOGPROBS)
+
+
+def _rows(odd: st.SearchStrategy[Any], pure: st.SearchStrategy[Any]) -> st.SearchStrategy[list[Any]]:
+    """1-3 rows of a column: None, a list of clean values (the common case), clean values but one odd one (what a
+    fast path must not take for clean), or anything."""
+    one_odd = st.builds(lambda clean, item, at: [*clean[:at], item, *clean[at:]],
+                        st.lists(pure, max_size=20), odd, st.integers(0, 20))
+    anything = st.lists(st.one_of(pure, odd), max_size=8)
+    row = st.one_of(st.none(), st.lists(pure, max_size=40), one_odd, anything, st.lists(pure, max_size=8).map(tuple))
+    return st.lists(row, min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_short_token_lists_are_stored_exactly_as_the_checked_conversion_stores_them(data: st.DataObject) -> None:
+    """Random ids and logprobs (out of range, bools, NaN, floats float32 cannot hold, None rows and items,
+    mixed rows): `list_column` stores the same bytes, or refuses with the same problems, as the checked way."""
+    from trajstore.tokens import list_column
+
+    name, odd, pure = data.draw(st.sampled_from([
+        ("prompt_ids", _TOKEN_ITEMS, st.integers(0, 2**31 - 1)),
+        ("support_sizes", _ODD_IDS, st.integers(0, 600)),
+        ("output_logprobs", _ODD_LOGPROBS, st.floats(max_value=0.0, allow_nan=False)),
+        ("teacher_logprobs", _LOGPROB_ITEMS, st.floats(width=32)),
+    ]))
+    values = data.draw(_rows(odd, pure))
+    typ = pa.list_(pa.int32()) if name.endswith(("ids", "sizes")) else pa.list_(pa.float32())
+    column, problems = list_column(name, values, typ)
+    expected, expected_problems = _checked_list_column(name, values, typ)
+    assert problems == expected_problems
+    assert (column is None) == (expected is None)
+    if column is not None:
+        assert column.type == typ and _ipc_bytes(column) == _ipc_bytes(expected)
+
+
+@pytest.mark.parametrize("name", ["prompt_ids", "output_logprobs"])
+@pytest.mark.parametrize("odd", [2**31, 2**32, 2**32 + 5, 2**63, 2**64 + 1, -1, -(2**32) + 5, True, False, 1.0, 0, -3,
+                                 np.int64(3), np.float64(-0.5), "7", None, math.nan, math.inf, 1e300, -1e300])
+def test_one_odd_value_among_clean_ones_is_stored_or_refused_as_the_checked_conversion_does(name: str, odd: Any) -> None:
+    """The boundaries of the fast conversion, each among clean values of the other rows and its own."""
+    from trajstore.tokens import list_column
+
+    clean = [1, 2] if name == "prompt_ids" else [-0.5, -0.25]
+    typ = pa.list_(pa.int32()) if name == "prompt_ids" else pa.list_(pa.float32())
+    values = [clean, [*clean, odd], None]
+    column, problems = list_column(name, values, typ)
+    expected, expected_problems = _checked_list_column(name, values, typ)
+    assert problems == expected_problems and (column is None) == (expected is None)
+    if column is not None:
+        assert _ipc_bytes(column) == _ipc_bytes(expected)
+
+
+@pytest.mark.parametrize("values", [[[1, 2, 3]], [[0, 2**31 - 1], None, []], [None, (5,)], [[-0.5, -1e-40, -1e300]]])
+def test_plain_token_lists_take_the_numpy_conversion(values: list[Any]) -> None:
+    """The lists a captured turn holds do take the fast conversion the test above pins (so that it tests it)."""
+    from trajstore.tokens import _from_exact_lists
+
+    is_float = isinstance(next(v for v in values if v)[0], float)
+    typ = pa.list_(pa.float32()) if is_float else pa.list_(pa.int32())
+    assert _from_exact_lists(values, typ, "float" if is_float else "int") is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(columns=st.lists(st.lists(st.one_of(st.none(), st.text(), st.text(alphabet="aé東\U0001F600\x00", max_size=5)),
+                                 min_size=2, max_size=2), min_size=1, max_size=5))
+def test_text_columns_hold_what_arrow_converts(columns: list[list[str | None]]) -> None:
+    """Text columns, converted together from their UTF-8 bytes, equal the slices of Arrow's conversion of them all."""
+    from trajstore.events import _string_columns
+
+    strings = [(f"c{i}", values) for i, values in enumerate(columns)]
+    converted = pa.array([v for values in columns for v in values], pa.string())
+    got = _string_columns(strings, 2)
+    for k, (name, values) in enumerate(strings):
+        assert got[name].type == pa.string() and _ipc_bytes(got[name]) == _ipc_bytes(converted.slice(2 * k, 2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(times=st.lists(st.datetimes(timezones=st.sampled_from([timezone.utc, timezone(timedelta(hours=-5)), None]))
+                      .filter(lambda t: datetime(1, 1, 2) <= t.replace(tzinfo=None) <= datetime(9999, 12, 30)),
+                      min_size=1, max_size=3),
+       ints=st.lists(st.integers(1, 2**31 - 1), min_size=3, max_size=3))
+def test_times_and_int_columns_hold_what_arrow_converts(times: list[datetime], ints: list[int]) -> None:
+    """A call's times (with or without a zone) and plain int columns come out as Arrow's conversion of them."""
+    from trajstore.events import _TYPES, _to_time
+
+    now = datetime.now(timezone.utc)
+    events = [turn(time=t.isoformat(), turn_index=ints[i % 3], policy_version=ints[(i + 1) % 3] * 2**20,
+                   group_size=ints[(i + 2) % 3]) for i, t in enumerate(times)]
+    columns = to_columns(events, now=now)
+    expected_times = pa.array([_to_time(t.isoformat(), now) for t in times], _TYPES["time"])
+    assert _ipc_bytes(columns["time"]) == _ipc_bytes(expected_times)
+    for name in ("turn_index", "policy_version", "group_size"):
+        expected = pa.array([e[name] for e in events], _TYPES[name])
+        assert _ipc_bytes(columns[name]) == _ipc_bytes(expected), name
+
+
+@pytest.mark.parametrize("name, value", [("policy_version", 2**63), ("policy_version", 2**70)])
+def test_an_int_beyond_its_column_is_refused_naming_it(name: str, value: int) -> None:
+    assert_problem(problems_of([turn(**{name: value})]), 0, name, "cannot be stored as int64")
