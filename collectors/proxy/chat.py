@@ -25,9 +25,9 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from collectors.errors import CollectorError
+from collectors.model.toolcalls import ToolCall
 from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 from collectors.proxy.frozen import freeze
-from collectors.model.toolcalls import ToolCall
 
 if TYPE_CHECKING:
     from collectors.serving import BodyText
