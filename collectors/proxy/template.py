@@ -10,12 +10,22 @@ strings), so `Template.render` does the rest of what it does, with the same comp
 tokenizer whose class renders otherwise (one that overrides `apply_chat_template`), or a
 transformers without those helpers, is not rendered here (`Template.of` gives None), nor is an empty conversation or an assistant prefill
 (`continue_final_message`), whose handling is left to transformers.
+
+The template is compiled once more, from the same source, in a copy of transformers' sandbox
+(`jinja2`'s `overlay`: the same options, filters, globals and extensions) that differs in one
+method only: reading `message.role` from a plain dict. The sandbox asks the dict for an
+attribute of that name first and, as a dict has none, takes its key: an exception raised and
+caught for each such read, about a quarter of a short render's time. `_PlainDictSandbox` takes
+the key at once where the name is no attribute of a plain dict, and leaves every other read
+(a dict's own methods, any other type, a dict subclass) to the sandbox, so what a template may
+reach, and the text it renders, are the sandbox's.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from transformers import PreTrainedTokenizerBase
 
 try:  # transformers' own helpers; a version without them renders through `apply_chat_template`
@@ -28,6 +38,35 @@ except ImportError:  # pragma: no cover - depends on the installed transformers
 
 # the names a message's reasoning is read under, as transformers aliases them (`_alias_reasoning_fields`)
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+# Every name `getattr` can find on a plain dict (dict's and object's attributes; a dict instance has no `__dict__`),
+# and type's too, which it cannot, to leave the sandbox more than it needs: any other name is no attribute of one.
+_DICT_ATTRIBUTES = frozenset(dir(dict)) | frozenset(dir(type))
+
+
+class _PlainDictSandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, reading a plain dict's key without first failing to read it as an attribute (module
+    docstring)."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            # what `SandboxedEnvironment.getattr` ends with for such a name, once `getattr(obj, attribute)` failed
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
+def _compile(source: str) -> Any:
+    """`source` compiled as transformers compiles it, in the `_PlainDictSandbox` copy of its environment (transformers'
+    own compiled template where that environment is not the sandbox this copies)."""
+    compiled = _compile_jinja_template(source)
+    if type(compiled.environment) is not ImmutableSandboxedEnvironment:
+        return compiled
+    environment = compiled.environment.overlay()  # the same options, filters, globals and extensions
+    environment.__class__ = _PlainDictSandbox
+    return environment.from_string(source)
 
 
 class Template:
@@ -54,7 +93,7 @@ class Template:
         source = self.tokenizer.get_chat_template(None, tools)
         compiled = self._compiled.get(source)
         if compiled is None:
-            compiled = self._compiled[source] = _compile_jinja_template(source)
+            compiled = self._compiled[source] = _compile(source)
         chat = []
         for message in messages:
             if not isinstance(message, dict):
