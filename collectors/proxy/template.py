@@ -25,11 +25,15 @@ most, each of which the sandbox answers the long way (about half of a short rend
   those names at once.
 
 Every other read (a dict's own methods, a dict subclass, any other type or name) is the sandbox's,
-so what a template may reach, what it refuses, and the text it renders are the sandbox's.
+so what a template may reach, what it refuses, and the text it renders are the sandbox's. (The
+compiled template also reads its globals, `range`, `namespace`, `raise_exception` and the
+others, from the environment's dict itself rather than through a `ChainMap` over it, which each
+render copied key by key.)
 """
 
 from __future__ import annotations
 
+from collections import ChainMap
 from typing import Any
 
 from jinja2.runtime import LoopContext
@@ -85,7 +89,14 @@ def _compile(source: str) -> Any:
         return compiled
     environment = compiled.environment.overlay()  # the same options, filters, globals and extensions
     environment.__class__ = _DirectSandbox
-    return environment.from_string(source)
+    template = environment.from_string(source)
+    # Each render starts from a copy of the template's globals: a `ChainMap` of its own (none) over the environment's,
+    # copied key by key in Python. The environment's dict itself holds the same names and values, and copies in C.
+    chain = template.globals
+    if isinstance(chain, ChainMap) and len(chain.maps) == 2 and not chain.maps[0] \
+            and chain.maps[1] is environment.globals:
+        template.globals = environment.globals
+    return template
 
 
 class Template:

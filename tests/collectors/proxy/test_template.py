@@ -83,6 +83,8 @@ EDGE_TEMPLATE = (
     "{{ loop.length }}{{ loop.depth }}{{ loop.depth0 }}{{ loop.previtem is defined }}{{ loop.nextitem is defined }}"
     "{{ loop.cycle('odd', 'even') }}{{ loop.changed(message.role) }}{{ loop.nothing is defined }}{{ loop.nothing }}"
     "{%- endfor -%}"
+    "{{ range(3) | list }}{{ namespace(a=1).a }}{{ dict(b=2).b }}{{ raise_exception is defined }}"
+    "{{ strftime_now is defined }}{{ cycler is defined }}{{ eos_token }}"
     "{%- for tool in tools or [] -%}<{{ tool.function.name }}|{{ tool.items() | list | length }}|{{ tool | tojson }}>"
     "{%- endfor -%}")
 REFUSED = ["{{ messages[0].__class__.__mro__ }}", "{{ messages[0].update({'role': 'x'}) }}",
