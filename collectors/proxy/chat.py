@@ -25,8 +25,9 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from collectors.errors import CollectorError
-from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 from collectors.model.toolcalls import ToolCall
+from collectors.policy import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
+from collectors.proxy.frozen import freeze
 
 if TYPE_CHECKING:
     from collectors.serving import BodyText
@@ -227,9 +228,11 @@ ToolFields = Callable[[dict[str, Any], str], "tuple[Any, Any, Any, str] | None"]
 
 
 # An agent sends the same tool list on every call: a valid list is translated once per protocol, found by its JSON
-# text and taken when equal to the list it was made from (orjson writes NaN as null; NaN equals nothing, so such a
-# list is translated each time). The translation is shared by the calls that send it: nothing may change it.
-# Bounded, as above.
+# text (its keys in the order sent: a template writes them in that order) and taken when equal to the list it was
+# made from (orjson writes NaN as null; NaN equals nothing, so such a list is translated each time). The entry keeps
+# frozen copies (`collectors.proxy.frozen`) of that list and of its translation, which every call that sends the
+# list shares: a caller that changes its own list afterwards changes neither, and a change to the translation
+# raises instead of reaching the other calls. Bounded, as above.
 _TOOL_LISTS: OrderedDict[bytes, tuple[list[Any], list[dict[str, Any]] | None]] = OrderedDict()
 TOOL_LIST_CACHE_SIZE = 256
 
@@ -253,7 +256,8 @@ def template_tools(tools: Any, problems: Problems, fields: ToolFields, refusal: 
     known = len(problems.items)
     translated = _template_tools(tools, problems, fields, refusal, schema_field, schema_required)
     if key is not None and len(problems.items) == known:  # only a valid list: a refused one is named each time
-        _TOOL_LISTS[key] = (tools, translated)
+        translated = freeze(translated)
+        _TOOL_LISTS[key] = (freeze(tools), translated)
         if len(_TOOL_LISTS) > TOOL_LIST_CACHE_SIZE:
             _TOOL_LISTS.popitem(last=False)
     return translated

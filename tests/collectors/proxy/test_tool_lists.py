@@ -57,3 +57,72 @@ def test_each_protocol_translates_its_own_shape() -> None:
     anthropic = AnthropicMessages().parse_request({"model": "m", "max_tokens": 1, "tools": [
         {"name": "read", "input_schema": SCHEMA}], "messages": [{"role": "user", "content": "hi"}]}).tools
     assert anthropic == [{"type": "function", "function": {"name": "read", "parameters": SCHEMA}}]
+
+
+def fresh(value: Any) -> Any:
+    """`value` as a new body decodes it: equal, sharing no object with it."""
+    return json.loads(json.dumps(value))
+
+
+def test_lists_that_differ_only_in_a_schema_or_an_order_get_their_own_translation() -> None:
+    """Same names, another schema; the same tools in another order; the same schema with its keys in another order
+    (a template writes them in the order sent): each is translated as sent, never another list's translation."""
+    read, write = tool(), {"type": "function", "function": {"name": "write", "parameters": SCHEMA}}
+    base = OpenAIChat().parse_request(openai(fresh([read, write]))).tools
+    other_schema = OpenAIChat().parse_request(openai(fresh([tool(required=["path"]), write]))).tools
+    swapped = OpenAIChat().parse_request(openai(fresh([write, read]))).tools
+    reordered_schema = {"properties": SCHEMA["properties"], "type": "object"}
+    reordered = OpenAIChat().parse_request(openai(fresh([
+        {"type": "function", "function": {"name": "read", "parameters": reordered_schema}}, write]))).tools
+    assert base == [read, write] and other_schema == [tool(required=["path"]), write] and swapped == [write, read]
+    assert reordered is not None and list(reordered[0]["function"]["parameters"]) == ["properties", "type"]
+    assert list(base[0]["function"]["parameters"]) == ["type", "properties"]  # its own translation, not reordered's
+
+
+def test_a_list_the_caller_changes_after_a_call_changes_no_translation() -> None:
+    """The translation shares nothing with the caller's list: editing that list (an SDK building the next call's
+    body in place) changes neither the tools of the call already made nor those of a later call that sends the
+    original list again, and a call that sends the edited list gets the edited tools."""
+    tools = fresh([tool(description="first")])
+    first = OpenAIChat().parse_request(openai(tools)).tools
+    tools[0]["function"]["parameters"]["properties"]["path"]["type"] = "integer"
+    tools.append({"type": "function", "function": {"name": "write", "parameters": SCHEMA}})
+    assert first == [tool(description="first")]
+    assert OpenAIChat().parse_request(openai(fresh([tool(description="first")]))).tools == [tool(description="first")]
+    edited = OpenAIChat().parse_request(openai(tools)).tools
+    assert edited is not None and len(edited) == 2
+    assert edited[0]["function"]["parameters"]["properties"]["path"]["type"] == "integer"
+
+
+def test_a_shared_translation_cannot_be_changed_by_one_of_its_callers() -> None:
+    """Every in-place change to a translation that later calls share raises, at any depth, so no call sees tools
+    that another call changed; a copy is the caller's own to change."""
+    import copy
+
+    shared = OpenAIChat().parse_request(openai(fresh([tool(description="shared")]))).tools
+    assert shared is not None
+    changes = [lambda: shared.append(tool()), lambda: shared.pop(), lambda: shared.__setitem__(0, tool()),
+               lambda: shared[0].__setitem__("type", "custom"), lambda: shared[0]["function"].update(name="x"),
+               lambda: shared[0]["function"]["parameters"]["properties"].pop("path"),
+               lambda: shared[0]["function"]["parameters"]["properties"]["path"].clear()]
+    for change in changes:
+        with pytest.raises(TypeError, match="shared by every call"):
+            change()
+    mine = copy.deepcopy(shared)
+    mine[0]["function"]["parameters"]["properties"]["path"]["type"] = "integer"
+    mine.append(tool())
+    again = OpenAIChat().parse_request(openai(fresh([tool(description="shared")]))).tools
+    assert again is shared and again == [tool(description="shared")]
+    assert json.dumps(again) == json.dumps([tool(description="shared")])  # written as the plain list is
+
+
+def test_each_protocol_shares_a_frozen_translation() -> None:
+    """The Anthropic and Responses adapters' translations are shared and frozen the same way."""
+    anthropic = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}],
+                 "tools": [{"name": "read", "input_schema": SCHEMA}]}
+    responses = {"model": "m", "input": "hi", "tools": [{"type": "function", "name": "read", "parameters": SCHEMA}]}
+    for wire, body in ((AnthropicMessages(), anthropic), (OpenAIResponses(), responses)):
+        first = wire.parse_request(fresh(body)).tools
+        assert first is not None and wire.parse_request(fresh(body)).tools is first
+        with pytest.raises(TypeError):
+            first[0]["function"]["parameters"]["properties"]["path"]["type"] = "integer"
