@@ -114,6 +114,13 @@ def encode_batch(batch: pa.RecordBatch, *, writer: str, epoch: int, first_seq: i
     return bytes(head), body
 
 
+_DSYNC = getattr(os, "O_DSYNC", 0)
+
+
+def _dsync_opener(path: str, flags: int) -> int:
+    return os.open(path, flags | _DSYNC, 0o666)
+
+
 class SegmentWriter:
     """Appends checksummed batches to one new segment file; `sync` makes them durable."""
 
@@ -121,8 +128,11 @@ class SegmentWriter:
         self.path = path
         self.writer = writer
         self.epoch = epoch
-        # unbuffered: each write is one system call that hands the bytes to the kernel, nothing is copied first
-        self._file = open(path, "xb", buffering=0)  # never reuse a segment: a new epoch gets a new file
+        # unbuffered: each write is one system call that hands the bytes to the kernel, nothing is copied first;
+        # O_DSYNC: that call returns once they are on disk, as write + fdatasync would, in one system call (and one
+        # release of the GIL instead of two: the commit thread waits for a busy event loop's GIL once per batch)
+        self._file = open(path, "xb", buffering=0, opener=_dsync_opener)  # never reuse a segment: a new epoch gets
+        # a new file
         fsync_path(path.parent)
         self.bytes_written = 0
         self._write([SCHEMA_MESSAGE])
@@ -147,7 +157,9 @@ class SegmentWriter:
                 parts[at] = memoryview(parts[at])[written:]
 
     def sync(self) -> None:
-        sync_file(self._file)
+        """Make what was written durable: already done by each write where the system has O_DSYNC."""
+        if not _DSYNC:
+            sync_file(self._file)
 
     def close(self) -> None:
         if not self._file.closed:
@@ -161,7 +173,7 @@ class SegmentWriter:
         a stored one."""
         try:
             self._file.truncate(keep_bytes)
-            self.sync()
+            sync_file(self._file)  # a truncation is no write: O_DSYNC does not cover it
         except OSError:
             pass
         finally:
