@@ -1,8 +1,9 @@
 """Making bytes on a local disk durable: the one fsync helper of the project.
 
-A file's data is durable after `fsync(file)`; its name (a create, rename or delete) after
-`fsync(directory)`. Everything that promises durability (write-ahead segments, epochs,
-sealed files, checkpoints) goes through these.
+A file's data is durable after `fsync(file)`, or when a write to a file opened with `O_DSYNC`
+returns (`create_synchronous`); its name (a create, rename or delete) after `fsync(directory)`.
+Everything that promises durability (write-ahead segments, epochs, sealed files, checkpoints)
+goes through these.
 """
 
 from __future__ import annotations
@@ -14,6 +15,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+
+SYNCHRONOUS_WRITES = bool(getattr(os, "O_DSYNC", 0))  # whether `create_synchronous`'s writes return durable
+
+
+def create_synchronous(path: str | os.PathLike[str]) -> IO[bytes]:
+    """A new file (an error if it exists), unbuffered, whose every write returns once its bytes are on disk
+    (`O_DSYNC`: what write + fdatasync does, in one system call) where the system has it; elsewhere call
+    `sync_file` after writing. Its name is not durable until its directory is fsync'd."""
+    return open(path, "xb", buffering=0, opener=lambda p, flags: os.open(p, flags | getattr(os, "O_DSYNC", 0), 0o666))
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from trajstore.durable import fsync_path, sync_file
+from trajstore.durable import SYNCHRONOUS_WRITES, create_synchronous, fsync_path, sync_file
 from trajstore.errors import CorruptionError
 from trajstore.schema import EVENT_SCHEMA
 
@@ -114,13 +114,6 @@ def encode_batch(batch: pa.RecordBatch, *, writer: str, epoch: int, first_seq: i
     return bytes(head), body
 
 
-_DSYNC = getattr(os, "O_DSYNC", 0)
-
-
-def _dsync_opener(path: str, flags: int) -> int:
-    return os.open(path, flags | _DSYNC, 0o666)
-
-
 class SegmentWriter:
     """Appends checksummed batches to one new segment file; `sync` makes them durable."""
 
@@ -128,11 +121,10 @@ class SegmentWriter:
         self.path = path
         self.writer = writer
         self.epoch = epoch
-        # unbuffered: each write is one system call that hands the bytes to the kernel, nothing is copied first;
-        # O_DSYNC: that call returns once they are on disk, as write + fdatasync would, in one system call (and one
-        # release of the GIL instead of two: the commit thread waits for a busy event loop's GIL once per batch)
-        self._file = open(path, "xb", buffering=0, opener=_dsync_opener)  # never reuse a segment: a new epoch gets
-        # a new file
+        # unbuffered, each write one system call that returns once its bytes are on disk: nothing is copied
+        # first, and the commit thread takes a busy event loop's GIL back once per batch, not after a write and
+        # again after an fsync. Never reuse a segment: a new epoch gets a new file
+        self._file = create_synchronous(path)
         fsync_path(path.parent)
         self.bytes_written = 0
         self._write([SCHEMA_MESSAGE])
@@ -158,7 +150,7 @@ class SegmentWriter:
 
     def sync(self) -> None:
         """Make what was written durable: already done by each write where the system has O_DSYNC."""
-        if not _DSYNC:
+        if not SYNCHRONOUS_WRITES:
             sync_file(self._file)
 
     def close(self) -> None:
