@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, ClassVar, Union
 
 import numpy as np
@@ -26,6 +25,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trajstore import ids, requests, routes, versions
+from trajstore.arrow_columns import (
+    INT32_MAX,
+    count_column,
+    lengths,
+    nulls,
+    numpy_column,
+    string_columns,
+    time_column,
+)
 from trajstore.errors import InvalidEventError
 from trajstore.json_text import json_text
 from trajstore.schema import (
@@ -38,7 +46,7 @@ from trajstore.schema import (
     STATUSES,
     WRITER_COLUMNS,
 )
-from trajstore.tokens import ELEMENT, INT32_MAX, list_column, numpy_column, row_array
+from trajstore.tokens import ELEMENT, list_column, row_array
 
 TokenList = Union[Sequence[int], np.ndarray, pa.Array]
 FloatList = Union[Sequence[float], np.ndarray, pa.Array]
@@ -371,16 +379,6 @@ def _to_time(value: Any, now: datetime) -> datetime:
     return value
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _time_column(times: list[datetime], typ: pa.TimestampType) -> pa.Array:
-    """UTC times as microseconds since 1970 in exact integer arithmetic: the values Arrow's conversion of
-    datetimes stores, at a fraction of its cost (it looks the time zone up for every call)."""
-    return numpy_column(np.array([(t - _EPOCH) // _MICROSECOND for t in times], dtype=np.int64), typ)
-
-
 def _rows_failing(values: list[Any], typ: pa.DataType) -> list[int]:
     bad = []
     for i, v in enumerate(values):
@@ -478,12 +476,6 @@ _PLAIN_INTS = {name: np.dtype(_TYPES[name].to_pandas_dtype()) for name in _CONVE
                if _TYPES[name] in (pa.int32(), pa.int64())}
 
 
-@functools.lru_cache(maxsize=2048)
-def nulls(n: int, typ: pa.DataType) -> pa.Array:
-    """An all-null column (Arrow arrays are immutable, so the common small ones are shared)."""
-    return pa.nulls(n, typ)
-
-
 @functools.lru_cache(maxsize=64)
 def _null_columns(n: int) -> Mapping[str, pa.Array]:
     """Every converted column, all null, for `n` events: what a call starts from, so that the columns none of
@@ -527,7 +519,7 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
                     problems.append((i, f"time: {exc}; use ISO 8601 such as 2026-01-31T12:00:00Z"))
                     converted.append(now)
             if all(type(v) is datetime and v.tzinfo is timezone.utc for v in converted):  # not a subclass's ns
-                columns[name] = _time_column(converted, typ)
+                columns[name] = time_column(converted, typ)
                 continue
             values = converted
         elif name in JSON_COLUMNS:
@@ -565,7 +557,7 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
             for row in _rows_failing(values, typ) or range(n):
                 problems.append((row, f"{name} cannot be stored as {typ}: {exc}"))
     try:
-        columns.update(_string_columns(strings, n))
+        columns.update(string_columns(strings, n))
     except UnicodeEncodeError:  # a lone surrogate ("\ud800") is not text any store can hold: name where it is
         for name, values in strings:
             for row in _rows_failing(values, _STRING):
@@ -574,48 +566,14 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
     problems += _vector_checks(columns)  # also when another column failed: every problem is reported
     if problems:
         raise InvalidEventError(sorted(problems))
-    prompt_len = _lengths(columns["prompt_ids"])
-    out_len = _lengths(columns["output_ids"])
-    columns["prompt_tokens"] = _count_column(prompt_len, columns["prompt_ids"])
-    columns["output_tokens"] = _count_column(out_len, columns["output_ids"])
+    prompt_len = lengths(columns["prompt_ids"])
+    out_len = lengths(columns["output_ids"])
+    columns["prompt_tokens"] = count_column(prompt_len, columns["prompt_ids"])
+    columns["output_tokens"] = count_column(out_len, columns["output_ids"])
     mask = columns["output_mask"]
     columns["trainable_tokens"] = (columns["output_tokens"] if mask.null_count == len(mask)  # all of them
                                    else _trainable_counts(mask, out_len, columns["output_ids"]))
     return columns
-
-
-def _string_columns(strings: list[tuple[str, list[str | None]]], n: int) -> dict[str, pa.Array]:
-    """Columns of `n` strings each, built as one string array and sliced apart: a dozen conversions of one value
-    cost more than the one of a dozen values. The array is made from the texts' UTF-8 bytes directly: what Arrow's
-    conversion stores, without its setup per call (a lone surrogate raises UnicodeEncodeError all the same)."""
-    if not strings:
-        return {}
-    texts = [v for _, values in strings for v in values]
-    data = [b"" if v is None else v.encode() for v in texts]
-    offsets = np.fromiter(itertools.accumulate(map(len, data), initial=0), np.int64, len(data) + 1)
-    if offsets[-1] >= INT32_MAX:  # over 2 GiB, more than one string array holds: column by column
-        return {name: pa.array(values, _STRING) for name, values in strings}
-    validity = None if None not in texts else pa.array([v is not None for v in texts]).buffers()[1]
-    flat = pa.Array.from_buffers(_STRING, len(texts), [validity, pa.py_buffer(offsets.astype(np.int32)),
-                                                       pa.py_buffer(b"".join(data))], null_count=texts.count(None))
-    return {name: flat.slice(k * n, n) for k, (name, _) in enumerate(strings)}
-
-
-def _lengths(column: pa.ListArray) -> np.ndarray:
-    """Per row: the list's length (0 for a null row), from the offsets, without a compute call."""
-    if column.null_count == len(column):
-        return np.zeros(len(column), dtype=np.int32)
-    offsets = column.offsets.to_numpy()
-    return (offsets[1:] - offsets[:-1]).astype(np.int32, copy=False)
-
-
-def _count_column(counts: np.ndarray, of: pa.Array) -> pa.Array:
-    """Counts as an int32 column, null where the list they count is null (events without tokens)."""
-    if not of.null_count:
-        return numpy_column(counts.astype(np.int32, copy=False), _INT32)
-    if of.null_count == len(of):
-        return nulls(len(of), _INT32)
-    return pa.array(counts, _INT32, mask=of.is_null().to_numpy(zero_copy_only=False))
 
 
 def _trainable_counts(mask: pa.Array, out_len: np.ndarray, output_ids: pa.Array) -> pa.Array:
@@ -623,6 +581,6 @@ def _trainable_counts(mask: pa.Array, out_len: np.ndarray, output_ids: pa.Array)
     counts = out_len.astype(np.int64)
     has_mask = mask.is_valid().to_numpy(zero_copy_only=False)
     flat = mask.values.to_numpy(zero_copy_only=False)
-    parents = np.repeat(np.arange(len(mask)), _lengths(mask))
+    parents = np.repeat(np.arange(len(mask)), lengths(mask))
     marked = np.bincount(parents, weights=flat, minlength=len(mask)).astype(np.int64)
-    return _count_column(np.where(has_mask, marked, counts), output_ids)
+    return count_column(np.where(has_mask, marked, counts), output_ids)

@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-INT32_MAX = 2**31 - 1
+from trajstore.arrow_columns import INT32_MAX, numpy_column
+
 # The list columns and what their elements must be.
 ELEMENT = {"prompt_ids": "int", "output_ids": "int", "output_logprobs": "float", "output_mask": "bool",
            "teacher_logprobs": "float", "support_sizes": "int", "support_ids": "int"}
@@ -212,12 +213,6 @@ def _in_slices(values: list[Any] | tuple[Any, ...]) -> np.ndarray | None:
                                 or pa.types.is_boolean(parts.type)):
         return None
     return np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in parts.chunks])
-
-
-def numpy_column(values: np.ndarray, typ: pa.DataType) -> pa.Array:
-    """A 1-d numpy array of `typ`'s width as a column without nulls, sharing its buffer: cheaper than `pa.array`,
-    whose conversion machinery is most of the cost of a column of a few values."""
-    return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
 
 
 # What a column of short Python lists may hold for `_from_exact_lists` to take it: exactly these types, so that

@@ -363,9 +363,9 @@ def test_a_long_token_list_is_stored_whole_and_exact() -> None:
     assert columns["output_mask"][0].as_py() == mask and columns["trainable_tokens"].to_pylist()[0] == sum(mask)
 
 
-# The conversions a captured turn takes (`tokens._from_exact_lists`, `events._string_columns`, `events._time_column`
-# and the plain int columns) skip Arrow's checked conversion for speed; these pin them to what it stores, byte for
-# byte, and to the same refusals.
+# The conversions a captured turn takes (`tokens._from_exact_lists`, `arrow_columns.string_columns`,
+# `arrow_columns.time_column` and the plain int columns) skip Arrow's checked conversion for speed; these pin them
+# to what it stores, byte for byte, and to the same refusals.
 
 def _ipc_bytes(column: pa.Array) -> bytes:
     """A column as the segment stores it (an IPC record batch body): NaNs and null rows compared exactly too."""
@@ -456,11 +456,11 @@ def test_plain_token_lists_take_the_numpy_conversion(values: list[Any]) -> None:
                                  min_size=2, max_size=2), min_size=1, max_size=5))
 def test_text_columns_hold_what_arrow_converts(columns: list[list[str | None]]) -> None:
     """Text columns, converted together from their UTF-8 bytes, equal the slices of Arrow's conversion of them all."""
-    from trajstore.events import _string_columns
+    from trajstore.arrow_columns import string_columns
 
     strings = [(f"c{i}", values) for i, values in enumerate(columns)]
     converted = pa.array([v for values in columns for v in values], pa.string())
-    got = _string_columns(strings, 2)
+    got = string_columns(strings, 2)
     for k, (name, values) in enumerate(strings):
         assert got[name].type == pa.string() and _ipc_bytes(got[name]) == _ipc_bytes(converted.slice(2 * k, 2))
 
