@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import IO, Any
 
 
-SYNCHRONOUS_WRITES = bool(getattr(os, "O_DSYNC", 0))  # whether `create_synchronous`'s writes return durable
+_O_DSYNC = getattr(os, "O_DSYNC", 0)
+SYNCHRONOUS_WRITES = bool(_O_DSYNC)  # whether `create_synchronous`'s writes return durable
 
 
 def create_synchronous(path: str | os.PathLike[str]) -> IO[bytes]:
     """A new file (an error if it exists), unbuffered, whose every write returns once its bytes are on disk
     (`O_DSYNC`: what write + fdatasync does, in one system call) where the system has it; elsewhere call
     `sync_file` after writing. Its name is not durable until its directory is fsync'd."""
-    return open(path, "xb", buffering=0, opener=lambda p, flags: os.open(p, flags | getattr(os, "O_DSYNC", 0), 0o666))
+    return open(path, "xb", buffering=0, opener=lambda p, flags: os.open(p, flags | _O_DSYNC, 0o666))
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
