@@ -141,7 +141,8 @@ def anchor(raw: bytes, value: Any, key: str) -> HeldBody | None:
     if raw[opened:opened + 1] != b"[":
         return None
     found = _elements(raw, opened + 1)
-    if found is None or len(found[0]) != len(items):
+    if found is None or len(found[0]) != len(items) or raw.find(_MARK_ESCAPE, found[1]) >= 0:  # a member the
+        # marker would hide
         return None
     head = orjson.loads(raw[:opened + 1] + b"]}")
     tail = _members(raw, found[1])

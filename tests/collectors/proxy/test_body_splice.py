@@ -159,6 +159,13 @@ def test_shapes_that_cannot_be_held() -> None:
     assert anchor(raw, json.loads(raw), "input") is None
 
 
+def test_a_member_named_as_the_marker_after_the_list_is_never_held() -> None:
+    raw = long_body([{"role": "user", "content": "a"}], **{"\x00": "kept"})
+    assert anchor(raw, json.loads(raw), "messages") is None
+    value, _, held = decode_whole(raw, "messages")
+    assert held is None and value == json.loads(raw)
+
+
 def test_a_rewritten_history_decodes_whole() -> None:
     held = held_for([{"role": "user", "content": "a"}])
     raw = json.dumps({"model": "m", "messages": [{**PAD, "content": "compacted"}, {"role": "user", "content": "a"}]}
