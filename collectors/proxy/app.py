@@ -245,13 +245,13 @@ async def _chat_request(request: web.Request, parse: Callable[[Any], ChatRequest
         body, text = await read_json_text(request, MAX_BODY)
         req = parse(body)
     else:
-        body, text, held, spliced = await read_session_body(request, MAX_BODY, rollout.held_bodies.get(session),
+        body, text, last, spliced = await read_session_body(request, MAX_BODY, rollout.last_bodies.get(session),
                                                             wire.conversation)
         req = parse(body)
-        if held is not None:
-            rollout.held_bodies[session] = held
+        if last is not None:
+            rollout.last_bodies[session] = last
         else:
-            rollout.held_bodies.pop(session, None)
+            rollout.last_bodies.pop(session, None)
         request.app[STATE].capture.stats.bodies["spliced" if spliced else "whole"] += 1
     return dataclasses.replace(req, body_bytes=len(await request.read()), body_json=text), body  # aiohttp's copy
 

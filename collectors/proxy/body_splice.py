@@ -27,7 +27,8 @@ elements are not all objects, arrays or strings is never held.
 
 No JSON library offers this: a parser resumable at a byte offset with the values it made before. The element
 ends are found by a scan of the structure (strings and brackets, a regular expression in C) over the new
-bytes only; the first body of a session, or one after a miss, is scanned whole once.
+bytes only. A body decoded whole (a session's first, or one after a miss) is kept as it is (`WholeBody`) and
+scanned whole once, when the next body shows it is worth it (it repeats the first half).
 """
 
 from __future__ import annotations
@@ -199,34 +200,60 @@ def splice(raw: bytes, held: HeldBody, shared: int | None = None) -> tuple[Any, 
     return value, HeldBody(raw, held.key, held.head, held.ends[:shared] + tuple(ends), items, close, tail)
 
 
-def decode_whole(raw: bytes, key: str) -> tuple[Any, BodyText | None, HeldBody | None]:
-    """`decode_json_text(raw)`, and the body held for the session's next call (None if it cannot be)."""
+@dataclass(frozen=True, slots=True)
+class WholeBody:
+    """A session's last body, decoded whole and not yet scanned. It is scanned into a `HeldBody` (`anchor`) only
+    when the session's next body repeats at least its first half: a session of one call (a single-turn
+    rollout), or one whose bodies differ early (a system prompt with the time in it), never pays the scan."""
+
+    raw: bytes
+    value: Any
+    key: str
+
+    def held(self, raw: bytes) -> HeldBody | None:
+        """This body held, for a next body `raw` that repeats its first half; None otherwise."""
+        if len(raw) < MIN_BYTES or not raw.startswith(memoryview(self.raw)[:len(self.raw) // 2]):
+            return None
+        return anchor(self.raw, self.value, self.key)
+
+
+Last = HeldBody | WholeBody  # what a session keeps of its last body
+
+
+def decode_whole(raw: bytes, key: str) -> tuple[Any, BodyText | None, WholeBody | None]:
+    """`decode_json_text(raw)`, and what the session keeps of it for its next call (None: nothing to splice
+    onto, a body not strict JSON or too small)."""
     value, text = decode_json_text(raw)
-    return value, text, anchor(raw, value, key) if text is not None else None
+    return value, text, WholeBody(raw, value, key) if text is not None and len(raw) >= MIN_BYTES else None
 
 
-def decode_session(raw: bytes, held: HeldBody | None, key: str, shared: int | None = None
-                   ) -> tuple[Any, BodyText | None, HeldBody | None, bool]:
-    """A session's body `raw` decoded (spliced onto `held`, the session's last body, when it can be; whole
-    otherwise), its `BodyText`, the body to hold for the session's next call, and whether it was spliced.
-    `shared`: `held.shared(raw)`, when the caller has it."""
+def decode_session(raw: bytes, last: Last | None, key: str, shared: int | None = None
+                   ) -> tuple[Any, BodyText | None, Last | None, bool]:
+    """A session's body `raw` decoded (spliced onto `last`, what the session kept of its last body, when it can
+    be; whole otherwise), its `BodyText`, what to keep for the session's next call, and whether it was spliced.
+    `shared`: `last.shared(raw)`, when the caller has it."""
+    held = last.held(raw) if isinstance(last, WholeBody) and last.key == key else last
     if held is not None and held.key == key and len(raw) >= MIN_BYTES:
-        got = splice(raw, held, shared)
+        got = splice(raw, held, shared if held is last else None)
         if got is not None:
             return got[0], BodyText(raw), got[1], True
     return *decode_whole(raw, key), False
 
 
-async def read_session_body(request: web.Request, max_bytes: int, held: HeldBody | None, key: str
-                            ) -> tuple[Any, BodyText | None, HeldBody | None, bool]:
+async def read_session_body(request: web.Request, max_bytes: int, last: Last | None, key: str
+                            ) -> tuple[Any, BodyText | None, Last | None, bool]:
     """`decode_session` of the request's body. As `collectors.serving.read_json_text` does, what is proportional
     to a body's size runs off the event loop: a splice runs on it when what is new in the body is small (what
-    it repeats is checked there too, by a `memcmp`, for a body up to `COMPARE_ON_LOOP_BYTES`)."""
+    it repeats is checked there too, by a `memcmp`, for a body up to `COMPARE_ON_LOOP_BYTES`), and the scan of
+    a `WholeBody` counts as its size."""
     raw = await read_body(request, max_bytes)
     shared = None
-    if held is not None and held.key == key and MIN_BYTES <= len(raw) <= COMPARE_ON_LOOP_BYTES:
-        shared = held.shared(raw)
-    new = len(raw) - held.ends[shared - 1] if held is not None and shared else len(raw)
-    if new <= DECODE_OFF_LOOP_BYTES:
-        return decode_session(raw, held, key, shared)
-    return await asyncio.to_thread(decode_session, raw, held, key, shared)
+    if isinstance(last, HeldBody) and last.key == key and MIN_BYTES <= len(raw) <= COMPARE_ON_LOOP_BYTES:
+        shared = last.shared(raw)
+    if isinstance(last, HeldBody) and shared:
+        work = len(raw) - last.ends[shared - 1]
+    else:
+        work = len(raw) + (len(last.raw) if isinstance(last, WholeBody) else 0)
+    if work <= DECODE_OFF_LOOP_BYTES:
+        return decode_session(raw, last, key, shared)
+    return await asyncio.to_thread(decode_session, raw, last, key, shared)

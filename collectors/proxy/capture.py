@@ -471,7 +471,7 @@ class Capture:
         for slot in rollout.sessions.values():
             slot.state.held = slot.state.answered = None  # keep the counts, free the tokens and messages
             slot.last_request = None
-        rollout.held_bodies.clear()
+        rollout.last_bodies.clear()
         long = [ids for ids in logs if len(ids) > LONG_TURN_IDS]  # millions of ids: freed a slice at a time
         await self._sized(bool(long), lambda: [drain(ids) for ids in long])
         self.stats.rollouts_closed += 1

@@ -26,7 +26,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.proxy.body_splice import HeldBody
+from collectors.proxy.body_splice import Last
 from collectors.proxy.chat import ChatError
 from collectors.proxy.protocol import DEFAULT_SESSION, KEY_PREFIX, SESSION_HEADER, SESSION_NAME, split_key
 from collectors.proxy.request_delta import LastRequest
@@ -86,8 +86,8 @@ class Rollout:
     status: str | None = None
     tally: TurnTally = field(default_factory=TurnTally)
     renders: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(RENDERS_PER_ROLLOUT))
-    held_bodies: dict[str, HeldBody] = field(default_factory=dict)  # by session: its last request body, which the
-    # next is decoded onto (`collectors.proxy.body_splice`)
+    last_bodies: dict[str, Last] = field(default_factory=dict)  # by session: what it keeps of its last request
+    # body, which the next is decoded onto (`collectors.proxy.body_splice`)
 
     def session(self, name: str) -> SessionSlot:
         slot = self.sessions.get(name)

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors.proxy import body_splice
-from collectors.proxy.body_splice import anchor, decode_whole, splice
+from collectors.proxy.body_splice import HeldBody, anchor, decode_session, decode_whole, splice
 from collectors.serving import BadRequest
 from tests.collectors.proxy.test_request_delta import Sent, check_deltas, openai_session
 from tests.collectors.proxy_harness import MODEL, Harness, anthropic_client, call
@@ -37,12 +37,13 @@ def dumps(value: Any, style: int) -> bytes:
     return json.dumps(value, separators=(", ", " : ")).encode()
 
 
-def spliced_or_whole(raw: bytes, held: body_splice.HeldBody | None) -> tuple[Any, body_splice.HeldBody | None, bool]:
-    got = splice(raw, held) if held is not None else None
-    if got is not None:
-        return got[0], got[1], True
-    value, _, held = decode_whole(raw, "messages")
-    return value, held, False
+def decoded(raw: bytes, last: body_splice.Last | None) -> tuple[Any, body_splice.Last | None, bool]:
+    value, _, last, spliced = decode_session(raw, last, "messages")
+    return value, last, spliced
+
+
+def items_of(last: body_splice.Last) -> list[Any]:
+    return last.items if isinstance(last, HeldBody) else last.value["messages"]
 
 
 def same(value: Any, raw: bytes) -> None:
@@ -73,9 +74,10 @@ def test_a_session_s_bodies_decode_as_json_reads_them(before: dict[str, Any], af
     after = {k: v for k, v in after.items() if k not in before}
     convo = [PAD, *history]
     raw = dumps({**before, "messages": convo, **after}, style)
-    value, held, _ = spliced_or_whole(raw, None)
+    value, last, _ = decoded(raw, None)
     same(value, raw)
-    assert held is not None  # a list of objects in a large body is held
+    assert last is not None  # a large body is kept for the next
+    last_tail = after
     for i, (added, rewrite) in enumerate(calls):
         if rewrite == 1:  # the last message rewritten (a cache marker moved off it)
             convo = [*convo[:-1], {**convo[-1], "cache_control": {"type": "ephemeral"}}]
@@ -83,12 +85,14 @@ def test_a_session_s_bodies_decode_as_json_reads_them(before: dict[str, Any], af
         tail = new_after if new_after is not None and i == len(calls) - 1 else after
         tail = {k: v for k, v in tail.items() if k not in before}
         raw = dumps({**before, "messages": convo, **tail}, style)
-        previous = held
-        value, held, spliced = spliced_or_whole(raw, held)
+        previous = last
+        value, last, spliced = decoded(raw, last)
         same(value, raw)
-        if rewrite != 1 and previous is not None and b"\\u0000" not in raw[previous.close:]:
+        # a body with \u0000 after its list is not held (the marker would hide a member so named)
+        if rewrite != 1 and previous is not None and "\\u0000" not in json.dumps([tail, last_tail]):
             assert spliced  # what the last body sent is sent again: never decoded whole
-            assert all(a is b for a, b in zip(value["messages"], previous.items))  # the very same objects
+            assert all(a is b for a, b in zip(value["messages"], items_of(previous)))  # the very same objects
+        last_tail = tail
 
 
 def long_body(convo: list[Any], **after: Any) -> bytes:
@@ -162,8 +166,28 @@ def test_shapes_that_cannot_be_held() -> None:
 def test_a_member_named_as_the_marker_after_the_list_is_never_held() -> None:
     raw = long_body([{"role": "user", "content": "a"}], **{"\x00": "kept"})
     assert anchor(raw, json.loads(raw), "messages") is None
-    value, _, held = decode_whole(raw, "messages")
-    assert held is None and value == json.loads(raw)
+    _, _, last = decode_whole(raw, "messages")
+    raw = long_body([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], **{"\x00": "kept"})
+    value, _, _, spliced = decode_session(raw, last, "messages")
+    assert not spliced and value == json.loads(raw)
+
+
+def test_a_body_is_scanned_only_when_the_next_repeats_its_first_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    scans = []
+    monkeypatch.setattr(body_splice, "anchor", lambda *a: scans.append(1) or anchor(*a))
+    last = None
+    for i in range(4):  # the first message changes every call, as a system prompt with the time in it does
+        raw = json.dumps({"model": "m", "messages": [{**PAD, "content": f"{i} " + PAD["content"]},
+                                                     {"role": "user", "content": "a"}]}).encode()
+        value, last, spliced = decoded(raw, last)
+        assert not spliced and value == json.loads(raw)
+    assert not scans  # never worth a scan: each body differs from the last early
+    convo: list[Any] = []
+    for i in range(4):
+        convo.append({"role": "user", "content": f"step {i}"})
+        value, last, spliced = decoded(long_body(convo), last if i else None)
+        assert spliced == (i > 0) and value == json.loads(long_body(convo))
+    assert len(scans) == 1  # the first body, once its next repeated it; the rest are spliced by the new bytes
 
 
 def test_a_rewritten_history_decodes_whole() -> None:
