@@ -248,7 +248,7 @@ async def _chat_request(request: web.Request, parse: Callable[[Any], ChatRequest
         body, text, last, spliced = await read_session_body(request, MAX_BODY, rollout.last_bodies.get(session),
                                                             wire.conversation)
         req = parse(body)
-        if last is not None:
+        if last is not None and not rollout.closed:  # a closed rollout keeps no body (its close dropped them)
             rollout.last_bodies[session] = last
         else:
             rollout.last_bodies.pop(session, None)
