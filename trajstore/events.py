@@ -464,9 +464,8 @@ def to_columns(events: Sequence[Event | Mapping[str, Any]], *, now: datetime | N
 _TYPES = {f.name: f.type for f in EVENT_SCHEMA}
 # The columns `_convert` builds: everything but what the writer and the counts fill in.
 _CONVERTED = tuple(n for n in COLUMNS if n not in WRITER_COLUMNS and n not in COUNT_COLUMNS)
-_INT32 = pa.int32()
 _STRING = pa.string()
-# Text columns stored as given (ids, kinds, names): most of a turn's columns, sent straight to `_string_columns`
+# Text columns stored as given (ids, kinds, names): most of a turn's columns, sent straight to `string_columns`
 _TEXT = frozenset(name for name in _CONVERTED if _TYPES[name] == _STRING) - _DEFAULTED - JSON_COLUMNS
 
 

@@ -121,9 +121,9 @@ class SegmentWriter:
         self.path = path
         self.writer = writer
         self.epoch = epoch
-        # unbuffered, each write one system call that returns once its bytes are on disk: nothing is copied
-        # first, and the commit thread takes a busy event loop's GIL back once per batch, not after a write and
-        # again after an fsync. Never reuse a segment: a new epoch gets a new file
+        # unbuffered, each write one system call that returns once its bytes are on disk: nothing is copied first,
+        # and a writing thread takes the GIL back once per write instead of after a write and again after an
+        # fsync. Never reuse a segment: a new epoch gets a new file
         self._file = create_synchronous(path)
         fsync_path(path.parent)
         self.bytes_written = 0

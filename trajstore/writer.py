@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from trajstore import owner, wal
+from trajstore.arrow_columns import numpy_column
 from trajstore.durable import fsync_path, write_durably
 from trajstore.errors import CorruptionError, WriterBusyError, WriterClosedError
 from trajstore.events import Event
@@ -50,7 +51,6 @@ from trajstore.location import Location
 from trajstore.prepared import PreparedBatch, prepare
 from trajstore.schema import EVENT_SCHEMA
 from trajstore.table import Table, sealed_seq
-from trajstore.tokens import numpy_column
 
 log = logging.getLogger(__name__)
 _NAMES = tuple(EVENT_SCHEMA.names)  # the property builds a new list each time
