@@ -405,7 +405,8 @@ async def get_rollout(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     capture = request.app[STATE].capture
     return json_answer({**capture.stats.as_json(capture.registry.open_count),
-                        "piece_cache": capture.renderer.piece_stats()})
+                        "piece_cache": capture.renderer.piece_stats(),
+                        "ascii_tokenizing": capture.renderer.ascii_stats()})
 
 
 async def health(request: web.Request) -> web.Response:

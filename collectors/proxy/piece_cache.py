@@ -39,6 +39,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,19 +64,26 @@ class PieceCounters:
 
 def unsplittable(backend: Any) -> str | None:
     """Why encoding `backend`'s texts piece by piece would not give its whole-text ids, or None when it would."""
-    added = backend.get_added_tokens_decoder().values()
-    if not added:
+    if not backend.get_added_tokens_decoder():
         return "it has no added tokens to split at"
-    for token in added:
+    problem = added_token_problem(backend)
+    if problem is not None:
+        return problem
+    if getattr(backend.model, "dropout", None):
+        return "its model samples (BPE dropout)"
+    if backend.pre_tokenizer is not None and _first_only(json.loads(backend.pre_tokenizer.__getstate__())):
+        return "its pre-tokenizer treats the text's first piece apart (Metaspace prepend_scheme 'first')"
+    return None
+
+
+def added_token_problem(backend: Any) -> str | None:
+    """Why `backend`'s added tokens do not simply cut its texts (matched as they are, before anything else)."""
+    for token in backend.get_added_tokens_decoder().values():
         for flag in ("lstrip", "rstrip", "single_word", "normalized"):
             if getattr(token, flag):
                 return f"its added token {token.content!r} has {flag}"
     if backend.encode_special_tokens:
         return "it encodes special tokens as text"
-    if getattr(backend.model, "dropout", None):
-        return "its model samples (BPE dropout)"
-    if backend.pre_tokenizer is not None and _first_only(json.loads(backend.pre_tokenizer.__getstate__())):
-        return "its pre-tokenizer treats the text's first piece apart (Metaspace prepend_scheme 'first')"
     return None
 
 
@@ -88,8 +96,12 @@ def _first_only(node: Any) -> bool:
 class PieceCache:
     """Whole-text ids of long texts, each piece between added tokens tokenized once (see the module docstring)."""
 
-    def __init__(self, backend: Any, max_chars: int = MAX_CHARS, min_chars: int = MIN_CHARS) -> None:
+    def __init__(self, backend: Any, max_chars: int = MAX_CHARS, min_chars: int = MIN_CHARS,
+                 encode_pieces: Callable[[list[str]], list[list[int]]] | None = None) -> None:
         self._backend = backend
+        # how missing pieces are tokenized (by default in one `encode_batch_fast` call)
+        self._encode_pieces = encode_pieces or (lambda pieces: [e.ids for e in backend.encode_batch_fast(
+            pieces, add_special_tokens=False)])
         self.max_chars, self.min_chars = max_chars, min_chars
         self._ids = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.content}
         contents = sorted(self._ids, key=len, reverse=True)  # longest first: leftmost-longest, as the tokenizer
@@ -100,9 +112,10 @@ class PieceCache:
         self.counters = PieceCounters()
 
     @classmethod
-    def of(cls, backend: Any, **limits: int) -> PieceCache | None:
+    def of(cls, backend: Any, encode_pieces: Callable[[list[str]], list[list[int]]] | None = None,
+           **limits: int) -> PieceCache | None:
         """A cache for `backend`, or None when its splitting is not exact (texts are then encoded whole)."""
-        return None if unsplittable(backend) is not None else cls(backend, **limits)
+        return None if unsplittable(backend) is not None else cls(backend, encode_pieces=encode_pieces, **limits)
 
     def encode(self, text: str) -> list[int]:
         if len(text) < self.min_chars:
@@ -118,8 +131,7 @@ class PieceCache:
         found = self._lookup(pieces)
         missing = list(dict.fromkeys(p for p in pieces if p and p not in found))
         if missing:
-            encoded = self._backend.encode_batch_fast(missing, add_special_tokens=False)
-            made = {p: array.array("I", e.ids) for p, e in zip(missing, encoded)}
+            made = {p: array.array("I", ids) for p, ids in zip(missing, self._encode_pieces(missing))}
             self._store(made)
             found.update(made)
         ids: list[int] = []

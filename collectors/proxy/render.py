@@ -32,6 +32,7 @@ from jinja2 import TemplateError
 
 from collectors.policy import Sample
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
+from collectors.proxy.ascii_bpe import AsciiBPE
 from collectors.proxy.far_tokenizer import FAR_CHARS, FarTokenizer
 from collectors.proxy.piece_cache import PieceCache, unsplittable
 from collectors.proxy.template import Template
@@ -68,8 +69,11 @@ class ChatRenderer:
             getattr(tokenizer, "split_special_tokens", False) or backend.encode_special_tokens)
         self._backend = backend if plain else None
         self._far = FarTokenizer(backend) if plain else None
+        # ASCII text through the tokenizer's own steps, without its bookkeeping: see `collectors.proxy.ascii_bpe`
+        self._ascii, self._ascii_off = AsciiBPE.of(backend) if plain else (None, "the tokenizer is encoded through "
+                                                                                  "transformers")
         # a long text's pieces between control tokens are tokenized once: see `collectors.proxy.piece_cache`
-        self._pieces = PieceCache.of(backend) if plain else None
+        self._pieces = PieceCache.of(backend, encode_pieces=self._encode_pieces) if plain else None
         self._pieces_off = None if self._pieces is not None else (
             unsplittable(backend) if plain else "the tokenizer is encoded through transformers")
         self._template = Template.of(tokenizer)  # renders as apply_chat_template does, without its copies
@@ -82,8 +86,11 @@ class ChatRenderer:
             ids = self._far.encode(text)
             if ids is not None:
                 return ids
-        if self._pieces is not None:  # the same ids, through the same backend call, for the pieces not yet seen
+        if self._pieces is not None and len(text) >= self._pieces.min_chars:  # tokenizes the pieces not yet seen
             return self._pieces.encode(text)
+        ids = self._ascii.encode(text) if self._ascii is not None else None
+        if ids is not None:
+            return ids
         if self._backend is not None:
             # The same ids as `encode`, which holds the GIL for its whole run (about a second per MB of text
             # here: a render thread tokenizing a huge prompt would stop the event loop all the same);
@@ -92,9 +99,20 @@ class ChatRenderer:
             return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def _encode_pieces(self, pieces: list[str]) -> list[list[int]]:
+        """The ids of pieces holding no added token: through the ASCII path where it applies."""
+        ids = self._ascii.encode_pieces(pieces) if self._ascii is not None else None
+        if ids is not None:
+            return ids
+        return [e.ids for e in self._backend.encode_batch_fast(pieces, add_special_tokens=False)]
+
     def piece_stats(self) -> dict[str, Any]:
         """The piece cache's counters (GET /stats), or why there is no cache for this tokenizer."""
         return self._pieces.as_json() if self._pieces is not None else {"off": self._pieces_off}
+
+    def ascii_stats(self) -> dict[str, Any]:
+        """What the ASCII tokenizing path did (GET /stats), or why this tokenizer has none."""
+        return self._ascii.as_json() if self._ascii is not None else {"off": self._ascii_off}
 
     def close(self) -> None:
         """Stop the helper process that tokenizes huge texts, if one was started."""
