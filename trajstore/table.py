@@ -49,6 +49,12 @@ STATS_COLUMNS = (
     "status", "step", "table_version", "group_size",
 )
 ROW_GROUP_ROWS = 16_384
+# Dictionary-encoded, with min/max in the file, where values repeat or prune (names, ids, kinds, the sampling JSON).
+# Not the lists: a token id as a 12-18 bit dictionary index is what zstd cannot shrink, and plain int32 + zstd is
+# smaller (0.90 against 0.99 bytes a token on this repository's own code) and hashes nothing; nor the request and
+# response JSON, one per call.
+SCALAR_COLUMNS = [f.name for f in EVENT_SCHEMA if not pa.types.is_nested(f.type)
+                  and f.name not in ("request", "response")]
 COMMIT_ATTEMPTS = 30
 
 
@@ -277,8 +283,8 @@ class Table:
         """
         data = data.cast(EVENT_SCHEMA) if data.schema != EVENT_SCHEMA else data
         sink = pa.BufferOutputStream()
-        pq.write_table(data, sink, compression="zstd", write_page_checksum=True,
-                       row_group_size=ROW_GROUP_ROWS, write_statistics=True)
+        pq.write_table(data, sink, compression="zstd", write_page_checksum=True, use_dictionary=SCALAR_COLUMNS,
+                       row_group_size=ROW_GROUP_ROWS, write_statistics=SCALAR_COLUMNS)
         body = memoryview(sink.getvalue())
         stats = file_stats(data)
         scrc = deltalog.stats_crc(len(body), stats["numRecords"], stats["minValues"], stats["maxValues"])

@@ -47,6 +47,24 @@ def test_sealed_file_names_carry_footer_and_file_crcs(tmp_path: Path) -> None:
     assert crcs == (zlib.crc32(data[-_footer_span(data):]), zlib.crc32(data))
 
 
+def test_sealed_files_dictionary_encode_and_keep_statistics_of_scalar_columns_only(tmp_path: Path) -> None:
+    """Token ids and logprobs are written plain (zstd shrinks them; a dictionary index it cannot), and so are the
+    request and response JSON; the scalar columns are dictionary-encoded with min/max kept."""
+    import pyarrow.parquet as pq
+
+    _, sealed, rows = sealed_store(tmp_path / "s")
+    meta = pq.ParquetFile(sealed).metadata.row_group(0)
+    columns = {meta.column(i).path_in_schema: meta.column(i) for i in range(meta.num_columns)}
+    for plain in ("prompt_ids.list.element", "output_ids.list.element", "output_logprobs.list.element", "request",
+                  "response"):
+        assert not any("DICTIONARY" in e for e in columns[plain].encodings), plain
+        assert columns[plain].statistics is None or not columns[plain].statistics.has_min_max, plain
+    for scalar in ("event_id", "rollout_id", "writer", "kind", "turn_index"):
+        assert any("DICTIONARY" in e for e in columns[scalar].encodings), scalar
+        assert columns[scalar].statistics.has_min_max, scalar
+    assert sorted(tuple(r["prompt_ids"]) for r in rows) == [tuple(range(i, i + 40)) for i in range(300)]
+
+
 @pytest.mark.parametrize("where", ["footer", "footer_length", "page_data"])
 def test_flipped_byte_is_reported_by_reads_and_verify(tmp_path: Path, where: str) -> None:
     _, sealed, _ = sealed_store(tmp_path / "s")
