@@ -39,6 +39,7 @@ import re
 import threading
 from typing import Any
 
+from collectors.errors import CollectorError
 from collectors.proxy.piece_cache import added_token_problem
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,8 @@ _PASSED = set("rntfv") | set(r"\.^$|?*+()[]{}-/'\"#&~!@%=:;,<> ")  # escapes wit
 _NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD"}  # identities on ASCII text
 
 
-class Untranslatable(ValueError):
-    """A pre-tokenizer regex with a construct whose meaning on ASCII text is not known here."""
+class Untranslatable(CollectorError):
+    """A tokenizer layout, or a pre-tokenizer regex construct, whose steps on ASCII text are not known here."""
 
 
 def translate(pattern: str) -> str:

@@ -26,10 +26,11 @@ without overlaps, which is leftmost-longest matching.
 
 Hand-written because no library caches tokenization by piece: `tokenizers` keeps a cache of words
 inside BPE, but still normalizes and pre-tokenizes the whole text on every call, which is most of
-its cost. Missing pieces are tokenized in one `encode_batch_fast` call (each call has a fixed
-cost) outside the lock, so render threads never wait on each other's tokenizing; the cache is an
-LRU bounded by the characters of its keys, and keeps ids as 32-bit arrays (a Python int list would
-take about ten times the memory).
+its cost. Missing pieces are tokenized together (by default in one `encode_batch_fast` call, as
+each call has a fixed cost; the proxy's renderer passes `collectors.proxy.ascii_bpe`'s path) outside
+the lock, so render threads never wait on each other's tokenizing; the cache is an LRU bounded by the
+characters of its keys, and keeps ids as 32-bit arrays (a Python int list would take about ten times
+the memory).
 """
 
 from __future__ import annotations

@@ -31,14 +31,14 @@ from typing import Any
 from jinja2 import TemplateError
 
 from collectors.policy import Sample
-from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
 from collectors.proxy.ascii_bpe import AsciiBPE
+from collectors.proxy.chat import ChatError, ChatReply, ChatRequest
 from collectors.proxy.far_tokenizer import FAR_CHARS, FarTokenizer
 from collectors.proxy.piece_cache import PieceCache, unsplittable
 from collectors.proxy.template import Template
 from collectors.model.toolcalls import check_format, detect_format, parse_output
 
-
+THROUGH_TRANSFORMERS = "the tokenizer is encoded through transformers"  # why a tokenizer gets no fast path
 
 
 def text_ids(sample: Sample) -> list[int]:
@@ -70,12 +70,11 @@ class ChatRenderer:
         self._backend = backend if plain else None
         self._far = FarTokenizer(backend) if plain else None
         # ASCII text through the tokenizer's own steps, without its bookkeeping: see `collectors.proxy.ascii_bpe`
-        self._ascii, self._ascii_off = AsciiBPE.of(backend) if plain else (None, "the tokenizer is encoded through "
-                                                                                  "transformers")
+        self._ascii, self._ascii_off = AsciiBPE.of(backend) if plain else (None, THROUGH_TRANSFORMERS)
         # a long text's pieces between control tokens are tokenized once: see `collectors.proxy.piece_cache`
         self._pieces = PieceCache.of(backend, encode_pieces=self._encode_pieces) if plain else None
         self._pieces_off = None if self._pieces is not None else (
-            unsplittable(backend) if plain else "the tokenizer is encoded through transformers")
+            unsplittable(backend) if plain else THROUGH_TRANSFORMERS)
         self._template = Template.of(tokenizer)  # renders as apply_chat_template does, without its copies
         # byte-level and SentencePiece vocabularies spell a token with at least as many symbols as its text has
         # characters; added tokens (control tokens) are written by the template, not by the request's text

@@ -88,8 +88,10 @@ def test_a_session_s_bodies_decode_as_json_reads_them(before: dict[str, Any], af
         previous = last
         value, last, spliced = decoded(raw, last)
         same(value, raw)
-        # a body with \u0000 after its list is not held (the marker would hide a member so named)
-        if rewrite != 1 and previous is not None and "\\u0000" not in json.dumps([tail, last_tail]):
+        # a body with \u0000 after its list is not held (the marker would hide a member so named), nor spliced
+        # when its members after the list changed and \u0000 comes after what it repeats
+        marked = "\\u0000" in json.dumps([tail, last_tail]) or (tail != last_tail and "\\u0000" in json.dumps(added))
+        if rewrite != 1 and previous is not None and not marked:
             assert spliced  # what the last body sent is sent again: never decoded whole
             assert all(a is b for a, b in zip(value["messages"], items_of(previous)))  # the very same objects
         last_tail = tail

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 import trajstore
@@ -155,8 +156,12 @@ def test_a_damaged_sealed_file_is_a_page_that_names_it_and_the_fix(tmp_path: Pat
         w.append(generate_run(run="t", groups=2, group_size=2, seed=1))
     (sealed,) = (tmp_path / "store" / "events").glob("*.parquet")
     data = bytearray(sealed.read_bytes())
-    for offset in range(8, len(data) // 2, 97):  # page data of every column; the footer stays whole
-        data[offset] ^= 0x5A
+    meta = pq.ParquetFile(sealed).metadata
+    for group in range(meta.num_row_groups):  # a byte inside every column's pages; the footer stays whole
+        for i in range(meta.num_columns):
+            chunk = meta.row_group(group).column(i)
+            start = chunk.dictionary_page_offset or chunk.data_page_offset
+            data[start + chunk.total_compressed_size // 2] ^= 0x5A
     sealed.write_bytes(bytes(data))
     with viewer_in_thread(ViewerSettings(store=str(tmp_path / "store"), port=0)) as url:
         for path in ("/", "/rollouts", "/rollouts/t-g000-r0", "/api/rollouts/t-g000-r0/tokens"):
