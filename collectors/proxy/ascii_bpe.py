@@ -229,7 +229,7 @@ class AsciiBPE:
         self._cache: dict[str, list[int]] = {}
         self._lock = threading.Lock()
         self.enabled = True
-        self.calls = 0  # texts tokenized here
+        self.calls = 0  # calls tokenized here (a text, or a list of pieces)
         self.fallbacks = 0  # pieces handed to the tokenizer (a gap between matches)
 
     @classmethod
