@@ -27,7 +27,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as `trajstore proxy` runs
 
+from piece_cache import tiny_renderer
 from proxy_agents import build_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,16 +58,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
-    from transformers import AutoTokenizer
-
-    from collectors.model.build import ModelSize, init_model
     from collectors.proxy.ascii_bpe import AsciiBPE
-    from collectors.proxy.render import ChatRenderer
 
-    with tempfile.TemporaryDirectory(prefix="ascii-tokenizing-") as tmp:
-        init_model(str(Path(tmp) / "model"), ModelSize(), seed=0)
-        tok = AutoTokenizer.from_pretrained(Path(tmp) / "model")
-        renderer = ChatRenderer(tok)
+    with tiny_renderer() as (tok, renderer):
         backend = tok.backend_tokenizer
 
         def tokenizer(text: str) -> list[int]:

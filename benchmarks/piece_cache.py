@@ -24,7 +24,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,22 +46,33 @@ def cpu_ms(work: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
+@contextmanager
+def tiny_renderer() -> Iterator[tuple[Any, Any]]:
+    """The tiny model's tokenizer and the proxy's `ChatRenderer` of it, built in a temporary directory."""
+    from transformers import AutoTokenizer
+
+    from collectors.model.build import ModelSize, init_model
+    from collectors.proxy.render import ChatRenderer
+
+    with tempfile.TemporaryDirectory(prefix="tiny-renderer-") as tmp:
+        init_model(str(Path(tmp) / "model"), ModelSize(), seed=0)
+        tok = AutoTokenizer.from_pretrained(Path(tmp) / "model")
+        renderer = ChatRenderer(tok)
+        try:
+            yield tok, renderer
+        finally:
+            renderer.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[8000, 80000])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
 
-    from transformers import AutoTokenizer
-
-    from collectors.model.build import ModelSize, init_model
     from collectors.proxy.piece_cache import PieceCache
-    from collectors.proxy.render import ChatRenderer
 
-    with tempfile.TemporaryDirectory(prefix="piece-cache-") as tmp:
-        init_model(str(Path(tmp) / "model"), ModelSize(), seed=0)
-        tok = AutoTokenizer.from_pretrained(Path(tmp) / "model")
-        renderer = ChatRenderer(tok)
+    with tiny_renderer() as (tok, renderer):
         backend = tok.backend_tokenizer
         print(f"load average {os.getloadavg()[0]:.1f} (2 shared cores); ms of process CPU, median of {args.repeats}")
         print(f"{'context':>8} {'tokens':>8} {'chars':>9} {'head chars':>10} {'whole':>7} {'cold':>7} "

@@ -40,7 +40,7 @@ import threading
 from typing import Any
 
 from collectors.errors import CollectorError
-from collectors.proxy.piece_cache import added_token_problem
+from collectors.proxy.piece_cache import added_token_problem, added_tokens
 
 log = logging.getLogger(__name__)
 
@@ -219,12 +219,12 @@ def _corpus(added: list[str]) -> list[str]:
 class AsciiBPE:
     """The ids of ASCII text through a byte-level BPE tokenizer's own steps (see the module docstring)."""
 
-    def __init__(self, backend: Any, pattern: str, added: dict[str, int]) -> None:
+    def __init__(self, backend: Any, pattern: str) -> None:
         self._backend = backend
         self._model = backend.model
         self._words = re.compile(pattern, re.ASCII)
-        self._added = added
-        self._split = re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True)))) if added else None
+        self._added, split = added_tokens(backend)
+        self._split = split if self._added else None
         self._alphabet = str.maketrans(_byte_alphabet())
         self._cache: dict[str, list[int]] = {}
         self._lock = threading.Lock()
@@ -246,11 +246,10 @@ class AsciiBPE:
             pattern = translate(_split_pattern(backend.pre_tokenizer))
             if _shortest_match(pattern) == 0:
                 raise Untranslatable("the pre-tokenizer regex can match nothing")
-            added = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.content}
-            made = cls(backend, pattern, added)
+            made = cls(backend, pattern)
         except (Untranslatable, re.error) as exc:
             return None, str(exc)
-        corpus = _corpus(list(added))
+        corpus = _corpus(list(made._added))
         theirs = backend.encode_batch_fast(corpus, add_special_tokens=False)
         for text, expected in zip(corpus, theirs):
             if made._encode(text) != expected.ids:

@@ -88,6 +88,13 @@ def added_token_problem(backend: Any) -> str | None:
     return None
 
 
+def added_tokens(backend: Any) -> tuple[dict[str, int], re.Pattern[str]]:
+    """`backend`'s added tokens by content, and the regex that finds them as the tokenizer splits at them: the
+    contents longest first, so the first alternative that matches is the longest (leftmost-longest)."""
+    ids = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.content}
+    return ids, re.compile("|".join(map(re.escape, sorted(ids, key=len, reverse=True))))
+
+
 def _first_only(node: Any) -> bool:
     if isinstance(node, dict):
         return node.get("prepend_scheme") == "first" or any(_first_only(v) for v in node.values())
@@ -104,9 +111,7 @@ class PieceCache:
         self._encode_pieces = encode_pieces or (lambda pieces: [e.ids for e in backend.encode_batch_fast(
             pieces, add_special_tokens=False)])
         self.max_chars, self.min_chars = max_chars, min_chars
-        self._ids = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.content}
-        contents = sorted(self._ids, key=len, reverse=True)  # longest first: leftmost-longest, as the tokenizer
-        self._split = re.compile("|".join(map(re.escape, contents)))
+        self._ids, self._split = added_tokens(backend)
         self._pieces: OrderedDict[str, array.array[int]] = OrderedDict()
         self._held = 0  # characters of the keys in `_pieces`
         self._lock = threading.Lock()
