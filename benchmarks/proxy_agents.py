@@ -40,8 +40,8 @@ Proxy and direct rounds alternate in one run. Printed side by side:
 4. other sessions' time to first token (streamed) while one session sends a `--hog-mb` (7) MB
    body, against the same sessions' baseline without it.
 
-Every turn the proxy answered must be in its store afterwards (read back once the proxy has
-stopped; the run fails otherwise).
+Each round ends by closing its rollouts with a reward, as RL episodes end (they stayed open before the eighth
+round). Every turn the proxy answered must be in its store afterwards (read back once it has stopped, or it fails).
 
     python benchmarks/proxy_agents.py                     # all four tables (~10 minutes on 2 cores)
     python benchmarks/proxy_agents.py --quick             # a bounded smoke run (~2 minutes)
@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,14 +280,23 @@ def session_turns(s: int, lo: int, hi: int) -> int:
     return lo + (s * 7919) % (hi - lo + 1)
 
 
-async def open_rollouts(http: aiohttp.ClientSession, proxy: str, n: int) -> list[tuple[str, str]]:
-    async def one() -> tuple[str, str]:  # (key, where its calls go: its base URL, as an orchestrator hands it over)
+async def open_rollouts(http: aiohttp.ClientSession, proxy: str, n: int) -> list[tuple[str, str, str]]:
+    async def one() -> tuple[str, str, str]:  # (key, its calls' base URL as an orchestrator hands it over, rollout id)
         async with http.post(proxy + "/rollouts", json={"group_id": "bench"}) as resp:
             body = await resp.json()
             if os.environ.get("PROXY_AGENTS_SHARED_PORT") == "1":  # every call to --port (forwarded between workers)
-                return body["api_key"], proxy
-            return body["api_key"], body["base_urls"]["openai"].removesuffix("/v1")
+                return body["api_key"], proxy, body["rollout_id"]
+            return body["api_key"], body["base_urls"]["openai"].removesuffix("/v1"), body["rollout_id"]
     return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+async def close_rollouts(http: aiohttp.ClientSession, proxy: str, keys: Sequence[str], ids: Sequence[str]) -> None:
+    async def one(key: str, rollout_id: str) -> None:
+        async with http.post(f"{proxy}/rollouts/{rollout_id}/close", json={"status": "completed", "reward": 1.0},
+                             headers={"Authorization": f"Bearer {key}"}) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"closing rollout {rollout_id} answered {resp.status}: {await resp.text()}")
+    await asyncio.gather(*(one(k, r) for k, r in zip(keys, ids, strict=True)))
 
 
 async def stats_waits(http: aiohttp.ClientSession, proxy: str) -> list[int]:
@@ -305,7 +315,7 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
     headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=600)) as http:
-        keys, bases = zip(*await open_rollouts(http, proxy, sessions + (hog is not None)))
+        keys, bases, rollout_ids = zip(*await open_rollouts(http, proxy, sessions + (hog is not None)))
         urls = [base if proxied else url for base in bases]
         before = await stats_waits(http, proxy)
         route = "/v1/chat/completions"
@@ -356,6 +366,7 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
             await hogger
         after = await stats_waits(http, proxy)
         rnd.waits = [a - b for a, b in zip(after, before)] if before else after
+        await close_rollouts(http, proxy, keys, rollout_ids)  # figures read: ends the episodes, frees their state
     return rnd
 
 
