@@ -97,6 +97,29 @@ def test_a_session_s_bodies_decode_as_json_reads_them(before: dict[str, Any], af
         last_tail = tail
 
 
+# strings where the scan can go wrong: runs of backslashes before a quote, escaped quotes, brackets, long runs
+tricky = st.text(st.sampled_from(['\\', '"', "[", "]", "{", "}", "a", "\n", "\u00e9", ","]), max_size=30) | st.builds(
+    lambda n, s: "x" * n + s, st.integers(0, 3000), texts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.lists(tricky | st.lists(tricky | scalars, max_size=3) | st.dictionaries(tricky, tricky | scalars,
+                                                                                           max_size=3),
+                      min_size=1, max_size=6), style=st.integers(0, 3))
+def test_the_scan_finds_every_element_s_end(items: list[Any], style: int) -> None:
+    """`_elements` (which skips a string by a search for its closing quote) ends each element of a list where its
+    JSON ends: each slice between two ends reads as that element, and the list closes at its last bracket."""
+    raw = dumps({"messages": items}, style)
+    start = raw.index(b"[") + 1
+    found = body_splice._elements(raw, start)
+    assert found is not None
+    ends, close = found
+    assert close == raw.rindex(b"]") and len(ends) == len(items)
+    for item, begin, end in zip(items, [start, *ends], ends):
+        assert json.loads(raw[begin:end].lstrip(b", \n")) == item
+    assert body_splice._elements(raw[:ends[0] - 1], start) is None  # the first string or bracket cut: no close
+
+
 def long_body(convo: list[Any], **after: Any) -> bytes:
     return json.dumps({"model": "m", "messages": [PAD, *convo], **after}).encode()
 
