@@ -8,6 +8,7 @@ and the new bytes of every call after. Timed here (process CPU, median of `--rep
   history in one message, then the tools);
 - `call 39, <context>`: table 1's 39th call (about 80 messages: tool calls and their results);
 - `7 MB body`: the body `proxy_agents.py` sends beside the sessions (`--hog-mb`);
+- `1 MB image`: one user message with an image as a base64 data URL (a string without escapes) and a question;
 - `short strings with escapes`: 2,000 messages of 60 short strings each, a third with an escaped quote and a
   third with an escaped backslash (the scan's worst case: many strings that a regular expression takes whole).
 
@@ -20,8 +21,10 @@ it steps through every escape); the proxy's scan (`body_splice._elements`). Both
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
+import random
 import re
 import sys
 from pathlib import Path
@@ -56,6 +59,13 @@ def baseline_elements(raw: bytes, pos: int) -> tuple[list[int], int] | None:
     return None
 
 
+def image_body() -> bytes:
+    image = base64.b64encode(random.Random(0).randbytes(750_000)).decode()
+    content = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}},
+               {"type": "text", "text": "What does this screenshot show?"}]
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode()
+
+
 def escapes_body() -> bytes:
     parts = ["ab", 'say "x"', "c:\\tmp"] * 20
     return json.dumps({"model": "m", "messages": [{"role": "user", "content": parts} for _ in range(2000)]}).encode()
@@ -75,7 +85,8 @@ def main() -> None:
             bodies.append((f"1b first, {context // 1000}k", build_workload(tok, context, 40, 256, step_tokens=150)
                            .body(0, 1)))
             bodies.append((f"call 39, {context // 1000}k", build_workload(tok, context, 40, 256).body(38, 1)))
-    bodies += [("7 MB body", hog_body(7.0, 256)), ("short strings with escapes", escapes_body())]
+    bodies += [("7 MB body", hog_body(7.0, 256)), ("1 MB image", image_body()),
+               ("short strings with escapes", escapes_body())]
 
     print(f"load average {os.getloadavg()[0]:.1f} (2 shared cores); ms of CPU to scan a body's list, median of "
           f"{args.repeats}")

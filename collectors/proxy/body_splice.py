@@ -27,9 +27,8 @@ elements are not all objects, arrays or strings is never held.
 
 No JSON library offers this: a parser resumable at a byte offset with the values it made before. The element
 ends are found by a scan of the structure over the new bytes only: strings and brackets by a regular expression
-in C, except a long string with escapes, whose end is found by `bytes.find` of its next quote, taken when an
-even number of backslashes precede it (a regular expression steps through every escape, at a few nanoseconds a
-byte). `python benchmarks/body_scan.py` times the scan of a body's list against one regular expression for
+in C, except a long string, whose end is found by `bytes.find` of its next quote, taken when an even number of
+backslashes precede it (a regular expression steps through every byte and escape, at a few nanoseconds a byte). `python benchmarks/body_scan.py` times the scan of a body's list against one regular expression for
 every string. A body decoded whole (a session's first, or one after a miss) is kept as it is (`WholeBody`) and
 scanned whole once, when the next body shows it is worth it (it repeats the first half).
 """
@@ -47,11 +46,11 @@ from aiohttp import web
 
 from collectors.serving import DECODE_OFF_LOOP_BYTES, BodyText, as_json_reads, decode_json_text, read_body
 
-# the scan's tokens: a string without escapes or a short one with a few (whole), a bracket, or the opening quote of
-# any other string (its end is found by `_string_end`); anything else (numbers, literals, commas, colons,
-# whitespace) lies between them. The short strings with escapes (a tool call's arguments) are matched here because
-# starting the scan again after each would cost more than the match.
-_TOKEN = re.compile(rb'"[^"\\]*"|"[^"\\]{0,32}(?:\\.[^"\\]{0,32}){1,4}"|[][{}]|"')
+# the scan's tokens: a short string (whole: up to 512 bytes without escapes, or a few short runs between escapes, as
+# a tool call's arguments), a bracket, or the opening quote of any other string (its end is found by `_string_end`:
+# a long text, a base64 image); anything else (numbers, literals, commas, colons, whitespace) lies between them.
+# Short strings are matched here because starting the scan again after each would cost more than the match.
+_TOKEN = re.compile(rb'"[^"\\]{0,512}"|"[^"\\]{0,32}(?:\\.[^"\\]{0,32}){1,4}"|[][{}]|"')
 _COLON = re.compile(rb"[ \t\n\r]*:[ \t\n\r]*")  # a member's name ends here; the match ends at its value
 _NEXT = re.compile(rb"[ \t\n\r]*([,\]])[ \t\n\r]*")
 _MARK = "\x00"  # the rest's list is parsed under this name: JSON text can only write it as \u0000
@@ -114,7 +113,7 @@ def _tokens(raw: bytes, pos: int) -> Iterator[tuple[int, int, int]]:
     while True:
         for m in _TOKEN.finditer(raw, pos):
             at, end = m.span()
-            if end - at == 1 and raw[at] == 0x22:  # a long string with escapes: past its end, then on from there
+            if end - at == 1 and raw[at] == 0x22:  # a long string: past its end, then on from there
                 pos = _string_end(raw, at)
                 if pos < 0:
                     return
@@ -138,7 +137,7 @@ def _elements(raw: bytes, pos: int) -> tuple[list[int], int] | None:
             at, end = m.span()
             c = raw[at]
             if c == 0x22:  # a string
-                if end - at == 1:  # long, with escapes: past its end, then on from there
+                if end - at == 1:  # a long one: past its end, then on from there
                     pos = _string_end(raw, at)
                     if pos < 0:
                         return None
