@@ -28,8 +28,9 @@ elements are not all objects, arrays or strings is never held.
 No JSON library offers this: a parser resumable at a byte offset with the values it made before. The element
 ends are found by a scan of the structure over the new bytes only: strings and brackets by a regular expression
 in C, except a long string, whose end is found by `bytes.find` of its next quote, taken when an even number of
-backslashes precede it (a regular expression steps through every byte and escape, at a few nanoseconds a byte). `python benchmarks/body_scan.py` times the scan of a body's list against one regular expression for
-every string. A body decoded whole (a session's first, or one after a miss) is kept as it is (`WholeBody`) and
+backslashes precede it (a regular expression steps through every byte and escape, at a few nanoseconds a byte).
+`python benchmarks/body_scan.py` times the scan of a body's list against one regular expression for every
+string. A body decoded whole (a session's first, or one after a miss) is kept as it is (`WholeBody`) and
 scanned whole once, when the next body shows it is worth it (it repeats the first half).
 """
 
