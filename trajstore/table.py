@@ -40,6 +40,7 @@ from trajstore.filecache import SealedFileCache
 from trajstore.durable import fsync_path
 from trajstore.errors import CommitConflictError, CorruptionError, StoreNotFoundError, VersionNotFoundError
 from trajstore.location import Location
+from trajstore.page_headers import PageHeaderError, headers_crc
 from trajstore.schema import EVENT_SCHEMA
 
 # Columns whose min/max the planner prunes with (cheap scalars; no JSON text, no lists).
@@ -136,7 +137,7 @@ class Table:
         # never changes, so a new version only parses the statistics of the files it added.
         self._files: tuple[int, tuple[FileInfo, ...]] | None = None
         self._known: dict[str, FileInfo] = {}
-        self._verified: set[str] = set()  # sealed files whose footer matched the CRC in their name
+        self._verified: set[str] = set()  # sealed files whose footer and headers matched their name's CRCs
         self._fragments: dict[str, ds.ParquetFileFragment] = {}  # sealed files' fragments (footers once read)
         self._log = deltalog.LogChecker(location)
         self.conflicts = 0  # commits retried because another writer committed first (benchmarks read it)
@@ -276,10 +277,11 @@ class Table:
     def write_file(self, data: pa.Table, *, prefix: str, data_change: bool = True) -> AddAction:
         """Write one zstd Parquet file with page checksums; durable before it is committed.
 
-        Parquet checksums pages but not its footer (the schema, row groups and offsets), so
-        the file's name carries the CRC-32 of its footer and of the whole file: readers check
-        the footer before first use, `trajstore verify` checks the whole file. The name also
-        carries the CRC-32 of the statistics the log records for it (`trajstore.deltalog`).
+        Parquet checksums a page's data but neither its header nor the file's footer (the schema,
+        row groups and offsets), so the file's name carries the CRC-32 of its footer, of its page
+        headers (`trajstore.page_headers`) and of the whole file: readers check the footer and the
+        headers before first use, `trajstore verify` checks the whole file. The name also carries
+        the CRC-32 of the statistics the log records for it (`trajstore.deltalog`).
         """
         data = data.cast(EVENT_SCHEMA) if data.schema != EVENT_SCHEMA else data
         sink = pa.BufferOutputStream()
@@ -288,8 +290,9 @@ class Table:
         body = memoryview(sink.getvalue())
         stats = file_stats(data)
         scrc = deltalog.stats_crc(len(body), stats["numRecords"], stats["minValues"], stats["maxValues"])
+        hcrc = headers_crc(lambda at, n: body[at:at + n], 4, len(body) - _footer_span(body))
         name = (f"{prefix}-{ids.new_id()}-f{zlib.crc32(body[-_footer_span(body):]):08x}c{zlib.crc32(body):08x}"
-                f"s{scrc:08x}.zstd.parquet")
+                f"s{scrc:08x}h{hcrc:08x}.zstd.parquet")
         path = self.location.data_path(name)
         with self.location.filesystem.open_output_stream(path) as out:
             out.write(body)
@@ -329,8 +332,9 @@ class Table:
 
     # ------------------------------------------------------------------ read
 
-    def check_footer(self, f: FileInfo) -> None:
-        """Check a sealed file's footer against the CRC-32 in its name (once per file and process)."""
+    def check_sealed(self, f: FileInfo) -> None:
+        """Check a sealed file's footer and page headers against the CRC-32s in its name (once per file and
+        process); the pages' data is checked by their own checksums as they are read."""
         if f.path in self._verified or self._cache is not None:  # the cache checks the whole file's CRC
             return
         crcs = file_crcs(f.path)
@@ -340,11 +344,14 @@ class Table:
                 tail = fh.read_at(min(8, size), max(size - 8, 0))
                 span = _footer_span(tail, size)
                 footer = fh.read_at(span, size - span) if span else b""
-            if not span or zlib.crc32(footer) != crcs[0]:
-                raise CorruptionError(
-                    f"sealed file {f.path}: its Parquet footer fails the CRC-32 recorded in its name, so "
-                    "its schema or offsets changed after writing; run `trajstore verify` for the full report"
-                )
+                if not span or zlib.crc32(footer) != crcs[0]:
+                    raise CorruptionError(f"sealed file {f.path}: its Parquet footer fails the CRC-32 recorded in its "
+                                          f"name, so its schema or offsets changed after writing. {self._fix}")
+                expected = _headers_crc_of(f.path)
+                if expected is not None and _read_headers_crc(fh, size - span) != expected:
+                    raise CorruptionError(f"sealed file {f.path}: its Parquet page headers fail the CRC-32 recorded "
+                                          "in its name, so the count, encoding or size of a page changed after "
+                                          f"writing. {self._fix}")
         self._verified.add(f.path)
 
     def open_dataset(self, files: list[FileInfo] | tuple[FileInfo, ...]) -> ds.Dataset:
@@ -355,7 +362,7 @@ class Table:
         file) nor reads the footer again (pyarrow keeps it in the fragment once read). A remote
         store's files are read from the local cache, which fetches the missing ones first."""
         for f in files:
-            self.check_footer(f)
+            self.check_sealed(f)
         fs, paths = self.location.filesystem, [self.location.data_path(f.path) for f in files]
         if self._cache is not None:  # fetched now, before the scan (see trajstore.filecache)
             fs = _LOCAL
@@ -403,22 +410,41 @@ class Table:
                 return str(exc)
             except (OSError, pa.ArrowException) as exc:
                 return (f"sealed file {f.path} fails its page checksums or cannot be decoded ({exc}); it was "
-                        f"damaged after writing. `trajstore verify --store {self.location.uri}` lists every "
-                        "damaged file; restore them from a backup")
+                        f"damaged after writing. {self._fix}")
         return None
+
+    @property
+    def _fix(self) -> str:
+        return (f"`trajstore verify --store {self.location.uri}` lists every damaged file; restore them from "
+                "a backup")
 
 
 _LOCAL = pafs.LocalFileSystem()
 _FORMAT = ds.ParquetFileFormat(
     default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
 )
-_CRC_NAME = re.compile(r"-f([0-9a-f]{8})c([0-9a-f]{8})(?:s([0-9a-f]{8}))?\.zstd\.parquet$")
+_CRC_NAME = re.compile(r"-f([0-9a-f]{8})c([0-9a-f]{8})(?:s([0-9a-f]{8}))?(?:h([0-9a-f]{8}))?\.zstd\.parquet$")
 
 
 def file_crcs(name: str) -> tuple[int, int] | None:
     """(footer CRC-32, whole-file CRC-32) from a sealed file's name; None for names without them."""
     m = _CRC_NAME.search(name)
     return (int(m.group(1), 16), int(m.group(2), 16)) if m else None
+
+
+def _headers_crc_of(name: str) -> int | None:
+    """The page headers' CRC-32 from a sealed file's name; None for names without it (sealed before it was kept)."""
+    m = _CRC_NAME.search(name)
+    return int(m.group(4), 16) if m and m.group(4) else None
+
+
+def _read_headers_crc(fh: pa.NativeFile, footer_at: int) -> int | None:
+    """CRC-32 of the page headers of the open sealed file `fh`, whose footer starts at `footer_at`; None
+    when they cannot be walked."""
+    try:
+        return headers_crc(lambda at, n: fh.read_at(n, at), 4, footer_at)
+    except (PageHeaderError, OSError, pa.ArrowException):
+        return None
 
 
 def _check_stats(f: FileInfo, location: Location) -> None:

@@ -1,8 +1,9 @@
 """Sealed files: a flipped byte anywhere is reported by `verify` and by reads, never returned as data.
 
-Parquet checksums pages but not its footer; trajstore records the CRC-32 of the footer and
-of the whole file in the file's name (trajstore.table.Table.write_file). These tests flip bytes in
-the footer, in the page data and across the whole file.
+Parquet checksums a page's data but neither its header nor the footer; trajstore records the CRC-32
+of the footer, of the page headers and of the whole file in the file's name
+(trajstore.table.Table.write_file). These tests flip bytes in the footer, in the page headers, in
+the page data and across the whole file.
 """
 
 from __future__ import annotations
@@ -78,6 +79,28 @@ def test_flipped_byte_is_reported_by_reads_and_verify(tmp_path: Path, where: str
         fresh.query(QUERY)
     report = fresh.verify()
     assert not report.ok and any(sealed.name in p for p in report.problems)
+
+
+@pytest.mark.parametrize("mask", [0x01, 0x5A, 0x80])
+def test_a_flipped_page_header_byte_is_reported_not_read_as_other_data(tmp_path: Path, mask: int) -> None:
+    """A data page's header holds its value count and encodings outside the page checksum: a lower count
+    once dropped the end of the last row's prompt_ids, and PLAIN read as BYTE_STREAM_SPLIT is other numbers."""
+    import pyarrow.parquet as pq
+
+    _, sealed, _ = sealed_store(tmp_path / "s")
+    original = sealed.read_bytes()
+    row_group = pq.ParquetFile(sealed).metadata.row_group(0)
+    chunks = {row_group.column(i).path_in_schema: row_group.column(i) for i in range(row_group.num_columns)}
+    for column in ("prompt_ids.list.element", "event_id", "turn_index"):
+        start = chunks[column].data_page_offset  # a data page's header: type, sizes, CRC, count, encodings
+        for offset in range(start, start + 20):
+            data = bytearray(original)
+            data[offset] ^= mask
+            sealed.write_bytes(bytes(data))
+            fresh = trajstore.open_store(tmp_path / "s")
+            with pytest.raises(CorruptionError, match="verify"):
+                fresh.query(QUERY)
+            assert not fresh.verify().ok
 
 
 def test_byte_flips_across_a_sealed_file_never_return_other_data(tmp_path: Path) -> None:
