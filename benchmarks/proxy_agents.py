@@ -30,8 +30,8 @@ Proxy and direct rounds alternate in one run. Printed side by side:
    and again (1b) with every call adding the same `--step-tokens` (150) to a session that starts
    from a long history, so that the cost per call is seen against the history alone; each row
    also gives the CPU per turn over the calls after each session's first (which renders the
-   whole history once); `--cpu-repeats` (3) rounds per context, taken in turns so that a slow moment of
-   the shared machine falls on every context alike, and each row gives the median round and the range;
+   whole history once) and the kernel's part of that; `--cpu-repeats` (3) rounds per context, taken in
+   turns so a slow moment of the machine falls on every context alike (each row: median round, range);
 2. throughput through the proxy as % of direct, and the added p50 / p99 latency, at each of
    `--sessions` (default 32 / 96 / 192) with the upstream taking `--upstream-ms` (1000), at
    `--throughput-context` (32k);
@@ -195,17 +195,15 @@ def free_port() -> int:
 
 
 def proxy_has_workers() -> bool:
-    out = subprocess.run([*TRAJSTORE, "proxy", "--help"], capture_output=True, text=True, timeout=120,
-                         check=False, cwd=tempfile.gettempdir()).stdout
-    return "--workers" in out
+    return "--workers" in subprocess.run([*TRAJSTORE, "proxy", "--help"], capture_output=True, text=True, timeout=120,
+                                         check=False, cwd=tempfile.gettempdir()).stdout
 
 
 def start_proxy(model_dir: str, store: str, upstream: str, workers: int | None, log: Path) -> tuple[subprocess.Popen,
                                                                                                      str]:
     port = free_port()
     cmd = [*TRAJSTORE, "proxy", "--upstream", upstream, "--model", model_dir, "--store", store, "--port", str(port), "--model-name", MODEL, "--max-model-len", str(1 << 22)]
-    if workers:
-        cmd += ["--workers", str(workers)]
+    cmd += ["--workers", str(workers)] if workers else []
     # cwd: `python -c` imports from its working directory first; PYTHONPATH alone says which tree is measured
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
                             cwd=log.parent)
@@ -233,8 +231,8 @@ def stop_proxy(proc: subprocess.Popen) -> None:
         raise RuntimeError("trajstore proxy did not stop within 120 s of SIGINT") from None
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and all its descendants, live ones (Linux /proc)."""
+def tree_cpu_seconds(pid: int | None) -> tuple[float, float]:
+    """(user + system CPU, system CPU) of a process and its live descendants (Linux /proc); zeros without one."""
     children: dict[int, list[int]] = {}
     stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
@@ -245,13 +243,13 @@ def tree_cpu_seconds(pid: int) -> float:
                 continue
             stats[int(entry)] = fields
             children.setdefault(int(fields[1]), []).append(int(entry))
-    total, todo = 0.0, [pid]
+    user, system, todo = 0, 0, [pid] if pid else []
     while todo:
         p = todo.pop()
         if p in stats:
-            total += int(stats[p][11]) + int(stats[p][12])
+            user, system = user + int(stats[p][11]), system + int(stats[p][12])
         todo += children.get(p, [])
-    return total / os.sysconf("SC_CLK_TCK")
+    return (user + system) / os.sysconf("SC_CLK_TCK"), system / os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------- load generation (this process)
@@ -264,6 +262,7 @@ class Round:
     seconds: float = 0.0
     proxy_cpu: float = 0.0
     steady_cpu: float = 0.0  # with `steady`: the proxy's CPU over the calls after every session's first
+    steady_kernel: float = 0.0  # the part of it spent in the kernel (system time: sockets, writes, fsync)
     steady_turns: int = 0
     waits: list[int] = field(default_factory=list)  # the durable-wait histogram's counts during the round
 
@@ -339,28 +338,29 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
                     rnd.ttfts.append(first)
 
         firsts = asyncio.Barrier(sessions)
-        steady_from: list[tuple[float, int]] = []  # (proxy CPU, turns answered) once every first call is answered
+        steady_from: list[tuple[float, float, int]] = []  # (CPU, system CPU, turns) once all first calls are answered
 
         async def session(s: int) -> None:
             await asyncio.sleep(spread_s * s / sessions)
             for t in range(session_turns(s, *turns)):
                 await call(load.body(t, s, stream=stream), keys[s] if proxied else None, True, urls[s])
                 if steady and t == 0 and await firsts.wait() == 0:
-                    steady_from.append((tree_cpu_seconds(pid) if pid else 0.0, rnd.turns))
+                    steady_from.append((*tree_cpu_seconds(pid), rnd.turns))
 
         async def hogging() -> None:
             while not done.is_set():
                 await call(hog, keys[-1], False, urls[-1])
 
-        cpu0 = tree_cpu_seconds(pid) if pid else 0.0
+        cpu0 = tree_cpu_seconds(pid)
         t0 = time.perf_counter()
         hogger = asyncio.create_task(hogging()) if hog is not None else None
         await asyncio.gather(*(session(s) for s in range(sessions)))
         rnd.seconds = time.perf_counter() - t0
-        rnd.proxy_cpu = tree_cpu_seconds(pid) - cpu0 if pid else 0.0
+        cpu1 = tree_cpu_seconds(pid)
+        rnd.proxy_cpu = cpu1[0] - cpu0[0]
         if steady_from:
-            rnd.steady_cpu = rnd.proxy_cpu + cpu0 - steady_from[0][0]
-            rnd.steady_turns = rnd.turns - steady_from[0][1]
+            rnd.steady_cpu, rnd.steady_kernel = cpu1[0] - steady_from[0][0], cpu1[1] - steady_from[0][1]
+            rnd.steady_turns = rnd.turns - steady_from[0][2]
         done.set()
         if hogger is not None:
             await hogger
@@ -379,7 +379,6 @@ def wait_pct(counts: list[int], q: float) -> str:
     if not counts:  # a proxy without the durable_wait histogram in /stats
         return "-"
     from collectors.proxy.waits import percentile_ms
-
     got = percentile_ms(counts, q)
     return f"{got:.2f}" if got is not None else "-"
 
@@ -407,7 +406,7 @@ def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: st
           f"answering at once, {repeats} round{'s' * (repeats > 1)} per context taken in turns"
           f"{', median round (range)' if repeats > 1 else ''}; load average {os.getloadavg()[0]:.1f}")
     print(f"  {'context':>8} {'last prompt':>11} {'added/call':>10} {'turns':>6} {'proxy CPU ms/turn':>20} "
-          f"{'after the 1st':>20} {'turns/s':>8} {'durable wait p50 / p99 ms':>26}")
+          f"{'after the 1st':>20} {'(kernel)':>8} {'turns/s':>8} {'durable wait p50 / p99 ms':>26}")
     rounds: dict[int, list[Round]] = {context: [] for context in loads}
     for _ in range(repeats):
         for context, load in loads.items():
@@ -423,6 +422,7 @@ def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: st
         waits = [sum(c) for c in zip(*(r.waits for r in got))]
         print(f"  {context:>8,} {load.last_prompt_tokens:>11,} {load.added_tokens:>10,.0f} {turns:>6} "
               f"{spread(overall[context]):>20} {spread(steady[context]):>20} "
+              f"{statistics.median(1000 * r.steady_kernel / max(1, r.steady_turns) for r in got):>8.2f} "
               f"{statistics.median(r.rate for r in got):>8.1f} {wait_pct(waits, 0.5):>12} / {wait_pct(waits, 0.99):<10}")
     if len(loads) > 1:
         for label, per in (("per turn", overall), ("after the 1st", steady)):
