@@ -44,7 +44,9 @@ def headers_crc(read_at: ReadAt, start: int, end: int) -> int:
             if at + len(buffer) >= end or (at == pos and len(buffer) < asked):
                 raise PageHeaderError(f"the page header at byte {pos} runs past the pages' end at "
                                       f"{min(end, at + len(buffer))}") from None
-            asked = min(len(buffer) * 8 if at == pos and buffer else _WINDOW, end - pos)  # 8x: a long header
+            if at == pos and len(buffer) >= MAX_HEADER:
+                raise PageHeaderError(f"the page header at byte {pos} is over {MAX_HEADER:,} bytes") from None
+            asked = min(len(buffer) * 8 if at == pos and buffer else _WINDOW, end - pos, MAX_HEADER)  # 8x: longer
             buffer, at = bytes(read_at(pos, asked)), pos
             continue
         crc = zlib.crc32(memoryview(buffer)[pos - at:pos - at + length], crc)
@@ -55,11 +57,13 @@ def headers_crc(read_at: ReadAt, start: int, end: int) -> int:
 
 
 _WINDOW = 16 << 10  # bytes read at a time: many small pages, or one large page's header
+MAX_HEADER = 16 << 20  # a longer header is damage (Arrow's reader stops at the same size)
 
 
 # Thrift compact protocol (https://github.com/apache/thrift/blob/master/doc/specs/thrift-compact-protocol.md)
 _STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(13)
 _COMPRESSED_PAGE_SIZE = 3  # PageHeader's field ids: 1 type, 2 uncompressed size, 3 compressed size, ...
+_WIDTHS = {_TRUE: 1, _FALSE: 1, _BYTE: 1, _DOUBLE: 8}  # bytes a list element of these types takes
 
 
 def _page_header(data: bytes, start: int) -> tuple[int, int]:
@@ -107,6 +111,11 @@ def _skip(data: bytes, pos: int, kind: int, depth: int) -> int:
         size, element = head >> 4, head & 0x0F
         if size == 15:
             size, pos = _varint(data, pos)
+        width = _WIDTHS.get(element)
+        if width is not None:  # fixed-width elements: stepped over at once, however many a damaged size says
+            if pos + size * width > len(data):
+                raise _Short
+            return pos + size * width
         for _ in range(size):  # each element takes a byte or more: a size past the data ends in _Short
             pos = _skip(data, pos, element, depth + 1)
         return pos

@@ -86,6 +86,27 @@ def test_a_header_longer_than_the_read_window_is_read_whole(monkeypatch: pytest.
     assert walk(data) == expected
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+@pytest.mark.parametrize("element", [0x3, 0x5])  # bytes (stepped over at once), i32s (read one by one)
+def test_a_header_that_says_it_holds_a_huge_list_is_an_error_within_the_header_bound(
+        monkeypatch: pytest.MonkeyPatch, element: int) -> None:
+    """A damaged size stops at the data's end, or at MAX_HEADER (the bound Arrow's reader has), not at 2**40."""
+    import trajstore.page_headers
+
+    monkeypatch.setattr(trajstore.page_headers, "MAX_HEADER", 64 << 10)
+    data = bytes([0x15, 0x00, 0x19, 0xF0 | element]) + _varint(1 << 40) + b"\x00" * (1 << 20)
+    with pytest.raises(PageHeaderError, match="the page header at byte 0 is over 65,536 bytes"):
+        headers_crc(lambda at, n: data[at:at + n], 0, len(data))
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400), st.integers(0, 400))
 def test_any_bytes_give_a_crc_or_a_page_header_error(data: bytes, end: int) -> None:
