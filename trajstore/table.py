@@ -286,7 +286,8 @@ class Table:
         data = data.cast(EVENT_SCHEMA) if data.schema != EVENT_SCHEMA else data
         sink = pa.BufferOutputStream()
         pq.write_table(data, sink, compression="zstd", write_page_checksum=True, use_dictionary=SCALAR_COLUMNS,
-                       row_group_size=ROW_GROUP_ROWS, write_statistics=SCALAR_COLUMNS)
+                       row_group_size=ROW_GROUP_ROWS, write_statistics=SCALAR_COLUMNS,
+                       write_page_index=False, bloom_filter_options=None)  # pages only up to the footer: headers_crc
         body = memoryview(sink.getvalue())
         stats = file_stats(data)
         scrc = deltalog.stats_crc(len(body), stats["numRecords"], stats["minValues"], stats["maxValues"])
