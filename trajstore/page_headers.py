@@ -69,37 +69,39 @@ _WIDTHS = {_TRUE: 1, _FALSE: 1, _BYTE: 1, _DOUBLE: 8}  # bytes a list element of
 def _page_header(data: bytes, start: int) -> tuple[int, int]:
     """(length of the PageHeader struct at `start` in `data`, its compressed_page_size). Raises IndexError or
     _Short when `data` ends inside it."""
-    pos, field_id, compressed = start, 0, None
+    pos, compressed = _struct(data, start, 0, _COMPRESSED_PAGE_SIZE)
+    if compressed is None or compressed < 0:
+        raise PageHeaderError("a page header has no valid compressed_page_size")
+    return pos - start, compressed
+
+
+def _struct(data: bytes, pos: int, depth: int, keep: int | None = None) -> tuple[int, int | None]:
+    """(the position after the struct at `pos`, the value of its i32 field `keep` if it has one)."""
+    field_id, kept = 0, None
     while True:
         head = data[pos]
         pos += 1
         if head == _STOP:
-            break
+            return pos, kept
         kind = head & 0x0F
         if head >> 4:
             field_id += head >> 4
         else:
             raw, pos = _varint(data, pos)
             field_id = _unzigzag(raw)
-        if field_id == _COMPRESSED_PAGE_SIZE and kind == _I32:
+        if field_id == keep and kind == _I32:
             raw, pos = _varint(data, pos)
-            compressed = _unzigzag(raw)
+            kept = _unzigzag(raw)
         elif kind not in (_TRUE, _FALSE):  # a boolean field's value is its header's type
-            pos = _skip(data, pos, kind, 1)
-    if compressed is None or compressed < 0:
-        raise PageHeaderError("a page header has no valid compressed_page_size")
-    return pos - start, compressed
+            pos = _skip(data, pos, kind, depth + 1)
 
 
 def _skip(data: bytes, pos: int, kind: int, depth: int) -> int:
     """The position after a value of compact type `kind` at `pos` (in a list, a map or a field)."""
     if kind in (_I16, _I32, _I64):
         return _varint(data, pos)[1]
-    if kind in (_TRUE, _FALSE, _BYTE, _DOUBLE, _BINARY):
-        if kind == _BINARY:
-            size, pos = _varint(data, pos)
-        else:
-            size = 8 if kind == _DOUBLE else 1  # a boolean in a list or a map takes a byte
+    if kind == _BINARY or kind in _WIDTHS:  # a boolean in a list or a map takes a byte
+        size, pos = _varint(data, pos) if kind == _BINARY else (_WIDTHS[kind], pos)
         if pos + size > len(data):
             raise _Short
         return pos + size
@@ -128,15 +130,7 @@ def _skip(data: bytes, pos: int, kind: int, depth: int) -> int:
                 pos = _skip(data, _skip(data, pos, types >> 4, depth + 1), types & 0x0F, depth + 1)
         return pos
     if kind == _STRUCT:
-        while True:
-            head = data[pos]
-            pos += 1
-            if head == _STOP:
-                return pos
-            if not head >> 4:
-                pos = _varint(data, pos)[1]
-            if head & 0x0F not in (_TRUE, _FALSE):
-                pos = _skip(data, pos, head & 0x0F, depth + 1)
+        return _struct(data, pos, depth)[0]
     raise PageHeaderError(f"a page header holds a value of unknown Thrift type {kind}")
 
 
