@@ -16,7 +16,12 @@ commit): whichever thread holds the I/O lock writes every pending (staged) messa
 order, with one system call, and syncs once.
 Full segments, and segments older than `seal_interval` seconds, are sealed into the Delta
 table by a background thread; `close` seals the rest. Sealing is idempotent across crashes
-(see `trajstore.table`). Other machines see only sealed events, so for a remote store an
+(see `trajstore.table`). A writer seals the batches it wrote from memory (it keeps each
+segment's batches until the segment is sealed: at most `seal_bytes` and the segment before it,
+about what the segments hold on disk), so a seal costs the Parquet file and the commit, not a
+read of the segments again: parsing and checking a segment's messages cost as much CPU as
+writing them as Parquet. A writer's segments from before a restart, and those of a seal that
+failed, are read from disk and verified. Other machines see only sealed events, so for a remote store an
 append holding a `checkpoint` or `status` event (what a learner or collector elsewhere waits
 on) wakes the sealer at once; appends arriving during a seal share the next one, so this
 costs at most one commit in flight per writer. A remote store's writer claims its name when
@@ -125,22 +130,24 @@ def _name_taken(name: str, table_seq: int, own_seq: int, where: Path) -> WriterB
     )
 
 
-def seal_segments(table: Table, name: str, segments: list[Path], *, expected: int | None = None) -> SealResult:
+def seal_segments(table: Table, name: str, segments: list[Path], *, expected: int | None = None,
+                  kept: Mapping[Path, Sequence[wal.Batch]] | None = None) -> SealResult:
     """Seal closed segments of writer `name` into the table.
 
     Only rows past the table's sealed seq for `name` are written; the commit carries the
     application transaction (name, last seq), and it is skipped when an earlier attempt
     already landed. Sealed segments are deleted afterwards. `expected` is the sealed seq the
     calling writer knows of; a table that says otherwise means the name is used elsewhere,
-    and nothing is deleted.
+    and nothing is deleted. `kept`: the batches the calling writer wrote to some of the
+    segments, taken instead of reading those segments again.
     """
     start = table.sealed_seq(name)
     if expected is not None and start != expected:
         raise _name_taken(name, start, expected, segments[0].parent if segments else table.location.wal_root / name)
     if not segments:
         return SealResult(0, start)
-    reads = [wal.read_segment(p) for p in segments]
-    batches = [b for r in reads for b in r.batches]
+    kept = kept or {}
+    batches = [b for p in segments for b in (kept[p] if p in kept else wal.read_segment(p).batches)]
     sealed_ids = [eid for b in batches if b.first_seq <= start for eid, seq in zip(
         b.data.column("event_id").to_pylist(), b.data.column("writer_seq").to_pylist()) if seq <= start]
     missing = table.missing_event_ids(sealed_ids) if sealed_ids else []
@@ -153,7 +160,8 @@ def seal_segments(table: Table, name: str, segments: list[Path], *, expected: in
     committed = 0
     sealed_through = start
     if rows:
-        data = pa.Table.from_batches(rows, schema=EVENT_SCHEMA)
+        # one chunk per column: Parquet pages cut at each batch's end cost 3x the CPU and compress a third worse
+        data = pa.Table.from_batches(rows, schema=EVENT_SCHEMA).combine_chunks()
         if batches[0].first_seq <= start:  # part of the first batch is sealed already
             seqs = data.column("writer_seq").to_numpy()
             data = data.filter(pa.array(seqs > start))
@@ -258,8 +266,11 @@ class Writer:
         self._state = threading.Lock()  # seq assignment, pending queue, known ids
         self._io = threading.Lock()  # segment writes, fsync, rotation
         self._sealing = threading.Lock()  # seals commit in seq order, one at a time
-        self._pending: list[tuple[wal.Message, int, int]] = []  # staged, in seq order: (message, first, last)
+        # staged, in seq order: (message, first, last, the batch it encodes)
+        self._pending: list[tuple[wal.Message, int, int, pa.RecordBatch]] = []
         self._closed_segments: list[Path] = []
+        self._written: list[wal.Batch] = []  # what the open segment holds, kept for its seal (module docstring)
+        self._kept: dict[Path, list[wal.Batch]] = {}  # the same of closed segments, until sealed
         self._segment: wal.SegmentWriter | None = None
         self._segment_opened = 0.0
         self._failed: BaseException | None = None
@@ -349,10 +360,10 @@ class Writer:
             first = self._next_seq
             last = first + n - 1
             # encoded here, in seq order: the queue is written as it stands, by whichever flush comes next
-            message = wal.encode_batch(self._batch(columns, keep, first, n), writer=self.name, epoch=self.epoch,
-                                       first_seq=first, last_seq=last)
+            batch = self._batch(columns, keep, first, n)
+            message = wal.encode_batch(batch, writer=self.name, epoch=self.epoch, first_seq=first, last_seq=last)
             self._next_seq = last + 1
-            self._pending.append((message, first, last))
+            self._pending.append((message, first, last, batch))
             self._known_ids.add_all(seen_here)
         return Staged(self, AppendResult(n, len(event_ids) - n, first, last), through=last, urgent=urgent)
 
@@ -410,13 +421,15 @@ class Writer:
             try:
                 segment = self._open_segment(pending[0][1])
                 acknowledged = segment.bytes_written
-                segment.write_messages([message for message, _, _ in pending])
+                segment.write_messages([message for message, _, _, _ in pending])
                 segment.sync()
+                self._written += [wal.Batch(batch, self.name, self.epoch, first, last)
+                                  for _, first, last, batch in pending]
             except BaseException as exc:
                 self._failed = exc
                 if segment is not None:  # none of these events may reappear: cut them from the segment
                     segment.abandon(acknowledged)
-                    self._segment = None
+                    self._segment, self._written = None, []
                 raise WriterClosedError(
                     f"writer {self.name!r} could not write its segment ({exc}); events from seq "
                     f"{pending[0][1]} on were not acknowledged. Reopen the writer to recover."
@@ -438,6 +451,7 @@ class Writer:
         if self._segment is not None:
             self._segment.close()
             self._closed_segments.append(self._segment.path)
+            self._kept[self._segment.path], self._written = self._written, []
             self._segment = None
 
     def _check_open(self) -> None:
@@ -459,13 +473,16 @@ class Writer:
                     self._rotate()
                 segments, self._closed_segments = self._closed_segments, []
             try:
-                result = seal_segments(self.table, self.name, segments, expected=self._sealed_seq)
+                result = seal_segments(self.table, self.name, segments, expected=self._sealed_seq, kept=self._kept)
                 self._sealed_seq = result.sealed_seq
                 return result.events
             except BaseException:
-                with self._io:  # keep them for the next attempt
+                with self._io:  # keep them for the next attempt, read from disk then: memory stays bounded
                     self._closed_segments = segments + self._closed_segments
                 raise
+            finally:
+                for path in segments:
+                    self._kept.pop(path, None)
 
     def _next_wait(self) -> float:
         """Seconds until the open segment is due (at most 5: failed seals are retried that often)."""

@@ -141,3 +141,31 @@ def test_a_background_seal_that_fails_is_retried_until_it_lands(tmp_path: Path) 
             time.sleep(0.05)
         assert store.table.sealed_seq("w") == 1, "the sealer gave up after a failed seal"
     assert store.query("SELECT event_id FROM events ORDER BY event_id").column(0).to_pylist() == ["m0", "m1"]
+
+
+
+def test_a_seal_that_failed_reads_its_segments_again_and_verifies_them(tmp_path: Path) -> None:
+    """A writer seals what it wrote from memory, but not after a failed seal: it drops what it kept (memory stays
+    bounded however long the log refuses files) and the next attempt reads the segments, so damage done to them
+    meanwhile is reported, not sealed."""
+    from trajstore import wal
+    from trajstore.errors import CorruptionError
+
+    store = trajstore.open_store(tmp_path / "s")
+    log_dir = tmp_path / "s" / "events" / "_delta_log"
+    with store.writer("w", seal_interval=3600, seal_on_close=False) as writer:
+        writer.append([metric(0), metric(1)])
+        if not _immutable(log_dir, True):
+            pytest.skip("chattr +i is not available here (needs root and a local filesystem that supports it)")
+        try:
+            with pytest.raises(Exception):  # noqa: B017 - whatever the Delta log's refusal is called
+                writer.seal()
+        finally:
+            assert _immutable(log_dir, False)
+        (path,) = wal.list_segments(tmp_path / "s" / "wal" / "w")
+        data = bytearray(path.read_bytes())
+        data[data.rindex(b"m1")] ^= 0x01  # an event_id, in the batch's body
+        path.write_bytes(bytes(data))
+        with pytest.raises(CorruptionError, match="fails its CRC-32"):
+            writer.seal()
+    assert store.table.sealed_seq("w") == -1

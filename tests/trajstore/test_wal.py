@@ -476,6 +476,28 @@ def test_a_flipped_byte_in_a_sealed_file_raises(tmp_path: Path) -> None:
     assert rows(store) == expected  # the flips were the only cause
 
 
+def test_a_writer_seals_the_batches_it_wrote_not_a_read_of_its_segment(tmp_path: Path) -> None:
+    """A live writer keeps what it wrote and seals that: a byte flipped in its segment afterwards changes nothing
+    sealed (the segment is not read again). A segment an earlier process left is read and verified."""
+    store = trajstore.open_store(tmp_path / "s")
+    events = rollout("a", marker=MARKER) + rollout("b", reward=0.0)
+    with store.writer("mem-w", seal_on_close=False, seal_kinds=()) as writer:
+        writer.append(events[:4])
+        writer.append(events[4:])
+        expected = rows(store)
+        (path,) = segments(store, "mem-w")
+        flip(path, path.read_bytes().index(MARKER.to_bytes(4, "little")))
+        assert writer.seal() == 8
+    assert rows(store) == expected
+    with store.writer("old-w", seal_on_close=False, seal_kinds=()) as writer:
+        writer.append(rollout("c", marker=MARKER))
+    (path,) = segments(store, "old-w")
+    flip(path, path.read_bytes().index(MARKER.to_bytes(4, "little")))
+    with pytest.raises(CorruptionError, match="fails its CRC-32"):
+        store.writer("old-w")
+    assert sum(f.rows for f in store.table.snapshot().files) == 8  # nothing of it was sealed
+
+
 def test_recent_ids_stay_bounded_and_forget_the_oldest_first() -> None:
     from trajstore.writer import RecentIds
 
