@@ -136,7 +136,7 @@ def episode_rows(snap: Snapshot, rollout_id: str) -> tuple[list[dict[str, Any]],
     turns = snap.query(
         "SELECT event_id, run, group_id, session_id, segment_id, turn_index, policy_version, prompt_ids, output_ids, "
         "output_logprobs, output_mask, finish_reason, sampling, request, response, meta, time::VARCHAR AS time, "
-        "request_base, request_shared FROM turns WHERE rollout_id = ? ORDER BY time, turn_index",
+        "request_base, request_shared, request_kept FROM turns WHERE rollout_id = ? ORDER BY time, turn_index",
         [rollout_id]).to_pylist()
     if any(t["request_base"] is not None for t in turns):
         full = full_requests(turns)

@@ -127,6 +127,7 @@ class Turn(_Event):
     # a request stored as a delta of the session's earlier turn `request_base` (`trajstore.requests`); None: whole
     request_base: str | None = None
     request_shared: int | None = None
+    request_kept: Sequence[str] | None = None  # members left out of `request`: the base's full request's, unchanged
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,7 +302,7 @@ def check_record(rec: Mapping[str, Any]) -> list[str]:
         problems += routes.problems(rec)
     if get(versions.STARTS) is not None or get(versions.VALUES) is not None:
         problems += versions.span_problems(rec)
-    if get("request_base") is not None or get("request_shared") is not None:
+    if get("request_base") is not None or get("request_shared") is not None or get("request_kept") is not None:
         problems += requests.delta_problems(rec)
     return problems
 
@@ -534,7 +535,7 @@ def _convert(records: list[dict[str, Any]], now: datetime) -> dict[str, pa.Array
             values = texts
         elif name == "metrics":
             values = [None if v is None else [(k, float(x)) for k, x in v.items()] for v in values]
-        elif name == "consumed":
+        elif name in ("consumed", "request_kept"):
             values = [None if v is None else list(v) for v in values]
         elif name == "routed_experts":  # checked by `routes.problems` already; numpy in, one buffer out
             columns[name] = routes.column(values)

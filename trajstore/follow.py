@@ -36,7 +36,7 @@ MAX_CHUNKS = 8
 POLL_COLUMNS: tuple[str, ...] = tuple(
     name for name in EVENT_SCHEMA.names
     if name not in ("prompt_ids", "output_ids", "output_logprobs", "output_mask", "request", "response", "sampling",
-                    "request_base", "request_shared",
+                    "request_base", "request_shared", "request_kept",
                     "routed_experts", "routed_experts_shape", "support_sizes", "support_ids", "teacher_logprobs")
 )
 

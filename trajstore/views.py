@@ -6,7 +6,7 @@ Definitions an RL researcher can rely on:
 - `turns`: model calls; `output_versions` holds the policy version that sampled each output
   token (from the run-length `output_version_starts`/`output_version_values`, all
   `policy_version` when they are null: one version, as every turn stored before them).
-  `request` may be a delta of an earlier turn's (`request_base`, `request_shared`): the full
+  `request` may be a delta of an earlier turn's (`request_base`, `request_shared`, `request_kept`): the full
   request of any turn comes from `trajstore.requests.resolve`.
 - `samples`: one row per segment; `tokens` concatenates each turn's prompt delta and output
   in turn order; `loss_mask` is false on every prompt / tool-observation token and follows
@@ -139,7 +139,7 @@ VIEWS: dict[str, str] = {
                TRY_CAST(json_extract_string(sampling, '$.top_k') AS BIGINT) AS top_k,
                TRY_CAST(json_extract_string(sampling, '$.min_p') AS DOUBLE) AS min_p,
                support_sizes, support_ids, output_version_starts, output_version_values,
-               {OUTPUT_VERSIONS_SQL} AS output_versions, request_base, request_shared
+               {OUTPUT_VERSIONS_SQL} AS output_versions, request_base, request_shared, request_kept
         FROM events WHERE kind = 'turn'
     """,
     "samples": f"""

@@ -5,16 +5,24 @@ grow with the square of its length (a 40-call session reaching 80k tokens: ~12 M
 conversation list (its wire protocol's `conversation` field: `messages`, or the Responses API's `input`) starts
 with the list the session's previous stored call sent, equal as parsed JSON, the turn stores the body with the
 list cut to the new items, `request_base` (the previous turn's event_id) and `request_shared` (the previous
-list's length); `trajstore.requests` puts the full request back together. Anything else (the session's first
+list's length); `trajstore.requests` puts the full request back together. An agent also resends its tools and
+system prompt on every call (a coding agent's tools are tens of kB, more than most calls add), so the delta leaves
+out every member the previous call sent with the same value, when that value is an array, an object or a text of
+at least `KEPT_TEXT_CHARS` characters, and names those members in `request_kept` (only for a body whose members
+are the previous body's, in the same order, so the full request is put back in the order it was sent). The
+numbers and short texts (`model`, `max_tokens`, `temperature`) stay in each row, where SQL over `request` reads
+them. Anything else (the session's first
 call, a history the agent rewrote or compacted, another protocol, a body that is not a JSON object or not strict
 JSON) is stored whole, as is every call when the proxy runs with `--whole-requests`. So is a call whose body
 grew by more than `WHOLE_ABOVE_BYTES` since the previous one (an agent pasting megabytes into a new message): its
 text is stored as it came, where writing the new part as JSON again would hold the event loop (and the GIL) for
 milliseconds per megabyte; the next call is a delta of it.
 
-The session keeps the previous call's parsed list by reference (the decoded body's own list, never a copy) and
-its event_id. The prefix check is one `==` of list slices in C; the delta is a shallow copy of the body written by
-orjson, so what a turn costs to store grows with what it added, not with the conversation.
+The session keeps the previous call's decoded body by reference (never a copy) and its event_id. The prefix check
+is one `==` of list slices in C, and a repeated member is usually the very object the previous body held (the body
+is decoded onto the last one: `collectors.proxy.body_splice`), so its check is an identity; the delta is a shallow
+copy of the body written by orjson, so what a turn costs to store grows with what it added, not with the
+conversation or the tools.
 """
 
 from __future__ import annotations
@@ -29,17 +37,19 @@ from trajstore.json_text import JSONText
 from trajstore.requests import conversation_key, delta_body
 
 WHOLE_ABOVE_BYTES = 1 << 20  # a body this much larger than the previous call's is stored as its own text
+KEPT_TEXT_CHARS = 1024  # a repeated text member this long is left out of a delta (and named in request_kept)
 
 
 @dataclass(frozen=True)
 class LastRequest:
     """What a session's previous stored call sent: its protocol, its conversation list (the decoded body's own
-    list object), its turn's event_id and its body's size in bytes."""
+    list object), its turn's event_id, its body's size in bytes and the decoded body itself."""
 
     protocol: str
     items: list[Any]
     event_id: str
     size: int = 0
+    body: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -51,9 +61,11 @@ class StoredRequest:
     base: str | None
     shared: int | None
     last: LastRequest | None
+    kept: list[str] | None = None
 
     def columns(self) -> dict[str, Any]:
-        return {"request": self.request, "request_base": self.base, "request_shared": self.shared}
+        return {"request": self.request, "request_base": self.base, "request_shared": self.shared,
+                "request_kept": self.kept}
 
 
 def stored_request(body: Any, req: ChatRequest, protocol: str, field: str, event_id: str,
@@ -66,12 +78,24 @@ def stored_request(body: Any, req: ChatRequest, protocol: str, field: str, event
     items = body.get(field) if isinstance(body, dict) and conversation_key(body) == field else None
     if not isinstance(items, list):  # the reader could not tell which list was cut: whole, and nothing to extend
         return StoredRequest(req.body_json.text(), None, None, None)
-    mine = LastRequest(protocol, items, event_id, len(req.body_json))
+    mine = LastRequest(protocol, items, event_id, len(req.body_json), body)
     if whole or last is None or last.protocol != protocol or len(req.body_json) - last.size > WHOLE_ABOVE_BYTES:
         return StoredRequest(req.body_json.text(), None, None, mine)
     shared = len(last.items)
     if len(items) < shared or items[:shared] != last.items:  # one comparison in C, element by element
         return StoredRequest(req.body_json.text(), None, None, mine)
+    kept = _kept(body, last.body, field)
+    delta = delta_body(body, field, shared)
     # orjson read the body (strict JSON), so it writes any part of it back as the same value
-    text = JSONText.parsed(orjson.dumps(delta_body(body, field, shared)).decode())
-    return StoredRequest(text, last.event_id, shared, mine)
+    text = JSONText.parsed(orjson.dumps({k: v for k, v in delta.items() if k not in kept} if kept else delta).decode())
+    return StoredRequest(text, last.event_id, shared, mine, kept or None)
+
+
+def _kept(body: dict[str, Any], before: dict[str, Any] | None, field: str) -> list[str]:
+    """The members of `body` a delta leaves out: sent by the previous call `before` with the same value, an array,
+    an object or a long text (none unless `body` has `before`'s members in `before`'s order)."""
+    if before is None or len(body) != len(before) or list(body) != list(before):
+        return []
+    return [k for k, v in body.items() if k != field and (
+        isinstance(v, (list, dict)) or (isinstance(v, str) and len(v) >= KEPT_TEXT_CHARS))
+        and (v is before[k] or v == before[k])]

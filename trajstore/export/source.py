@@ -143,8 +143,8 @@ def _stored_requests(snapshot: Snapshot) -> list[dict[str, Any]]:
     is stored as a delta (`trajstore.requests`); else none (nothing to resolve, nothing read)."""
     if not snapshot.query("SELECT count(*) AS n FROM turns WHERE request_base IS NOT NULL").column("n")[0].as_py():
         return []
-    return snapshot.query("SELECT event_id, rollout_id, segment_id, turn_index, request, request_base, request_shared "
-                          "FROM turns ORDER BY rollout_id, segment_id, turn_index").to_pylist()
+    return snapshot.query("SELECT event_id, rollout_id, segment_id, turn_index, request, request_base, request_shared, "
+                          "request_kept FROM turns ORDER BY rollout_id, segment_id, turn_index").to_pylist()
 
 
 def with_full_requests(stored: list[dict[str, Any]], batch: pa.RecordBatch) -> pa.RecordBatch:

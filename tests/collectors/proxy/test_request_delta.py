@@ -43,12 +43,18 @@ class Sent:
         self.bodies.append(json.loads(request.content))
 
 
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} a file of the repository.",
+                                           "parameters": {"type": "object", "required": ["path"], "properties": {
+                                               "path": {"type": "string"}, "limit": {"type": ["integer", "null"]}}}}}
+         for name in ("read", "write")]
+
+
 def openai_session(h: Harness, rollout: dict[str, Any], sent: Sent, *, calls: int = 4,
                    session: str = "main") -> None:
     client = openai_client(rollout, http_client=sent.client())
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
     for i in range(calls):
-        reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, seed=i,
+        reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, seed=i, tools=TOOLS,
                                                extra_headers={"X-Trajstore-Session": session})
         messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
                      {"role": "user", "content": f"go on {i} ({session})"}]
@@ -66,8 +72,12 @@ def check_deltas(h: Harness, rollout_id: str, sent: list[Any], session: str = "m
         assert turn["request_shared"] == len(was["messages"])
         stored = json.loads(turn["request"])
         assert stored["messages"] == body["messages"][len(was["messages"]):]  # the new items only
+        # the arrays and objects sent again as the call before sent them are left out, and named
+        repeated = [k for k, v in body.items() if k != "messages" and isinstance(v, (list, dict))
+                    and list(body) == list(was) and v == was[k]]
+        assert (turn["request_kept"] or []) == repeated
         assert {k: v for k, v in stored.items() if k != "messages"} == {
-            k: v for k, v in body.items() if k != "messages"}
+            k: v for k, v in body.items() if k != "messages" and k not in repeated}
     full = resolve(h.store, [t["event_id"] for t in turns])
     assert [json.loads(full[t["event_id"]]) for t in turns] == sent
     in_sql = {r["event_id"]: json.loads(r["request"])
@@ -82,8 +92,9 @@ def test_openai_calls_store_deltas_that_resolve_to_each_body_sent(proxy: Harness
     openai_session(proxy, rollout, main)
     openai_session(proxy, rollout, other, calls=2, session="helper")  # another session chains on its own turns
     openai_session(proxy, rollout, main, calls=0)
-    check_deltas(proxy, rollout["rollout_id"], main.bodies)
+    turns = check_deltas(proxy, rollout["rollout_id"], main.bodies)
     check_deltas(proxy, rollout["rollout_id"], other.bodies, "helper")
+    assert [t["request_kept"] for t in turns] == [None, ["tools"], ["tools"], ["tools"]]  # the tools stored once
     total = sum(len(t["request"]) for t in proxy.turns(rollout["rollout_id"]))
     assert total < sum(len(json.dumps(b)) for b in main.bodies + other.bodies)
     # replay has each call's full request; the viewer's episode leaves the requests out (megabytes of history)
@@ -117,6 +128,8 @@ def test_anthropic_calls_store_deltas_streamed_or_not(proxy: Harness) -> None:
                      {"role": "user", "content": f"Next {i}"}]
     turns = check_deltas(proxy, rollout["rollout_id"], sent.bodies)
     assert json.loads(turns[0]["meta"])["protocol"] == "anthropic"
+    # a streamed call sends `stream`, the others do not: other members than the call before's, so none is left out
+    assert [t["request_kept"] for t in turns] == [None] * 4
 
 
 def test_a_rewritten_history_is_stored_whole_and_the_next_call_extends_it(proxy: Harness) -> None:
@@ -222,3 +235,33 @@ def test_a_responses_input_list_is_stored_as_a_delta_and_resolves() -> None:
     assert (second.base, second.shared) == ("e0", 1)
     rows = [{"event_id": e, **s.columns()} for e, s in (("e0", first), ("e1", second))]
     assert json.loads(full_requests(rows)["e1"]) == two
+
+
+def test_a_delta_leaves_out_the_arrays_objects_and_long_texts_the_call_before_sent() -> None:
+    """Pure: which members a delta names in request_kept, and every delta resolves to the body sent."""
+    chat = OpenAIChat()
+    system = "You are a coding agent. " * 60  # 1,440 characters: kept; `model` and `user` are short texts: stored
+    calls = [{"model": MODEL, "system_hint": system, "user": "u1", "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "read"}},
+              "messages": [{"role": "user", "content": "a"}]}]
+    more = [{"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    calls.append({**calls[0], "messages": calls[0]["messages"] + more})  # all of it again, then what is new
+    calls.append({**calls[1], "tools": TOOLS[:1], "messages": calls[1]["messages"] + more})  # a tool dropped
+    moved = {k: v for k, v in calls[2].items() if k != "model"}
+    calls.append({**moved, "model": MODEL, "messages": calls[2]["messages"] + more})  # the members in another order
+    calls.append({**calls[3], "messages": calls[3]["messages"] + more})
+    rows, last, stored = [], None, []
+    for i, call in enumerate(calls):
+        body, req = _call(json.loads(json.dumps(call)), chat)  # decoded anew: equal values, not the same objects
+        got = stored_request(body, req, chat.name, chat.conversation, f"e{i}", last)
+        last = got.last
+        stored.append(got)
+        rows.append({"event_id": f"e{i}", **got.columns()})
+    assert [s.kept for s in stored] == [None, ["system_hint", "tools", "tool_choice"], ["system_hint", "tool_choice"],
+                                        None, ["system_hint", "tools", "tool_choice"]]
+    assert all(s.base == f"e{i}" for i, s in enumerate(stored[1:]))
+    for s in stored[1:]:
+        kept = s.kept or []
+        assert not kept or set(kept).isdisjoint(json.loads(s.request))  # left out of the stored text
+    full = full_requests(rows)
+    assert [json.loads(full[f"e{i}"]) for i in range(len(calls))] == calls
+    assert [list(json.loads(full[f"e{i}"])) for i in range(len(calls))] == [list(c) for c in calls]  # in order
