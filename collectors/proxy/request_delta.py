@@ -3,20 +3,25 @@
 An agent resends its whole conversation on every call, so storing each body whole makes a session's requests
 grow with the square of its length (a 40-call session reaching 80k tokens: ~12 MB of JSON). When a call's
 conversation list (its wire protocol's `conversation` field: `messages`, or the Responses API's `input`) starts
-with the list the session's previous stored call sent, equal as parsed JSON, the turn stores the body with the
-list cut to the new items, `request_base` (the previous turn's event_id) and `request_shared` (the previous
-list's length); `trajstore.requests` puts the full request back together. An agent also resends its tools and
-system prompt on every call (a coding agent's tools are tens of kB, more than most calls add), so the delta leaves
-out every member the previous call sent with the same value, when that value is an array, an object or a text of
-at least `KEPT_TEXT_CHARS` characters, and names those members in `request_kept` (only for a body whose members
-are the previous body's, in the same order, so the full request is put back in the order it was sent). The
-numbers and short texts (`model`, `max_tokens`, `temperature`) stay in each row, where SQL over `request` reads
-them. Anything else (the session's first
-call, a history the agent rewrote or compacted, another protocol, a body that is not a JSON object or not strict
-JSON) is stored whole, as is every call when the proxy runs with `--whole-requests`. So is a call whose body
-grew by more than `WHOLE_ABOVE_BYTES` since the previous one (an agent pasting megabytes into a new message): its
-text is stored as it came, where writing the new part as JSON again would hold the event loop (and the GIL) for
-milliseconds per megabyte; the next call is a delta of it.
+with items of the list the session's previous stored call sent, equal as parsed JSON, the turn stores the body
+with the list cut after them, `request_base` (the previous turn's event_id) and `request_shared` (how many
+items it shares); `trajstore.requests` puts the full request back together. It shares every item but the new
+ones, usually; an agent that changes its latest items shares all but those, which the delta holds again
+(Claude Code moves its prompt-cache breakpoint, `cache_control`, to its newest message on every call).
+
+An agent also resends its tools and system prompt on every call (a coding agent's are tens of kB, more than most
+calls add), so the delta leaves out every member the previous call sent with the same value, when that value is
+an array, an object or a text of at least `KEPT_TEXT_CHARS` characters, and names those members in
+`request_kept` (only for a body whose members are the previous body's, in the same order, so the full request is
+put back in the order it was sent). The numbers and short texts (`model`, `max_tokens`, `temperature`) stay in
+each row, where SQL over `request` reads them.
+
+Stored whole: the session's first call, a list that shares less than half of the previous one (a history the
+agent rewrote or compacted near its start: a delta would hold most of it again), another protocol, a body that
+is not a JSON object or not strict JSON, and every call when the proxy runs with `--whole-requests`. So is a call
+whose body grew by more than `WHOLE_ABOVE_BYTES` since the previous one (an agent pasting megabytes into a new
+message): its text is stored as it came, where writing the new part as JSON again would hold the event loop (and
+the GIL) for milliseconds per megabyte; the next call is a delta of it.
 
 The session keeps the previous call's decoded body by reference (never a copy) and its event_id. The prefix check
 is one `==` of list slices in C, and a repeated member is usually the very object the previous body held (the body
@@ -81,14 +86,26 @@ def stored_request(body: Any, req: ChatRequest, protocol: str, field: str, event
     mine = LastRequest(protocol, items, event_id, len(req.body_json), body)
     if whole or last is None or last.protocol != protocol or len(req.body_json) - last.size > WHOLE_ABOVE_BYTES:
         return StoredRequest(req.body_json.text(), None, None, mine)
-    shared = len(last.items)
-    if len(items) < shared or items[:shared] != last.items:  # one comparison in C, element by element
+    shared = _shared(items, last.items)
+    if not shared or 2 * shared < len(last.items):  # rewritten near its start: a delta would hold most of it again
         return StoredRequest(req.body_json.text(), None, None, mine)
     kept = _kept(body, last.body, field)
     delta = delta_body(body, field, shared)
     # orjson read the body (strict JSON), so it writes any part of it back as the same value
     text = JSONText.parsed(orjson.dumps({k: v for k, v in delta.items() if k not in kept} if kept else delta).decode())
     return StoredRequest(text, last.event_id, shared, mine, kept or None)
+
+
+def _shared(items: list[Any], before: list[Any]) -> int:
+    """How many leading items `items` has in common with `before`, the previous call's list. Usually all of them
+    (one comparison in C, element by element, mostly of the very same objects); Claude Code moves its prompt-cache
+    breakpoint (`cache_control`) to its newest message on every call, which changes the previous call's last one."""
+    n = len(before)
+    if len(items) >= n and items[:n] == before:
+        return n
+    if len(items) >= n - 1 > 0 and items[:n - 1] == before[:n - 1]:
+        return n - 1
+    return next((i for i, (a, b) in enumerate(zip(items, before)) if a is not b and a != b), min(len(items), n))
 
 
 def _kept(body: dict[str, Any], before: dict[str, Any] | None, field: str) -> list[str]:

@@ -21,6 +21,7 @@ from transformers import AutoTokenizer
 
 from collectors.model.toolcalls import render_call
 from tests.collectors.proxy_harness import MODEL, Harness, Scripted, call, running_proxy
+from trajstore.requests import resolve
 
 CLI = Path(__file__).parent / "claude_code" / "node_modules" / ".bin" / "claude"
 pytestmark = pytest.mark.skipif(not CLI.exists(), reason="the Claude Code CLI is not installed: run `make claude-code` "
@@ -38,6 +39,20 @@ def claude(h: Harness, rollout: dict[str, Any], workdir: Path, prompt: str, *too
     return json.loads(done.stdout)
 
 
+def record_bodies(h: Harness) -> list[Any]:
+    """The request bodies the proxy is sent, in order, as parsed JSON (a copy of each, taken as it arrives)."""
+    sent: list[Any] = []
+    capture = h.proxy.capture
+    streamed = capture.stream_turn
+
+    def stream_turn(rollout: Any, session: str, req: Any, body: Any, wire: Any) -> Any:
+        sent.append(json.loads(json.dumps(body)))
+        return streamed(rollout, session, req, body, wire)
+
+    capture.stream_turn = stream_turn  # type: ignore[method-assign]
+    return sent
+
+
 def test_claude_code_runs_a_tool_loop_stored_as_one_segment(tiny_model: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -52,6 +67,7 @@ def test_claude_code_runs_a_tool_loop_stored_as_one_segment(tiny_model: Path, tm
     # upstream has no context limit, so the proxy is told a large one
     with running_proxy(upstream, tmp_path / "store", tiny_model, max_model_len=500_000) as h:
         rollout = h.open(group_id="claude-code")
+        bodies = record_bodies(h)
         result = claude(h, rollout, work, "Write alpha into notes.txt, then read it back.", "Write", "Read")
         assert result["result"] == "The notes say alpha." and result["num_turns"] == 3 and not result["is_error"]
         assert target.read_text() == "alpha\n"
@@ -68,6 +84,16 @@ def test_claude_code_runs_a_tool_loop_stored_as_one_segment(tiny_model: Path, tm
             held = sent + t["output_ids"]
         request = json.loads(turns[0]["request"])
         assert request["max_tokens"] == 32000 and len(request["tools"]) >= 5
+        # Claude Code moves its cache breakpoint to its newest message: a call shares all but the last item of the
+        # one before; its ~40 kB of system prompt and tools are stored once, and every request resolves whole
+        assert [t["request_base"] for t in turns] == [None, turns[0]["event_id"], turns[1]["event_id"]]
+        assert [t["request_shared"] for t in turns[1:]] == [len(b["messages"]) - 1 for b in bodies[:2]]
+        assert all({"system", "tools"} <= set(t["request_kept"]) for t in turns[1:])
+        # (its first call sends a system message as a list of blocks, the later ones as text: the 2nd call stores it)
+        assert len(turns[1]["request"]) < len(turns[0]["request"]) / 4
+        assert len(turns[2]["request"]) < len(turns[0]["request"]) / 20
+        full = resolve(h.store, [t["event_id"] for t in turns])
+        assert [json.loads(full[t["event_id"]]) for t in turns] == bodies
         assert any(m.get("role") == "system" for m in request["messages"])  # what used to be refused
         prompt = h.proxy.capture.renderer.decode(turns[1]["prompt_ids"])
         assert prompt.startswith("\n<|im_start|>user\n<tool_response>\nFile created successfully at: " + str(target))

@@ -265,3 +265,28 @@ def test_a_delta_leaves_out_the_arrays_objects_and_long_texts_the_call_before_se
     full = full_requests(rows)
     assert [json.loads(full[f"e{i}"]) for i in range(len(calls))] == calls
     assert [list(json.loads(full[f"e{i}"])) for i in range(len(calls))] == [list(c) for c in calls]  # in order
+
+
+def test_a_call_that_changed_its_latest_items_shares_the_ones_before() -> None:
+    """Pure: Claude Code's prompt-cache breakpoint moves to the newest message on every call, so the previous call's
+    last item comes back changed; the delta shares the items before it and holds it again. A list that shares less
+    than half of the previous one is stored whole."""
+    chat = OpenAIChat()
+
+    def user(text: str, mark: bool = False) -> dict[str, Any]:
+        block: dict[str, Any] = {"type": "text", "text": text, **({"cache_control": {"type": "ephemeral"}} if mark else {})}
+        return {"role": "user", "content": [block]}
+
+    reply = {"role": "assistant", "content": "ok"}
+    history = [user(f"u{i}") if i % 2 == 0 else reply for i in range(6)]
+    calls = [history[:5] + [user("u6", True)], history[:5] + [user("u6"), reply, user("u8", True)],
+             [user("u0", True), reply, user("u2")]]  # the history cut back near its start
+    rows, last = [], None
+    for i, messages in enumerate(calls):
+        body, req = _call({"model": MODEL, "messages": messages}, chat)
+        got = stored_request(body, req, chat.name, chat.conversation, f"e{i}", last)
+        last = got.last
+        rows.append({"event_id": f"e{i}", **got.columns()})
+    assert [(r["request_base"], r["request_shared"]) for r in rows] == [(None, None), ("e0", 5), (None, None)]
+    assert json.loads(rows[1]["request"])["messages"] == calls[1][5:]  # the changed item again, then the new ones
+    assert [json.loads(v) for v in full_requests(rows).values()] == [{"model": MODEL, "messages": m} for m in calls]
