@@ -25,7 +25,8 @@ OPENENV_VERSION := 0.3.0
 
 CLAUDE_CODE := tests/collectors/proxy/claude_code
 
-$(VENV)/.installed: pyproject.toml
+# the C scan is built by the install (an editable install does not rebuild it when it changes)
+$(VENV)/.installed: pyproject.toml collectors/proxy/_ascii_words.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

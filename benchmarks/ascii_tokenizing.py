@@ -5,7 +5,9 @@ reply and the new messages (tool results, mostly). Timed here with the tiny mode
 layout) and chat template, thread CPU per text, for each way:
 
 - tokenizer: the Rust backend's `encode_batch_fast` (what the proxy called before);
-- ascii path: `collectors.proxy.ascii_bpe.AsciiBPE` (what it calls now for ASCII text).
+- re path: `collectors.proxy.ascii_bpe.AsciiBPE` cutting pre-tokens with Python's `re` (what it called for ASCII
+  text before the C scan, and still does without a C compiler or for other split regexes);
+- C scan: the same path with the cut and the lookups in C (`collectors/proxy/_ascii_words.c`), what it calls now.
 
 Texts:
 
@@ -66,10 +68,14 @@ def main() -> None:
         def tokenizer(text: str) -> list[int]:
             return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
-        def fresh() -> AsciiBPE:
+        def fresh(scan: bool = True) -> AsciiBPE:
             made, why = AsciiBPE.of(backend)
             if made is None:
                 raise SystemExit(f"no ASCII path for this tokenizer: {why}")
+            if scan and made.as_json()["scan"] != "C":
+                raise SystemExit("the C scan is not built (collectors/proxy/_ascii_words.c): reinstall with a C compiler")
+            if not scan:
+                made._digits = None  # noqa: SLF001 - the path as it runs without the compiled module
             return made
 
         sets: list[tuple[str, list[str], bool]] = []  # (name, texts, from an empty word cache each pass)
@@ -90,21 +96,24 @@ def main() -> None:
 
         print(f"load average {os.getloadavg()[0]:.1f} (2 shared cores); ms of thread CPU per text, median of "
               f"{args.repeats} passes")
-        print(f"  {'texts':<36} {'n':>5} {'chars':>8} {'ids':>7} {'tokenizer':>10} {'ascii path':>11} {'ratio':>7}")
+        print(f"  {'texts':<36} {'n':>5} {'chars':>8} {'ids':>7} {'tokenizer':>10} {'re path':>8} {'C scan':>8} "
+              f"{'vs tokenizer':>12} {'vs re':>6}")
         for name, texts, cold in sets:
-            fast = fresh()
-            for text in texts:
-                if fast.encode(text) != tokenizer(text):
-                    raise SystemExit(f"{name}: the ASCII path gave other ids than the tokenizer")
+            ways = {}
+            for scan in (False, True):
+                fast = fresh(scan)
+                for text in texts:
+                    if fast.encode(text) != tokenizer(text):
+                        raise SystemExit(f"{name}: the ASCII path gave other ids than the tokenizer")
+                if cold:
+                    ways[scan] = statistics.median(per_text_ms(fresh(scan).encode, texts, 1) for _ in range(args.repeats))
+                else:
+                    ways[scan] = per_text_ms(fast.encode, texts, args.repeats)
             base = per_text_ms(tokenizer, texts, args.repeats)
-            if cold:
-                mine = statistics.median(per_text_ms(fresh().encode, texts, 1) for _ in range(args.repeats))
-            else:
-                mine = per_text_ms(fast.encode, texts, args.repeats)
             chars = statistics.mean(map(len, texts))
             ids = statistics.mean(len(tokenizer(t)) for t in texts[:50])
-            print(f"  {name:<36} {len(texts):>5} {chars:>8,.0f} {ids:>7,.0f} {base:>10.3f} {mine:>11.3f} "
-                  f"{base / mine:>6.1f}x")
+            print(f"  {name:<36} {len(texts):>5} {chars:>8,.0f} {ids:>7,.0f} {base:>10.3f} {ways[False]:>8.3f} "
+                  f"{ways[True]:>8.3f} {base / ways[True]:>11.1f}x {ways[False] / ways[True]:>5.1f}x")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ difference met later turns it off; the proxy tokenizes through it and reports it
 
 from __future__ import annotations
 
+import re
+import shutil
 import string
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from collectors.model.families import FAMILIES
 from collectors.model.tokenizer import QWEN2_SPLIT, generated_corpus, train_tokenizer
 from collectors.proxy import ascii_bpe
-from collectors.proxy.ascii_bpe import VERIFY_EVERY, AsciiBPE, Untranslatable, translate
+from collectors.proxy.ascii_bpe import LLAMA3_SPLIT, VERIFY_EVERY, AsciiBPE, Untranslatable, translate
 from collectors.proxy.render import ChatRenderer
 from tests.collectors.proxy_harness import MODEL, Scripted, call, running_proxy
 
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 ADDED = ["<|a|>", "<|ab|>", "</x>"]
 
 
@@ -87,6 +87,57 @@ def test_ascii_texts_get_the_tokenizers_ids(backends: dict[str, Tokenizer], name
     check()
     assert fast.enabled  # no verified call found a difference
     assert (fast.fallbacks > 0) == (name == "gaps")  # a piece with a gap between matches went to the tokenizer
+    if ascii_bpe._ascii_words is not None:  # Qwen2's and Llama 3's regex are cut in C, the others by `re`
+        assert fast.as_json()["scan"] == ("re" if name in ("gpt2", "gaps") else "C")
+
+
+# The C scan (collectors/proxy/_ascii_words.c) is built with the package wherever a C compiler is (CI has gcc).
+NO_COMPILER = shutil.which("cc") is None and shutil.which("gcc") is None
+needs_c_scan = pytest.mark.skipif(NO_COMPILER, reason="no C compiler here: the package was installed without its "
+                                                      "C scan, and the proxy tokenizes through `re`")
+
+
+@needs_c_scan
+def test_the_c_scan_is_built() -> None:
+    assert ascii_bpe._ascii_words is not None, (
+        "collectors/proxy/_ascii_words.c was not built although a C compiler is here: reinstall with "
+        "`pip install -e .` and read its output")
+
+
+@needs_c_scan
+@pytest.mark.parametrize(("pattern", "digits"), [(QWEN2_SPLIT, 1), (LLAMA3_SPLIT, 3)])
+def test_the_c_scan_cuts_ascii_text_as_the_regex_does(pattern: str, digits: int) -> None:
+    words = re.compile(translate(pattern), re.ASCII)
+    scan = ascii_bpe._ascii_words
+
+    @settings(max_examples=3000, deadline=None)
+    @given(st.one_of(_ascii_texts(["<|a|>"]), st.text(alphabet=[chr(c) for c in range(128)], max_size=60)))
+    def check(text: str) -> None:
+        assert scan.split(text, digits) == words.findall(text)
+
+    check()
+
+
+@needs_c_scan
+def test_the_c_scan_names_what_the_cache_lacks_and_refuses_what_it_cannot_take() -> None:
+    scan = ascii_bpe._ascii_words
+    assert scan.encode("ab cd", {"ab": [1], " cd": [2, 3]}, 1) == ([1, 2, 3], [])
+    assert scan.encode("ab cd ab", {"ab": [1]}, 1) == (None, [" cd", " ab"])
+    assert scan.encode("", {}, 1) == ([], [])
+    with pytest.raises(ValueError, match="ASCII"):
+        scan.encode("caf\u00e9", {}, 1)
+    with pytest.raises(TypeError, match="a list of ids"):
+        scan.encode("ab", {"ab": (1,)}, 1)
+
+
+def test_ids_are_right_while_the_word_cache_starts_over(backends: dict[str, Tokenizer],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text of more distinct words than the cache holds: learning them clears the cache over and over."""
+    monkeypatch.setattr(ascii_bpe, "MAX_WORDS", 3)
+    fast, _ = AsciiBPE.of(backends["hermes"])
+    assert fast is not None
+    text = "one two three four five six seven, 1234 and 'll\n\n  done"
+    assert fast.encode(text) == whole(backends["hermes"], text) and len(fast._cache) <= 3
 
 
 def test_python_source_gets_the_tokenizers_ids(backends: dict[str, Tokenizer]) -> None:
