@@ -171,15 +171,17 @@ class EmbeddedClient:
             said = health if isinstance(health, dict) else {}
             self._packed = said.get(PACKED_FIELD) is True if self._packed is None else self._packed
             self._prefix = said.get(PREFIX_FIELD) is True if self._prefix is None else self._prefix
+        tail_only = False
         if self._prefix and isinstance(ids, TokenIds):
             log = ids.log
             body[SESSION_KEY_FIELD] = log.key  # the server holds this prompt and its answer under it
             if not whole and ids.logged >= self._prefix_min and log in self._keyed:
                 body[PREFIX_FIELD] = {"key": log.key, "tokens": ids.logged, "crc32": ids.logged_crc32()}
-                body["prompt"] = ids.tail
+                body["prompt"], tail_only = ids.tail, True
                 self.prefix_stats.prefix_calls += 1
-        if self._packed:
-            body[PACKED_FIELD] = PackedIds(body.pop("prompt"))  # packed as the body is written
+        if self._packed:  # packed as the body is written; a tail's bytes are kept for its log to grow by
+            prompt = body.pop("prompt")
+            body[PACKED_FIELD] = PackedIds(ids, tail_only=True) if tail_only else PackedIds(prompt)
         return body
 
     def _missed(self, exc: PolicyServerRejected, sent: dict[str, Any]) -> bool:

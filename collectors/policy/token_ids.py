@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+import struct
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
@@ -110,11 +111,15 @@ def drain(log: TokenLog) -> None:
 
 def ids_int32(ids: Sequence[int]) -> bytes:
     """Token ids as little-endian int32 bytes, a slice at a time when long; OverflowError for an id outside int32
-    (no model has one)."""
+    (no model has one). `struct` packs a list of ints in a third less time than numpy's conversion of it."""
     ids = ids if type(ids) is list else [int(t) for t in ids]
-    if len(ids) <= SLICE:
-        return np.asarray(ids, dtype="<i4").tobytes()
-    return b"".join(np.asarray(ids[at:at + SLICE], dtype="<i4").tobytes() for at in range(0, len(ids), SLICE))
+    try:
+        if len(ids) <= SLICE:
+            return struct.pack(f"<{len(ids)}i", *ids)
+        return b"".join(struct.pack(f"<{len(part)}i", *part)
+                        for part in (ids[at:at + SLICE] for at in range(0, len(ids), SLICE)))
+    except struct.error as exc:
+        raise OverflowError(f"token ids must be integers within int32: {exc}") from None
 
 
 _B64_BLOCK = 3 * SLICE  # bytes base64-encoded per call (a multiple of 3: the pieces' base64 joins as the whole's)
@@ -138,28 +143,34 @@ class PackedIds:
 
     Packed when first written (`quoted()`, the JSON string with its quotes), not when made: a request body
     holding it is encoded on a thread when much is left to pack (`pending`), as one with a long JSON prompt is.
-    A `TokenIds` is packed from its log's kept form, encoding only what the log has not packed yet."""
+    A `TokenIds` is packed from its log's kept form, encoding only what the log has not packed yet; with
+    `tail_only`, its tail alone (`TokenIds.packed_tail`: kept on the view, for the log to take when it grows by
+    the tail)."""
 
-    __slots__ = ("_ids", "_quoted")
+    __slots__ = ("_ids", "_quoted", "_tail_only")
 
-    def __init__(self, ids: Sequence[int]) -> None:
-        self._ids, self._quoted = ids, b""
+    def __init__(self, ids: Sequence[int], *, tail_only: bool = False) -> None:
+        self._ids, self._quoted, self._tail_only = ids, b"", tail_only and isinstance(ids, TokenIds)
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._ids.tail) if self._tail_only else len(self._ids)  # type: ignore[attr-defined]
 
     @property
     def pending(self) -> int:
         """How many ids packing still encodes."""
         ids = self._ids
-        return 0 if self._quoted else ids.unpacked() if isinstance(ids, TokenIds) else len(ids)
+        if self._quoted:
+            return 0
+        return len(self) if self._tail_only or not isinstance(ids, TokenIds) else ids.unpacked()
 
     def quoted(self) -> bytes:
         """The base64 as a JSON string; ValueError for an id outside int32 (no model has such a token)."""
         if not self._quoted:
             ids = self._ids
             try:
-                if isinstance(ids, TokenIds):
+                if self._tail_only:
+                    self._quoted = ids.packed_tail()  # type: ignore[attr-defined]
+                elif isinstance(ids, TokenIds):
                     self._quoted = ids.packed()
                 else:
                     self._quoted = b"".join((b'"', b64(ids_int32(ids)), b'"'))
@@ -196,9 +207,10 @@ class TokenLog:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def extend(self, more: Sequence[int], encoded: bytes | None = None) -> None:
+    def extend(self, more: Sequence[int], encoded: bytes | None = None, int32: bytes | None = None) -> None:
         """Append `more`, encoding only it; `encoded`: `ids_json(more)`, when the caller has it (a view of no log's
-        ids brings its own: `TokenIds.tail_json`)."""
+        ids brings its own: `TokenIds.tail_json`); `int32`: `ids_int32(more)`, likewise (a view's packed tail:
+        `TokenIds.tail_int32`), taken into the packed form when that has caught up with the log."""
         if isinstance(more, TokenIds) and not more._n:
             more, encoded = more.tail, more.tail_json()
         elif type(more) is not list:
@@ -211,6 +223,11 @@ class TokenLog:
             self._json += memoryview(encoded)[1:-1]
         else:
             _encode_into(self._json, more)
+        if int32 is not None:
+            with self._pack_lock:
+                if len(self._int32) == 4 * len(self.ids):  # the packed form is whole: it grows by these bytes
+                    self._int32 += int32
+                    self._crc = zlib.crc32(int32, self._crc)
         _copy_into(self.ids, more, 0, len(more))
 
     def view(self, delta: Sequence[int] = ()) -> TokenIds:
@@ -227,10 +244,11 @@ class TokenLog:
         with memoryview(self._json) as whole:
             return b"".join((whole[:end], *more))
 
-    def packed(self, n: int, tail: list[int]) -> bytes:
+    def packed(self, n: int, tail: list[int], more: bytes | None = None) -> bytes:
         """The first `n` ids then `tail`, packed (`PackedIds.quoted`): the kept base64 of the log's whole 3-byte
-        groups, then the rest encoded here (0-2 bytes of the log's, and `tail`'s); the log's form grows to `n` first."""
-        more = ids_int32(tail)  # first: an id past int32 leaves the log's form as it was
+        groups, then the rest encoded here (0-2 bytes of the log's, and `tail`'s: `more`, its int32 bytes, when the
+        caller has them); the log's form grows to `n` first."""
+        more = ids_int32(tail) if more is None else more  # first: an id past int32 leaves the log's form as it was
         with self._pack_lock:
             self._grow_int32(n)
             # the base64 catches up with the int32 form, which `crc32` may have grown alone
@@ -264,11 +282,12 @@ class TokenLog:
 class TokenIds(Sequence[int]):
     """Token ids: the first `n` ids of a `TokenLog`, then `tail`; read-only, with their JSON ready (`json()`)."""
 
-    __slots__ = ("__weakref__", "_end", "_log", "_n", "_tail", "_tail_json")
+    __slots__ = ("__weakref__", "_end", "_log", "_n", "_tail", "_tail_int32", "_tail_json")
 
     def __init__(self, log: TokenLog, n: int, end: int, tail: list[int]) -> None:
         self._log, self._n, self._end, self._tail = log, n, end, tail
         self._tail_json: bytes | None = None
+        self._tail_int32: bytes | None = None
         log._views[id(self)] = self  # `drain` leaves a log with a view alive as it is
 
     def __len__(self) -> int:
@@ -335,6 +354,16 @@ class TokenIds(Sequence[int]):
             self._tail_json = ids_json(self._tail)
         return self._tail_json
 
+    def tail_int32(self, made_only: bool = False) -> bytes | None:
+        """`ids_int32(self.tail)`, converted on the first call only; with `made_only`, None unless it was."""
+        if self._tail_int32 is None and not made_only:
+            self._tail_int32 = ids_int32(self._tail)
+        return self._tail_int32
+
+    def packed_tail(self) -> bytes:
+        """The tail alone packed (`PackedIds.quoted`): what a server holding the log's part is sent."""
+        return b"".join((b'"', b64(self.tail_int32()), b'"'))
+
     def json(self) -> bytes:
         """`orjson.dumps(list(self))`, encoding only the tail (once: `tail_json`)."""
         if not self._tail:
@@ -350,7 +379,7 @@ class TokenIds(Sequence[int]):
 
     def packed(self) -> bytes:
         """The ids packed (`PackedIds.quoted`), encoding only what the log has not packed yet."""
-        return self._log.packed(self._n, self._tail)
+        return self._log.packed(self._n, self._tail, self.tail_int32())
 
     def unpacked(self) -> int:
         """How many of the ids packing them (`PackedIds`) would encode: the tail and what the log has not packed."""

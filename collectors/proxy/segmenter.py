@@ -147,9 +147,11 @@ def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_id
         ids = _first_log(plan.full_ids)
     else:  # the session's ids grow in place: a long episode is not copied or encoded again on every call
         ids = state.held.ids
-        full = plan.full_ids  # the delta's JSON, when the policy client was sent it (the view's tail)
-        ids.extend(plan.prompt_ids, full.tail_json() if isinstance(full, TokenIds) and full.tail is plan.prompt_ids
-                   else None)
+        full = plan.full_ids  # the delta's JSON and packed bytes, when the policy client was sent them (the tail)
+        if isinstance(full, TokenIds) and full.tail is plan.prompt_ids:
+            ids.extend(plan.prompt_ids, full.tail_json(), full.tail_int32(made_only=True))
+        else:
+            ids.extend(plan.prompt_ids)
     ids.extend(output_ids)
     dropped = state.held.ids if state.held is not None and state.held.ids is not ids else None
     state.held = Held(prompt_text=prompt_text, sampled_text=sampled_text, ids=ids)

@@ -77,3 +77,33 @@ def test_long_logs_and_deltas_pack_a_slice_at_a_time_as_in_one_call() -> None:
     drain(log)  # a drained log keeps no packed form of the ids it let go
     log.extend([1, 2])
     assert PackedIds(log.view([3])).quoted() == one_shot([1, 2, 3])
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(IDS, IDS, st.sampled_from(["tail", "whole", "crc", "none"]), st.booleans()), min_size=1,
+                max_size=8))
+def test_a_log_grown_by_a_packed_tail_takes_its_bytes_and_stays_exact(
+        steps: list[tuple[list[int], list[int], str, bool]]) -> None:
+    """The proxy's calls: a view of the log plus the new prompt ids is sent (the tail alone packed, as to a server
+    holding the log, or the whole view), then the log grows by the tail (taking the bytes the packing made) and the
+    output. Whatever came before, every crc32 and packing is that of the ids as one list."""
+    import zlib
+
+    log, plain = TokenLog(), []
+    for delta, output, sent, check in steps:
+        view = log.view(delta)
+        if sent == "tail" and delta:
+            assert PackedIds(view, tail_only=True).quoted() == one_shot(delta)
+        elif sent == "whole" and len(view):
+            assert PackedIds(view).quoted() == one_shot(plain + delta)
+        elif sent == "crc":
+            assert view.logged_crc32() == zlib.crc32(np.array(plain, dtype="<i4").tobytes())
+        log.extend(view.tail, view.tail_json(), view.tail_int32(made_only=True))
+        log.extend(output)
+        plain += delta + output
+        if check:  # else the packed form stays behind the log, and the next tail's bytes are not taken
+            assert log.crc32(len(plain)) == zlib.crc32(np.array(plain, dtype="<i4").tobytes())
+        assert log.ids == plain and log.view().json() == orjson.dumps(plain)
+    assert log.crc32(len(plain)) == zlib.crc32(np.array(plain, dtype="<i4").tobytes())
+    if plain:
+        assert PackedIds(log.view()).quoted() == one_shot(plain)
