@@ -31,7 +31,9 @@ in C, except a long string, whose end is found by `bytes.find` of its next quote
 backslashes precede it (a regular expression steps through every byte and escape, at a few nanoseconds a byte).
 `python benchmarks/body_scan.py` times the scan of a body's list against one regular expression for every
 string. A body decoded whole (a session's first, or one after a miss) is kept as it is (`WholeBody`) and
-scanned whole once, when the next body shows it is worth it (it repeats the first half).
+scanned whole once, when the next body shows it is worth it: it repeats the held list's first element, and what it
+repeats of the held body's start and of its end (the members after the list: an agent's tools and system prompt)
+make up at least half of the held body.
 """
 
 from __future__ import annotations
@@ -125,9 +127,10 @@ def _tokens(raw: bytes, pos: int) -> Iterator[tuple[int, int, int]]:
             return
 
 
-def _elements(raw: bytes, pos: int) -> tuple[list[int], int] | None:
+def _elements(raw: bytes, pos: int, most: int = -1) -> tuple[list[int], int] | None:
     """The ends of a list's elements from `pos` (just inside the list or just past an element's comma) and
     the offset of the list's closing bracket; None when the list does not close (not JSON: the parse says why).
+    With `most`, the scan stops at that many elements (the offset is then -1).
     Only objects, arrays and strings are seen: a list holding another kind of element shows fewer ends.
     `_tokens` written out (a generator's step per token made a scan of short strings half again slower): it
     runs over the new bytes of every call."""
@@ -144,15 +147,21 @@ def _elements(raw: bytes, pos: int) -> tuple[list[int], int] | None:
                         return None
                     if not depth:
                         ends.append(pos)
+                        if len(ends) == most:
+                            return ends, -1
                     break
                 if not depth:
                     ends.append(end)
+                    if len(ends) == most:
+                        return ends, -1
             elif c == 0x7B or c == 0x5B:  # { [
                 depth += 1
             elif depth:
                 depth -= 1
                 if not depth:
                     ends.append(end)
+                    if len(ends) == most:
+                        return ends, -1
             else:
                 return ends, at
         else:
@@ -166,29 +175,35 @@ def _members(raw: bytes, close: int) -> dict[str, Any]:
     return after
 
 
-def anchor(raw: bytes, value: Any, key: str) -> HeldBody | None:
-    """Hold `raw` (decoded whole as `value`) for the session's next body, or None when its conversation list
-    cannot be held (not a top-level list of objects, arrays or strings; a member named twice)."""
-    items = value.get(key) if type(value) is dict else None
-    if type(items) is not list or not items or len(raw) < MIN_BYTES:
-        return None
-    depth, before, opened = 0, set(), -1
+def _list_opens(raw: bytes, key: str) -> int:
+    """The offset of the opening bracket of the top-level member `key`'s list in `raw`; -1 when it is not a
+    list, or a member before it is named twice."""
+    depth, before = 0, set()
     for c, at, end in _tokens(raw, 0):
         if c == 0x22:
             colon = _COLON.match(raw, end) if depth == 1 else None
             if colon:
                 name = orjson.loads(raw[at:end])
                 if name in before:
-                    return None
+                    return -1
                 before.add(name)
                 if name == key:
-                    opened = colon.end()
-                    break
+                    return colon.end() if raw[colon.end():colon.end() + 1] == b"[" else -1
         elif c == 0x7B or c == 0x5B:  # { [
             depth += 1
         else:
             depth -= 1
-    if raw[opened:opened + 1] != b"[":
+    return -1
+
+
+def anchor(raw: bytes, value: Any, key: str) -> HeldBody | None:
+    """Hold `raw` (decoded whole as `value`) for the session's next body, or None when its conversation list
+    cannot be held (not a top-level list of objects, arrays or strings; a member named twice)."""
+    items = value.get(key) if type(value) is dict else None
+    if type(items) is not list or not items or len(raw) < MIN_BYTES:
+        return None
+    opened = _list_opens(raw, key)
+    if opened < 0:
         return None
     found = _elements(raw, opened + 1)
     if found is None or len(found[0]) != len(items) or raw.find(_MARK_ESCAPE, found[1]) >= 0:  # a member the
@@ -252,18 +267,43 @@ def splice(raw: bytes, held: HeldBody, shared: int | None = None) -> tuple[Any, 
 @dataclass(frozen=True, slots=True)
 class WholeBody:
     """A session's last body, decoded whole and not yet scanned. It is scanned into a `HeldBody` (`anchor`) only
-    when the session's next body repeats at least its first half: a session of one call (a single-turn
-    rollout), or one whose bodies differ early (a system prompt with the time in it), never pays the scan."""
+    when the session's next body repeats at least half of it, counting its start and its end (the members after
+    the list, which an agent sends again unchanged: an early call of Claude Code's is mostly tools after a short
+    list): a session of one call (a single-turn rollout), or one whose bodies differ early (a system prompt with
+    the time in it), never pays the scan."""
 
     raw: bytes
     value: Any
     key: str
 
     def held(self, raw: bytes) -> HeldBody | None:
-        """This body held, for a next body `raw` that repeats its first half; None otherwise."""
-        if len(raw) < MIN_BYTES or not raw.startswith(memoryview(self.raw)[:len(self.raw) // 2]):
+        """This body held, for a next body `raw` that repeats its list's first element and half of it in all;
+        None otherwise."""
+        if len(raw) < MIN_BYTES:
+            return None
+        start = _common_start(self.raw, raw)
+        need = len(self.raw) // 2 - start
+        if need > 0 and not raw.endswith(memoryview(self.raw)[len(self.raw) - need:]):
+            return None
+        opened = _list_opens(self.raw, self.key)  # the scan of the head and the first element only
+        first = _elements(self.raw, opened + 1, most=1) if 0 <= opened < start else None
+        if not first or not first[0] or first[0][0] > start:
             return None
         return anchor(self.raw, self.value, self.key)
+
+
+def _common_start(a: bytes, b: bytes) -> int:
+    """How many bytes `b` repeats of the start of `a`: a binary search of `memcmp`s (17 for 100 kB), as Python
+    has no call that returns where two byte strings first differ."""
+    view = memoryview(a)
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if b.startswith(view[:mid]):
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 Last = HeldBody | WholeBody  # what a session keeps of its last body

@@ -197,7 +197,7 @@ def test_a_member_named_as_the_marker_after_the_list_is_never_held() -> None:
     assert not spliced and value == json.loads(raw)
 
 
-def test_a_body_is_scanned_only_when_the_next_repeats_its_first_half(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_body_is_scanned_only_when_the_next_repeats_half_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
     scans = []
     monkeypatch.setattr(body_splice, "anchor", lambda *a: scans.append(1) or anchor(*a))
     last = None
@@ -213,6 +213,14 @@ def test_a_body_is_scanned_only_when_the_next_repeats_its_first_half(monkeypatch
         value, last, spliced = decoded(long_body(convo), last if i else None)
         assert spliced == (i > 0) and value == json.loads(long_body(convo))
     assert len(scans) == 1  # the first body, once its next repeated it; the rest are spliced by the new bytes
+    tools = [{"name": f"tool{i}", "description": PAD["content"][:3000]} for i in range(8)]
+    convo, last = [], None
+    for i in range(4):  # a short list, then the tools: what the next body repeats is mostly at the end
+        convo.append({"role": "user", "content": f"step {i}"})
+        raw = json.dumps({"model": "m", "messages": convo, "tools": tools}).encode()
+        value, last, spliced = decoded(raw, last)
+        assert spliced == (i > 0) and value == json.loads(raw)
+    assert len(scans) == 2
 
 
 def test_a_rewritten_history_decodes_whole() -> None:
