@@ -14,6 +14,7 @@ import pytest
 
 import trajstore
 from trajstore import CorruptionError
+from trajstore.page_headers import _page_header
 from trajstore.table import _footer_span, file_crcs
 
 QUERY = "SELECT * FROM events ORDER BY event_id"  # every column: a damaged page anywhere is read
@@ -130,8 +131,15 @@ def test_a_sql_mistake_is_a_query_error_with_duckdbs_message_not_damage(tmp_path
 
 
 def test_damage_met_while_querying_is_corruption_named_by_the_checksums(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
     store, sealed, _ = sealed_store(tmp_path / "s")
-    flip(sealed, sealed.stat().st_size // 3)  # page data: the footer (checked on open) is intact
+    row_group = pq.ParquetFile(sealed).metadata.row_group(0)
+    (chunk,) = [row_group.column(i) for i in range(row_group.num_columns)
+                if row_group.column(i).path_in_schema == "prompt_ids.list.element"]
+    length, size = _page_header(sealed.read_bytes(), chunk.data_page_offset)
+    flip(sealed, chunk.data_page_offset + length + size // 2)  # page data: footer and headers (checked on open)
+    # are intact
     fresh = trajstore.open_store(tmp_path / "s")
     with pytest.raises(CorruptionError, match="verify"):
         fresh.query(QUERY)
