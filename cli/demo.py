@@ -115,8 +115,8 @@ class DemoSettings:
 
     @classmethod
     def quick(cls, directory: Path, seed: int = 0) -> DemoSettings:
-        """The CI-sized loop (tests/cli/test_demo.py): the same task and warm start, 60 learner steps."""
-        return cls(directory, seed=seed, steps=60)
+        """The CI-sized loop (tests/cli/test_demo.py): the same task and warm start, 40 learner steps."""
+        return cls(directory, seed=seed, steps=40)
 
 
 @dataclass

@@ -27,7 +27,7 @@ console = CommandConsole()
 @click.command("demo")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("trajstore-demo"),
               show_default=True, help="A new directory for the model, checkpoints, store, logs and plot.")
-@click.option("--quick", is_flag=True, help="The CI-sized loop: the same task, 60 learner steps instead of 90.")
+@click.option("--quick", is_flag=True, help="The CI-sized loop: the same task, 40 learner steps instead of 90.")
 @click.option("--steps", type=click.IntRange(min=1), help="Learner steps (default: the preset's).")
 @click.option("--minutes", type=click.FloatRange(min=0.5),
               help="Safety net for collect + learn (default: 60); the demo's budget is its learner steps. When "
