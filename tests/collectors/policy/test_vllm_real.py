@@ -97,10 +97,15 @@ def test_a_reload_under_load_stamps_every_token_with_the_weights_that_drew_it(
             requests = finished_requests(vllm_server.url)
             stop = asyncio.Event()
 
+            # each worker its own length, 64 to 504 tokens: the longest calls outlast the 0.5 s between reloads
+            # (so some are in flight at each), the shortest often fit between two. Six calls of 96 tokens each ran
+            # in step (started together after a resume, ended together about 0.17 s later here), and all four
+            # reloads could land between two such batches, with no call in flight (seen once)
             async def sampler(worker: int) -> list[Sample]:
                 out, i = [], 0
                 while not stop.is_set():
-                    out.append(await owner.complete(PROMPT, SamplingParams(max_tokens=96, ignore_eos=True,
+                    out.append(await owner.complete(PROMPT, SamplingParams(max_tokens=64 + 88 * worker,
+                                                                                 ignore_eos=True,
                                                                                  seed=worker * 1000 + i)))
                     i += 1
                 return out
