@@ -21,7 +21,7 @@ the collector finished first, so reruns differ only in that order; a rerun of th
 followed the same curve for its first 20 versions (seed 1, two runs). One thing that varies: a
 single version can break the reply format (seed 2 at version 39: the tool called in 8% of
 episodes) and the next one restores it, so the check pools a quarter of the versions rather
-than reading the last one; one such version costs the pool about 7 points, z stays above 7.
+than reading the last one; one such version costs the pool about 7 points, z stays above 6.
 Cost: the warm start (about 20 s) and 40 learner steps of about 5 s each, some 4 minutes on 2
 cores (the slow marker keeps it out of `make test-fast`).
 """
