@@ -30,8 +30,9 @@ Proxy and direct rounds alternate in one run. Printed side by side:
    and again (1b) with every call adding the same `--step-tokens` (150) to a session that starts
    from a long history, so that the cost per call is seen against the history alone; each row
    also gives the CPU per turn over the calls after each session's first (which renders the
-   whole history once) and the kernel's part of that; `--cpu-repeats` (3) rounds per context, taken in
-   turns so a slow moment of the machine falls on every context alike (each row: median round, range);
+   whole history once), the kernel's part of that, and the fake upstream's own CPU over the same calls
+   (it shares the two cores, so what it spends slows the proxy); `--cpu-repeats` (3) rounds per context,
+   taken in turns so a slow moment of the machine falls on every context alike (each row: median round, range);
 2. throughput through the proxy as % of direct, and the added p50 / p99 latency, at each of
    `--sessions` (default 32 / 96 / 192) with the upstream taking `--upstream-ms` (1000), at
    `--throughput-context` (32k);
@@ -264,6 +265,7 @@ class Round:
     steady_cpu: float = 0.0  # with `steady`: the proxy's CPU over the calls after every session's first
     steady_kernel: float = 0.0  # the part of it spent in the kernel (system time: sockets, writes, fsync)
     steady_turns: int = 0
+    steady_upstream: float = 0.0  # the fake upstream's CPU over the same calls (it shares the proxy's cores)
     waits: list[int] = field(default_factory=list)  # the durable-wait histogram's counts during the round
 
     @property
@@ -305,7 +307,7 @@ async def stats_waits(http: aiohttp.ClientSession, proxy: str) -> list[int]:
 
 async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, int], *, proxy: str, proxied: bool,
                     stream: bool = False, spread_s: float = 0.0, hog: bytes | None = None,
-                    pid: int | None = None, steady: bool = False) -> Round:
+                    pid: int | None = None, steady: bool = False, upstream_pid: int | None = None) -> Round:
     """`sessions` sessions, each its calls one after another; `hog`: one more session sending that body
     over and over until the others are done (its own calls are not counted); `steady`: every session waits
     after its first call until all have made theirs, and the proxy's CPU is also read there, so that the
@@ -338,14 +340,15 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
                     rnd.ttfts.append(first)
 
         firsts = asyncio.Barrier(sessions)
-        steady_from: list[tuple[float, float, int]] = []  # (CPU, system CPU, turns) once all first calls are answered
+        steady_from: list[tuple[float, float, int, float]] = []  # (CPU, system CPU, turns, upstream CPU) once all
+        # first calls are answered
 
         async def session(s: int) -> None:
             await asyncio.sleep(spread_s * s / sessions)
             for t in range(session_turns(s, *turns)):
                 await call(load.body(t, s, stream=stream), keys[s] if proxied else None, True, urls[s])
                 if steady and t == 0 and await firsts.wait() == 0:
-                    steady_from.append((*tree_cpu_seconds(pid), rnd.turns))
+                    steady_from.append((*tree_cpu_seconds(pid), rnd.turns, tree_cpu_seconds(upstream_pid)[0]))
 
         async def hogging() -> None:
             while not done.is_set():
@@ -357,10 +360,12 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
         await asyncio.gather(*(session(s) for s in range(sessions)))
         rnd.seconds = time.perf_counter() - t0
         cpu1 = tree_cpu_seconds(pid)
+        upstream_cpu1 = tree_cpu_seconds(upstream_pid)[0]
         rnd.proxy_cpu = cpu1[0] - cpu0[0]
         if steady_from:
             rnd.steady_cpu, rnd.steady_kernel = cpu1[0] - steady_from[0][0], cpu1[1] - steady_from[0][1]
             rnd.steady_turns = rnd.turns - steady_from[0][2]
+            rnd.steady_upstream = upstream_cpu1 - steady_from[0][3]
         done.set()
         if hogger is not None:
             await hogger
@@ -397,7 +402,7 @@ async def set_delay(upstream: str, **delays: float) -> None:
 
 
 def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: str, proxy: str, pid: int,
-              title: str = "1. proxy CPU per turn") -> int:
+              upstream_pid: int, title: str = "1. proxy CPU per turn") -> int:
     """The CPU rows, `--cpu-repeats` rounds per context taken in turns (8k, 32k, 80k, 8k, ...), so that a slow
     moment of the machine falls on every context alike; each row gives the median round and the range."""
     asyncio.run(set_delay(upstream, s=0.0))
@@ -406,12 +411,13 @@ def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: st
           f"answering at once, {repeats} round{'s' * (repeats > 1)} per context taken in turns"
           f"{', median round (range)' if repeats > 1 else ''}; load average {os.getloadavg()[0]:.1f}")
     print(f"  {'context':>8} {'last prompt':>11} {'added/call':>10} {'turns':>6} {'proxy CPU ms/turn':>20} "
-          f"{'after the 1st':>20} {'(kernel)':>8} {'turns/s':>8} {'durable wait p50 / p99 ms':>26}")
+          f"{'after the 1st':>20} {'(kernel)':>8} {'upstream':>8} {'turns/s':>8} {'durable wait p50 / p99 ms':>26}")
     rounds: dict[int, list[Round]] = {context: [] for context in loads}
     for _ in range(repeats):
         for context, load in loads.items():
             rounds[context].append(asyncio.run(run_round(proxy, load, args.cpu_sessions, tuple(args.turns),
-                                                         proxy=proxy, proxied=True, pid=pid, steady=True)))
+                                                         proxy=proxy, proxied=True, pid=pid, steady=True,
+                                                         upstream_pid=upstream_pid)))
     answered, overall, steady = 0, {}, {}
     for context, load in loads.items():
         got = rounds[context]
@@ -423,6 +429,7 @@ def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: st
         print(f"  {context:>8,} {load.last_prompt_tokens:>11,} {load.added_tokens:>10,.0f} {turns:>6} "
               f"{spread(overall[context]):>20} {spread(steady[context]):>20} "
               f"{statistics.median(1000 * r.steady_kernel / max(1, r.steady_turns) for r in got):>8.2f} "
+              f"{statistics.median(1000 * r.steady_upstream / max(1, r.steady_turns) for r in got):>8.2f} "
               f"{statistics.median(r.rate for r in got):>8.1f} {wait_pct(waits, 0.5):>12} / {wait_pct(waits, 0.99):<10}")
     if len(loads) > 1:
         for label, per in (("per turn", overall), ("after the 1st", steady)):
@@ -574,9 +581,9 @@ def main() -> None:
         try:  # the tables; then what the proxy counted: every turn should continue its segment (no forks)
             if "cpu" in only:
                 answered += table_cpu(args, {c: loads[c] for c in sorted(args.contexts)}, upstream, proxy,
-                                      proxy_proc.pid)
+                                      proxy_proc.pid, up_proc.pid)
                 if stepped:
-                    answered += table_cpu(args, stepped, upstream, proxy, proxy_proc.pid, title=(
+                    answered += table_cpu(args, stepped, upstream, proxy, proxy_proc.pid, up_proc.pid, title=(
                         f"1b. the same, every call adding about {args.step_tokens:,} tokens to a long starting history"))
             if "throughput" in only:
                 answered += table_throughput(args, loads[args.throughput_context], upstream, proxy, proxy_proc.pid)

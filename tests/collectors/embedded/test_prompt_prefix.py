@@ -222,3 +222,18 @@ def test_the_store_itself() -> None:
     assert "b" not in cache and cache.held == 1
     with pytest.raises(ValueError, match="budget"):
         PrefixCache(budget=-1)
+
+
+def test_a_put_with_its_prefix_crc_known_holds_the_crc_of_the_whole() -> None:
+    """`put(known=)` runs the crc32 over what follows the known prefix only; the held crc32 is the whole's."""
+    ids = np.random.default_rng(0).integers(0, 150_000, 5_000).astype("<i4")
+    for n in (0, 1, 4_000, 5_000):
+        cache = PrefixCache(budget=10_000)
+        cache.put("k", ids[:4_500], ids[4_500:], known=(n, crc(ids[:n].tolist())))
+        assert list(cache.prefix("k", 5_000, crc(ids.tolist()))) == ids.tolist()
+    cache = PrefixCache(budget=10_000)
+    cache.put("k", ids, known=(10, 12345))  # a wrong crc32 named: the next call misses, and resends whole
+    with pytest.raises(PrefixMissing, match="crc32"):
+        cache.prefix("k", 5_000, crc(ids.tolist()))
+    with pytest.raises(ValueError, match="first 5001 ids"):
+        cache.put("k", ids, known=(5_001, 0))
