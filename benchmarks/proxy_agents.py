@@ -25,14 +25,12 @@ or after a fixed delay (`--upstream-ms`):
 
 Proxy and direct rounds alternate in one run. Printed side by side:
 
-1. proxy CPU per turn (the proxy's processes' own CPU time from /proc, divided by the turns
-   answered) for each context size, upstream answering at once, `--cpu-sessions` sessions;
-   and again (1b) with every call adding the same `--step-tokens` (150) to a session that starts
-   from a long history, so that the cost per call is seen against the history alone; each row
-   also gives the CPU per turn over the calls after each session's first (which renders the
-   whole history once), the kernel's part of that, and the fake upstream's own CPU over the same calls
-   (it shares the two cores, so what it spends slows the proxy); `--cpu-repeats` (3) rounds per context,
-   taken in turns so a slow moment of the machine falls on every context alike (each row: median round, range);
+1. proxy CPU per turn (the proxy's processes' own CPU time from /proc over the turns answered) per
+   context size, upstream answering at once, `--cpu-sessions` sessions; again (1b) with every call adding
+   the same `--step-tokens` (150) to a session starting from a long history (the cost against the history
+   alone); each row also gives it over the calls after each session's first (which renders the whole history
+   once), the kernel's part and the fake upstream's CPU (it shares the two cores); `--cpu-repeats` (3)
+   rounds per context, taken in turns so a slow moment falls on every context alike;
 2. throughput through the proxy as % of direct, and the added p50 / p99 latency, at each of
    `--sessions` (default 32 / 96 / 192) with the upstream taking `--upstream-ms` (1000), at
    `--throughput-context` (32k);
@@ -340,8 +338,7 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
                     rnd.ttfts.append(first)
 
         firsts = asyncio.Barrier(sessions)
-        steady_from: list[tuple[float, float, int, float]] = []  # (CPU, system CPU, turns, upstream CPU) once all
-        # first calls are answered
+        steady_from: list[tuple[float, float, int, float]] = []  # (CPU, system, turns, upstream CPU) after 1st calls
 
         async def session(s: int) -> None:
             await asyncio.sleep(spread_s * s / sessions)
@@ -360,12 +357,11 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
         await asyncio.gather(*(session(s) for s in range(sessions)))
         rnd.seconds = time.perf_counter() - t0
         cpu1 = tree_cpu_seconds(pid)
-        upstream_cpu1 = tree_cpu_seconds(upstream_pid)[0]
         rnd.proxy_cpu = cpu1[0] - cpu0[0]
         if steady_from:
             rnd.steady_cpu, rnd.steady_kernel = cpu1[0] - steady_from[0][0], cpu1[1] - steady_from[0][1]
             rnd.steady_turns = rnd.turns - steady_from[0][2]
-            rnd.steady_upstream = upstream_cpu1 - steady_from[0][3]
+            rnd.steady_upstream = tree_cpu_seconds(upstream_pid)[0] - steady_from[0][3]
         done.set()
         if hogger is not None:
             await hogger
@@ -415,12 +411,10 @@ def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: st
     rounds: dict[int, list[Round]] = {context: [] for context in loads}
     for _ in range(repeats):
         for context, load in loads.items():
-            rounds[context].append(asyncio.run(run_round(proxy, load, args.cpu_sessions, tuple(args.turns),
-                                                         proxy=proxy, proxied=True, pid=pid, steady=True,
-                                                         upstream_pid=upstream_pid)))
+            rounds[context].append(asyncio.run(run_round(proxy, load, args.cpu_sessions, tuple(args.turns), proxy=proxy,
+                                                         proxied=True, pid=pid, steady=True, upstream_pid=upstream_pid)))
     answered, overall, steady = 0, {}, {}
-    for context, load in loads.items():
-        got = rounds[context]
+    for (context, load), got in zip(loads.items(), rounds.values(), strict=True):  # rounds: in loads' order
         turns = sum(r.turns for r in got)
         answered += turns
         overall[context] = [1000 * r.proxy_cpu / r.turns for r in got]
@@ -442,9 +436,8 @@ def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: st
 
 def spread(values: list[float]) -> str:
     """The median of `values`, and their range when there are several."""
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+    return (f"{values[0]:.2f}" if len(values) == 1
+            else f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
 
 
 def table_throughput(args: argparse.Namespace, load: Workload, upstream: str, proxy: str, pid: int) -> int:
