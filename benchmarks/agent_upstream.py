@@ -70,12 +70,11 @@ def upstream_app(model_dir: str) -> Any:
             job = with_prefix(parse_completion_request(await read_json(request, MAX_BODY)), prefixes, as_list=False)
         except RequestError as exc:
             return web.json_response(exc.body(), status=exc.status)
-        # the prompt's ids as they came, never a list of Python ints made per call: this process shares the
-        # measured proxy's two cores, and listing an 80k-id history (2 ms a call) slowed the proxy by its
-        # traffic through the shared caches (table 1b at 80k: 0.4 ms a turn), where a policy server on its own
-        # machine would not
-        prompt = job.prompt_array if job.prompt_array is not None else (
-            list(job.prompt) if isinstance(job.prompt, list) else tok.encode(job.prompt))
+        # a held prefix's prompt stays the int32 array, never a list of Python ints made per call: this process
+        # shares the measured proxy's two cores, and listing an 80k-id history on every call slowed the proxy
+        # through the shared caches (table 1b at 80k: 0.5-0.9 ms a turn), as a policy server on its own machine
+        # would not
+        prompt = tok.encode(job.prompt) if isinstance(job.prompt, str) else job.prompt
         if job.return_token_ids and job.echo_prompt and not isinstance(prompt, list):
             prompt = prompt.tolist()  # echoed back in the JSON
         remember(job, prefixes, prompt, ids)  # the reply is always `ids`, answered whole (the stream too)

@@ -290,7 +290,8 @@ def with_prefix(job: CompletionJob, cache: PrefixCache | None, *, as_list: bool 
     """`job` with its whole prompt: the ids `cache` holds for its `prompt_prefix`, then the ids it sent. A prefix
     not held as named is a 409 `prefix_not_cached` (module docstring); a server without a store answers it too.
     The prompt is a list of Python ints, the engine's form; `as_list=False` leaves it the int32 array (a caller
-    with no engine to hand it to, the benchmarks' fake policy server: listing 80k ids takes about 2 ms)."""
+    with no engine to hand it to, the benchmarks' fake policy server: listing a long history on every call
+    costs in proportion to it)."""
     ref = job.prefix
     if ref is None:
         return job
