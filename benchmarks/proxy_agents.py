@@ -414,13 +414,13 @@ def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: st
             rounds[context].append(asyncio.run(run_round(proxy, load, args.cpu_sessions, tuple(args.turns), proxy=proxy,
                                                          proxied=True, pid=pid, steady=True, upstream_pid=upstream_pid)))
     answered, overall, steady = 0, {}, {}
-    for (context, load), got in zip(loads.items(), rounds.values(), strict=True):  # rounds: in loads' order
+    for context, got in rounds.items():
         turns = sum(r.turns for r in got)
         answered += turns
         overall[context] = [1000 * r.proxy_cpu / r.turns for r in got]
         steady[context] = [1000 * r.steady_cpu / max(1, r.steady_turns) for r in got]
         waits = [sum(c) for c in zip(*(r.waits for r in got))]
-        print(f"  {context:>8,} {load.last_prompt_tokens:>11,} {load.added_tokens:>10,.0f} {turns:>6} "
+        print(f"  {context:>8,} {loads[context].last_prompt_tokens:>11,} {loads[context].added_tokens:>10,.0f} {turns:>6} "
               f"{spread(overall[context]):>20} {spread(steady[context]):>20} "
               f"{statistics.median(1000 * r.steady_kernel / max(1, r.steady_turns) for r in got):>8.2f} "
               f"{statistics.median(1000 * r.steady_upstream / max(1, r.steady_turns) for r in got):>8.2f} "
