@@ -24,6 +24,10 @@ token-exact `turn` event (`collectors.proxy.capture`). Routes:
                                         and with the embedded server, calls sent as a held prefix
                                         (`prompt_prefix`)
     GET  /health
+    POST /seal                          {} -> {sealed}: seal the turns appended so far into the store's table now
+                                        (it is done every `--seal-interval` and every 64 MB anyway): other
+                                        machines see them, and a benchmark can charge a seal to the calls whose
+                                        turns it writes
 
 Point an SDK at one rollout with what `POST /rollouts` returned (see `collectors.proxy.sessions` for
 keys and sub-agent sessions):
@@ -409,6 +413,19 @@ async def stats(request: web.Request) -> web.Response:
                         "ascii_tokenizing": capture.renderer.ascii_stats()})
 
 
+async def seal(request: web.Request) -> web.Response:
+    """Seal this process's write-ahead log into the table now (on a thread: it writes Parquet and commits)."""
+    check_control(request)
+    writer = request.app[STATE].capture.writer
+    try:
+        sealed = await asyncio.to_thread(writer.seal)
+    except Exception as exc:  # noqa: BLE001 - the object store failing, say: the log stays, the next seal retries
+        log.warning("POST /seal failed: %s", exc)
+        raise ChatError(f"sealing failed ({type(exc).__name__}: {exc}); every acknowledged turn stays in the "
+                        "write-ahead log and the next seal retries", status=503, kind="overloaded") from exc
+    return json_answer({"sealed": sealed})
+
+
 async def health(request: web.Request) -> web.Response:
     if WORKER in request.app:  # this worker alone (the shared address merges every worker's)
         w = request.app[WORKER]
@@ -471,6 +488,7 @@ def create_app(client_factory: Callable[[], PolicyClient], store: Store, config:
     app.router.add_get("/rollouts/{rollout_id}", get_rollout)
     app.router.add_get("/stats", stats)
     app.router.add_get("/health", health)
+    app.router.add_post("/seal", seal)
     return app
 
 

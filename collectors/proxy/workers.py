@@ -13,7 +13,8 @@ rollout belongs to one worker for its whole life. Dispatch:
   base URL and sends only the key), is forwarded to the owner over loopback and its answer
   streamed back, so it is served exactly as on the owner's own port, at the cost of one hop;
 - `GET /stats` merges every worker's counters (durable waits included); `GET /health` lists
-  each worker (pid, port, start count, up or down). `?local=1` answers for one worker alone.
+  each worker (pid, port, start count, up or down); `POST /seal` seals every worker's log. `?local=1`
+  answers for one worker alone.
 
 One writer per process (`--writer NAME` becomes `NAME-w<index>`). A worker that dies is started
 again on the same ports: what it acknowledged is durable (its turns were fsync'd before they
@@ -45,6 +46,7 @@ from aiohttp import web
 from collectors.policy import PolicyClient
 from collectors.proxy.chat import ChatError
 from collectors.proxy.protocol import KEY_PREFIX, split_key
+from collectors.serving import check_control
 from collectors.proxy.waits import percentile_ms
 
 log = logging.getLogger(__name__)
@@ -127,6 +129,8 @@ async def route_to_owner(request: web.Request, handler: Any) -> web.StreamRespon
             return web.json_response(await merged_stats(request.app))
         if path == "/health":
             return web.json_response(await merged_health(request.app))
+        if path == "/seal" and request.method == "POST":
+            return await sealed_everywhere(request)
         if path == "/rollouts" and request.method == "POST":
             target = me.board.least_loaded(prefer=me.index)
             if target != me.index:
@@ -173,6 +177,27 @@ async def forward(request: web.Request, index: int) -> web.StreamResponse:
                                 "if it stopped, its rollouts are gone: open the rollout again with POST /rollouts",
                                 status=503, kind="overloaded") from exc
     raise AssertionError("unreachable")
+
+
+async def sealed_everywhere(request: web.Request) -> web.Response:
+    """`POST /seal` on the shared address: every worker seals its own log (each owns one writer)."""
+    check_control(request)
+    app, me = request.app, request.app[WORKER]
+
+    async def one(index: int) -> tuple[int, Any]:
+        try:
+            async with app[PEERS].post(me.url(index) + "/seal?local=1", json={}) as r:
+                return r.status, await r.json()
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            return 503, {"error": {"message": f"worker {index} is not answering ({exc})"}}
+
+    answers = await asyncio.gather(*(one(i) for i in range(len(me.ports))))
+    failed = [f"worker {i}: {body.get('error', {}).get('message', body)}" for i, (status, body) in enumerate(answers)
+              if status != 200]
+    if failed:
+        raise ChatError("sealing failed on " + "; ".join(failed) + "; the other workers sealed, and every "
+                        "acknowledged turn stays in its worker's write-ahead log", status=503, kind="overloaded")
+    return web.json_response({"sealed": sum(body["sealed"] for _, body in answers)})
 
 
 async def _peer_json(app: web.Application, index: int, path: str) -> dict[str, Any] | None:

@@ -143,6 +143,26 @@ def test_rollout_routes(proxy: Harness) -> None:
     assert stats["errors"]["400"] == before["errors"].get("400", 0) + 2
 
 
+def test_post_seal_puts_the_turns_answered_so_far_in_the_table(proxy: Harness) -> None:
+    """`POST /seal` seals the proxy's write-ahead log now: what it answered is in the Delta table, which other
+    machines read, without waiting for the seal interval. It is a control route: JSON only."""
+    rollout = proxy.open(group_id="sealed")
+    say(openai_client(rollout), [{"role": "user", "content": "Seal me"}], 3)
+    sql = "SELECT count(*) AS n FROM turns WHERE rollout_id = ?"
+
+    def in_table() -> int:
+        return proxy.store.snapshot(live=False).query(sql, [rollout["rollout_id"]]).to_pylist()[0]["n"]
+
+    assert in_table() == 0  # appended and durable, in the write-ahead log only
+    refused = call(proxy.url + "/seal", data=b"{}", headers={"Content-Type": "text/plain"})
+    assert refused.status == 415 and "application/json" in refused.body["error"]["message"]
+    assert in_table() == 0
+    sealed = call(proxy.url + "/seal", {})
+    assert sealed.status == 200 and sealed.body["sealed"] >= 2, sealed.body  # its start and its turn at least
+    assert in_table() == 1
+    assert call(proxy.url + "/seal", {}).body == {"sealed": 0}  # nothing new
+
+
 # what `trajstore collect` used to ask the store for each finished rollout; the summary must say the same
 FACTS_SQL = """
     SELECT last(finish_reason ORDER BY coalesce(session_id, 'main') = 'main', time, writer_seq) AS finish_reason,

@@ -78,6 +78,10 @@ def test_rollouts_spread_over_workers_and_any_address_serves_them(two_workers: A
     assert [w["turns"] for w in stats["workers"]] == [6, 6]
     assert stats["rollouts"]["open"] == 4
     assert open_store(store).query("SELECT count(*) AS n FROM turns").to_pylist() == [{"n": 12}]
+    sealed = call(url + "/seal", {})  # every worker seals its own log
+    assert sealed.status == 200 and sealed.body == {"sealed": 16}, sealed.body  # 4 starts and 12 turns
+    table = open_store(store).snapshot(live=False)
+    assert table.query("SELECT count(*) AS n FROM turns").to_pylist() == [{"n": 12}]
 
 
 def test_a_killed_worker_loses_no_answered_turn_and_its_rollouts_are_refused(two_workers: Any) -> None:
