@@ -42,7 +42,8 @@ def child(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import pyarrow as pa
-    from proxy_agents import build_workload, start_upstream
+    from agent_upstream import start_upstream
+    from agent_workload import build_workload
     from proxy_profile import one_session
     from transformers import AutoTokenizer
 

@@ -38,7 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as `trajstore proxy` runs
 
 from piece_cache import tiny_renderer
-from proxy_agents import build_workload
+from agent_workload import build_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from piece_cache import cpu_ms, tiny_renderer
-from proxy_agents import build_workload, hog_body
+from agent_workload import build_workload, hog_body
 
 BASELINE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[][{}]')  # a JSON string (any escapes) or a bracket
 

@@ -80,7 +80,8 @@ def young_collections(args: argparse.Namespace, directory: str, model: str) -> N
     from transformers import AutoTokenizer
 
     from collectors.serving import YOUNG_COLLECTION_THRESHOLD
-    from proxy_agents import build_workload, start_upstream
+    from agent_upstream import start_upstream
+    from agent_workload import build_workload
     from proxy_profile import one_session
 
     tok = AutoTokenizer.from_pretrained(model)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from agent_upstream import MODEL, start_upstream  # noqa: E402
-from proxy_agents import hog_body  # noqa: E402
+from agent_workload import hog_body  # noqa: E402
 
 # (module, class or None, function, label): the stages of a call, outer ones and the parts inside them
 STAGES = [

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as `trajstore proxy` runs
 
-from proxy_agents import build_workload
+from agent_workload import build_workload
 
 
 def cpu_ms(work: Callable[[], Any], repeats: int) -> float:

@@ -28,9 +28,11 @@ Proxy and direct rounds alternate in one run. Printed side by side:
 1. proxy CPU per turn (the proxy's processes' own CPU time from /proc over the turns answered) per
    context size, upstream answering at once, `--cpu-sessions` sessions; again (1b) with every call adding
    the same `--step-tokens` (150) to a session starting from a long history (the cost against the history
-   alone); each row also gives it over the calls after each session's first (which renders the whole history
-   once), the kernel's part and the fake upstream's CPU (it shares the two cores); `--cpu-repeats` (3)
-   rounds per context, taken in turns so a slow moment falls on every context alike;
+   alone); each row also gives the first call's CPU per session (it renders the whole history once) and the
+   CPU per turn over the calls after each session's first, the kernel's part and the fake upstream's CPU (it
+   shares the two cores); each part includes sealing its own turns into the table (`POST /seal` before each
+   reading: see `run_round`); `--cpu-repeats` (3) rounds per context, taken in turns so a slow moment falls on
+   every context alike;
 2. throughput through the proxy as % of direct, and the added p50 / p99 latency, at each of
    `--sessions` (default 32 / 96 / 192) with the upstream taking `--upstream-ms` (1000), at
    `--throughput-context` (32k);
@@ -52,9 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import random
 import signal
 import socket
 import statistics
@@ -72,114 +72,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agent_upstream import CALL, MODEL, SAID, start_upstream  # the fake policy server, its own process
-
-WORDS = ["def", "return", "self", "value", "index", "error", "request", "result", "config", "buffer", "stream", "token",
-         "session", "segment", "append", "import", "from", "class", "async", "await", "with", "open", "path", "read",
-         "write", "lock", "event", "store", "table", "batch", "commit", "fsync"]
-
-
-# ---------------------------------------------------------------- the workload (built before the clock starts)
-
-
-def tool_schemas() -> list[dict[str, Any]]:
-    """A dozen function tools with nested JSON schemas, about the size of a coding agent's."""
-    tools = []
-    for i, name in enumerate(["read_file", "write_file", "edit_file", "list_dir", "grep", "glob", "bash", "web_fetch",
-                              "todo_write", "task", "notebook_edit", "ask_user"]):
-        props: dict[str, Any] = {
-            "path": {"type": "string", "description": f"Absolute path of the file {name} works on."},
-            "limit": {"type": "integer", "minimum": 1, "maximum": 100000, "description": "How many lines at most."},
-            "options": {"type": "object", "properties": {
-                "mode": {"type": "string", "enum": ["fast", "exact", "regex", "literal"]},
-                "flags": {"type": "array", "items": {"type": "string"}, "maxItems": 8}},
-                "additionalProperties": False}}
-        for j in range(i % 4):
-            props[f"extra_{j}"] = {"type": "boolean", "description": f"Extra switch {j} of {name}."}
-        tools.append({"type": "function", "function": {
-            "name": name, "description": f"Tool {name}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(40)),
-            "parameters": {"type": "object", "properties": props, "required": ["path"]}}})
-    return tools
-
-
-def filler(rng: random.Random, chars: int) -> str:
-    """Code-like text of about `chars` characters."""
-    lines, size = [], 0
-    while size < chars:
-        line = "    " * rng.randrange(4) + " ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 12)))
-        lines.append(line)
-        size += len(line) + 1
-    return "\n".join(lines)
-
-
-# Every session's own text (its task and tool results) starts with this tag, numbered per session as the call is
-# sent (`Workload.body`), so no two sessions send the same history: as distinct agents do, only the system
-# prompt and the tool schemas are shared. `--shared-sessions` sends every session the very same bodies, as the
-# sessions of one fan-out group (one task, several samples) do.
-SESSION_TAG = b"[session #####]"
-
-
-@dataclass
-class Workload:
-    """One context size: the serialized body of every call index, and the tokens of the longest prompt."""
-
-    context: int
-    bodies: list[bytes]  # call t resends the system prompt, the task and t replies with their tool results
-    stream_bodies: list[bytes]
-    last_prompt_tokens: int = 0
-    added_tokens: float = 0.0  # tokens each call adds to the one before, on average
-    shared: bool = False  # every session sends the same bodies (`SESSION_TAG` left as it is)
-
-    def body(self, t: int, session: int, *, stream: bool = False) -> bytes:
-        """Call `t`'s body as session `session` sends it: its tag numbered, unless sessions share their bodies."""
-        raw = (self.stream_bodies if stream else self.bodies)[t]
-        return raw if self.shared else raw.replace(SESSION_TAG, b"[session %05d]" % session)
-
-
-def build_workload(tok: Any, context: int, max_turns: int, max_tokens: int, seed: int = 0,
-                   step_tokens: int | None = None, shared: bool = False) -> Workload:
-    """Bodies growing evenly to `context` tokens at call `max_turns` (a tenth of it in the system prompt); with
-    `step_tokens`, every call adds about that many tokens and the task holds the rest (a session that starts
-    from a long history of its own, as a resumed or forked agent does). `shared`: see `SESSION_TAG`."""
-    rng = random.Random(seed)
-    sample = filler(rng, 20000)
-    chars_per_token = len(sample) / len(tok.encode(sample, add_special_tokens=False))
-    tools = tool_schemas()
-    tag = SESSION_TAG.decode()
-    system = "You are a coding agent. Use the tools to inspect and change the repository.\n"
-    task = f"{tag} Fix the failing test in src/app.py."
-    if step_tokens is None:
-        system += filler(rng, int(0.1 * context * chars_per_token))
-    else:
-        task += " What was done so far:\n" + filler(rng, int(max(0.0, context - step_tokens * max_turns) * chars_per_token))
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": task}]
-    base = len(tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)) \
-        / chars_per_token
-    step = (context - base) / max_turns if step_tokens is None else step_tokens
-    step_chars = max(1, int(step * chars_per_token))
-    bodies, streams = [], []
-    for t in range(max_turns):
-        if t:
-            messages.append({"role": "assistant", "content": SAID, "tool_calls": [{
-                "id": f"call_{t}", "type": "function",
-                "function": {"name": CALL["name"], "arguments": json.dumps(CALL["arguments"])}}]})
-            messages.append({"role": "tool", "tool_call_id": f"call_{t}",
-                             "content": f"{tag} " + filler(rng, step_chars)})
-        body = {"model": MODEL, "messages": messages, "tools": tools, "max_tokens": max_tokens}
-        bodies.append(json.dumps(body).encode())
-        streams.append(json.dumps({**body, "stream": True}).encode())
-    last = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-    last_tokens = len(tok.encode(last, add_special_tokens=False))
-    return Workload(context, bodies, streams, last_tokens, (last_tokens - base) / max(1, max_turns - 1), shared)
-
-
-def hog_body(megabytes: float, max_tokens: int) -> bytes:
-    """One call whose conversation is `megabytes` of text: a rollout pasting a huge file or log."""
-    rng = random.Random(7)
-    big = filler(rng, int(megabytes * 1e6))
-    return json.dumps({"model": MODEL, "max_tokens": max_tokens, "stream": True, "messages": [
-        {"role": "user", "content": "Summarize this log:\n" + big}]}).encode()
-
+from agent_upstream import MODEL, start_upstream  # the fake policy server, its own process
+from agent_workload import Workload, build_workload, hog_body, tool_schemas  # the sessions' bodies
 
 # ---------------------------------------------------------------- the proxy: the real `trajstore proxy` command
 
@@ -264,6 +158,7 @@ class Round:
     steady_kernel: float = 0.0  # the part of it spent in the kernel (system time: sockets, writes, fsync)
     steady_turns: int = 0
     steady_upstream: float = 0.0  # the fake upstream's CPU over the same calls (it shares the proxy's cores)
+    first_cpu: float = 0.0  # with `steady`: the proxy's CPU over the sessions' first calls, sealing their turns too
     waits: list[int] = field(default_factory=list)  # the durable-wait histogram's counts during the round
 
     @property
@@ -298,6 +193,16 @@ async def close_rollouts(http: aiohttp.ClientSession, proxy: str, keys: Sequence
     await asyncio.gather(*(one(k, r) for k, r in zip(keys, ids, strict=True)))
 
 
+async def seal(http: aiohttp.ClientSession, proxy: str) -> bool:
+    """`POST /seal`: the proxy seals what it appended so far into the table; False for a proxy without the route."""
+    async with http.post(proxy + "/seal", json={}) as resp:
+        if resp.status == 404:
+            return False
+        if resp.status != 200:
+            raise RuntimeError(f"POST /seal answered {resp.status}: {await resp.text()}")
+        return True
+
+
 async def stats_waits(http: aiohttp.ClientSession, proxy: str) -> list[int]:
     async with http.get(proxy + "/stats") as resp:
         return (await resp.json()).get("durable_wait", {}).get("counts", [])
@@ -309,7 +214,11 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
     """`sessions` sessions, each its calls one after another; `hog`: one more session sending that body
     over and over until the others are done (its own calls are not counted); `steady`: every session waits
     after its first call until all have made theirs, and the proxy's CPU is also read there, so that the
-    calls that extend a session are measured apart from the first, which renders the whole history."""
+    calls that extend a session are measured apart from the first, which renders the whole history. Each part
+    pays for sealing its own turns into the table: the proxy is asked to seal (`POST /seal`) before the CPU is
+    read at the barrier and at the end, so a seal of the first calls' long prompts never lands among the later
+    calls, nor one of an earlier round's turns in this round (the proxy seals every 64 MB on its own, which
+    otherwise falls on whichever round fills the segment)."""
     rnd = Round()
     headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
@@ -337,15 +246,21 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
                 if first is not None:
                     rnd.ttfts.append(first)
 
-        firsts = asyncio.Barrier(sessions)
+        firsts, resumed = asyncio.Barrier(sessions), asyncio.Event()
         steady_from: list[tuple[float, float, int, float]] = []  # (CPU, system, turns, upstream CPU) after 1st calls
+        sealing = steady and await seal(http, proxy)  # what earlier rounds left unsealed is sealed before cpu0
 
         async def session(s: int) -> None:
             await asyncio.sleep(spread_s * s / sessions)
             for t in range(session_turns(s, *turns)):
                 await call(load.body(t, s, stream=stream), keys[s] if proxied else None, True, urls[s])
-                if steady and t == 0 and await firsts.wait() == 0:
-                    steady_from.append((*tree_cpu_seconds(pid), rnd.turns, tree_cpu_seconds(upstream_pid)[0]))
+                if steady and t == 0:
+                    if await firsts.wait() == 0:
+                        if sealing:  # the first calls' turns are sealed as theirs, before the later calls start
+                            await seal(http, proxy)
+                        steady_from.append((*tree_cpu_seconds(pid), rnd.turns, tree_cpu_seconds(upstream_pid)[0]))
+                        resumed.set()
+                    await resumed.wait()
 
         async def hogging() -> None:
             while not done.is_set():
@@ -356,9 +271,12 @@ async def run_round(url: str, load: Workload, sessions: int, turns: tuple[int, i
         hogger = asyncio.create_task(hogging()) if hog is not None else None
         await asyncio.gather(*(session(s) for s in range(sessions)))
         rnd.seconds = time.perf_counter() - t0
+        if sealing:  # the later calls' turns sealed within their part
+            await seal(http, proxy)
         cpu1 = tree_cpu_seconds(pid)
         rnd.proxy_cpu = cpu1[0] - cpu0[0]
         if steady_from:
+            rnd.first_cpu = steady_from[0][0] - cpu0[0]
             rnd.steady_cpu, rnd.steady_kernel = cpu1[0] - steady_from[0][0], cpu1[1] - steady_from[0][1]
             rnd.steady_turns = rnd.turns - steady_from[0][2]
             rnd.steady_upstream = tree_cpu_seconds(upstream_pid)[0] - steady_from[0][3]
@@ -407,7 +325,8 @@ def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: st
           f"answering at once, {repeats} round{'s' * (repeats > 1)} per context taken in turns"
           f"{', median round (range)' if repeats > 1 else ''}; load average {os.getloadavg()[0]:.1f}")
     print(f"  {'context':>8} {'last prompt':>11} {'added/call':>10} {'turns':>6} {'proxy CPU ms/turn':>20} "
-          f"{'after the 1st':>20} {'(kernel)':>8} {'upstream':>8} {'turns/s':>8} {'durable wait p50 / p99 ms':>26}")
+          f"{'1st call ms':>11} {'after the 1st':>20} {'(kernel)':>8} {'upstream':>8} {'turns/s':>8} "
+          f"{'durable wait p50 / p99 ms':>26}")
     rounds: dict[int, list[Round]] = {context: [] for context in loads}
     for _ in range(repeats):
         for context, load in loads.items():
@@ -421,7 +340,8 @@ def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: st
         steady[context] = [1000 * r.steady_cpu / max(1, r.steady_turns) for r in got]
         waits = [sum(c) for c in zip(*(r.waits for r in got))]
         print(f"  {context:>8,} {loads[context].last_prompt_tokens:>11,} {loads[context].added_tokens:>10,.0f} {turns:>6} "
-              f"{spread(overall[context]):>20} {spread(steady[context]):>20} "
+              f"{spread(overall[context]):>20} {statistics.median(1000 * r.first_cpu / args.cpu_sessions for r in got):>11.1f} "
+              f"{spread(steady[context]):>20} "
               f"{statistics.median(1000 * r.steady_kernel / max(1, r.steady_turns) for r in got):>8.2f} "
               f"{statistics.median(1000 * r.steady_upstream / max(1, r.steady_turns) for r in got):>8.2f} "
               f"{statistics.median(r.rate for r in got):>8.1f} {wait_pct(waits, 0.5):>12} / {wait_pct(waits, 0.99):<10}")

@@ -34,7 +34,8 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from proxy_agents import Workload, build_workload, start_upstream  # noqa: E402
+from agent_upstream import start_upstream  # noqa: E402
+from agent_workload import Workload, build_workload  # noqa: E402
 
 # the stages shown, by the function whose cumulative time they are (file suffix, function name)
 STAGES = [

@@ -28,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from proxy_agents import Workload, build_workload, start_upstream  # noqa: E402
+from agent_upstream import start_upstream  # noqa: E402
+from agent_workload import Workload, build_workload  # noqa: E402
 import proxy_profile  # noqa: E402
 
 
