@@ -80,6 +80,7 @@ from collectors.proxy.upstream import OUTAGE_WAIT_S
 from collectors.proxy.wire import WIRES, AnthropicMessages, OpenAIChat, WireProtocol
 from collectors.proxy.workers import WORKER, WorkerInfo, worker_key_prefix
 from collectors.serving import (
+    BODY,
     BadRequest,
     ClientGone,
     app_in_thread,
@@ -257,7 +258,7 @@ async def _chat_request(request: web.Request, parse: Callable[[Any], ChatRequest
         else:
             rollout.last_bodies.pop(session, None)
         request.app[STATE].capture.stats.bodies["spliced" if spliced else "whole"] += 1
-    return dataclasses.replace(req, body_bytes=len(await request.read()), body_json=text), body  # aiohttp's copy
+    return dataclasses.replace(req, body_bytes=len(request[BODY]), body_json=text), body
 
 
 def _header_keys(request: web.Request) -> list[str]:
