@@ -64,7 +64,7 @@ from collectors.proxy.priority import heavy_pool
 from collectors.proxy.reconcile import Answered, reconcile, reply_message
 from collectors.proxy.render import ChatRenderer, text_ids
 from collectors.proxy.request_delta import stored_request
-from collectors.proxy.segmenter import SessionState, TurnPlan, plan_turn, record_turn
+from collectors.proxy.segmenter import Prompt, SessionState, TurnPlan, plan_turn, record_turn
 from collectors.proxy.sessions import Registry, Rollout, SessionSlot
 from collectors.proxy.streaming import LocalPieces
 from collectors.proxy.upstream import OUTAGE_WAIT_S, Upstream
@@ -152,7 +152,7 @@ class Prepared:
     wire: WireProtocol
     messages: list[Message]  # what was rendered (reconciled)
     history: str  # how: first | exact | reserialized | rewritten
-    prompt_text: str
+    prompt_text: Prompt  # whole, or the session's held prompt and what is new (`collectors.proxy.segmenter`)
     plan: TurnPlan
     max_tokens: int
     reply_id: str
@@ -194,7 +194,7 @@ class Capture:
         self._appender.close()
 
     async def _rendered(self, rollout: Rollout, state: SessionState, req: ChatRequest, body: Any = None
-                        ) -> tuple[list[Message], str, str, TurnPlan]:
+                        ) -> tuple[list[Message], str, Prompt, TurnPlan]:
         """`req` (sent as `body`) reconciled with `state`, rendered and planned: on a render thread (see the
         module docstring)."""
         self.renderer.check_fits(req, self.max_model_len)
@@ -203,9 +203,9 @@ class Capture:
             return await asyncio.get_running_loop().run_in_executor(
                 self._heavy_pool if heavy else self._render_pool, self._render, state, req)
 
-    def _render(self, state: SessionState, req: ChatRequest) -> tuple[list[Message], str, str, TurnPlan]:
+    def _render(self, state: SessionState, req: ChatRequest) -> tuple[list[Message], str, Prompt, TurnPlan]:
         messages, history = reconcile(req.messages, state.answered)
-        last_prompt = state.held.prompt_text if state.held is not None else None
+        last_prompt = state.held.prompt if state.held is not None else None
         prompt_text = self._extender.prompt_text(req, messages, history, state.answered, last_prompt)
         return messages, history, prompt_text, plan_turn(state, prompt_text, self.renderer.encode, new_id)
 

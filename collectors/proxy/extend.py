@@ -31,6 +31,7 @@ from collectors.model.toolcalls import THINK_CLOSE, THINK_OPEN, render_call
 from collectors.proxy.chat import ChatError, ChatRequest, Message
 from collectors.proxy.reconcile import EXACT, RESERIALIZED, Answered
 from collectors.proxy.render import ChatRenderer
+from collectors.proxy.segmenter import Extended, Prompt
 
 log = logging.getLogger(__name__)
 VERIFY_EVERY = 64  # one extended render in this many is checked against the whole render
@@ -49,8 +50,9 @@ class Extender:
         self._lock = threading.Lock()  # render threads count and may disable it at once
 
     def prompt_text(self, req: ChatRequest, messages: list[Message], history: str, answered: Answered | None,
-                    last_prompt: str | None) -> str:
-        """The prompt of `req` rendered from `messages` (reconciled), from what is new where that is exact."""
+                    last_prompt: tuple[str, ...] | None) -> Prompt:
+        """The prompt of `req` rendered from `messages` (reconciled), from what is new where that is exact: then
+        as the last call's prompt (`last_prompt`, its pieces) and the new text, never joined (`Extended`)."""
         text = self._extend(req, messages, history, answered, last_prompt)
         if text is None:
             return self.renderer.prompt_text(req, messages)
@@ -59,7 +61,7 @@ class Extender:
             verify = self.extended % VERIFY_EVERY == 0
         if verify:
             whole = self.renderer.prompt_text(req, messages)
-            if whole != text:
+            if whole != str(text):
                 with self._lock:
                     if self.enabled:
                         log.warning("the chat template renders a conversation differently from its last call's "
@@ -69,7 +71,7 @@ class Extender:
         return text
 
     def _extend(self, req: ChatRequest, messages: list[Message], history: str, answered: Answered | None,
-                last_prompt: str | None) -> str | None:
+                last_prompt: tuple[str, ...] | None) -> Extended | None:
         if not self.enabled or history not in (EXACT, RESERIALIZED) or answered is None or last_prompt is None:
             return None
         if req.continue_final or answered.continue_final or req.tools != answered.tools:
@@ -77,19 +79,19 @@ class Extender:
         k = len(answered.messages)  # messages[k] is the sampled reply, messages[k - 1] the message before it
         if k < 1 or len(messages) <= k:
             return None
-        return extension(self.renderer, last_prompt, messages[k - 1:], None if self.drop_tools else req.tools)
+        new = extension(self.renderer, messages[k - 1:], None if self.drop_tools else req.tools)
+        return None if new is None else Extended(last_prompt, new)
 
 
-def extension(renderer: ChatRenderer, last_prompt: str, window: list[Message],
-              tools: list[dict[str, Any]] | None) -> str | None:
-    """`last_prompt` + what the template writes after the generation prompt that follows `window[0]`, when
-    rendering `window` (None when the generation prompt is not how the template opens the reply)."""
+def extension(renderer: ChatRenderer, window: list[Message], tools: list[dict[str, Any]] | None) -> str | None:
+    """What the template writes after the generation prompt that follows `window[0]`, when rendering `window`
+    (None when the generation prompt is not how the template opens the reply): what follows the last prompt."""
     try:
         head = renderer.render(window[:1], tools, generation_prompt=True)
         whole = renderer.render(window, tools, generation_prompt=True)
     except ChatError:
         return None
-    return last_prompt + whole[len(head):] if whole.startswith(head) else None
+    return whole[len(head):] if whole.startswith(head) else None
 
 
 def _probe(renderer: ChatRenderer, *, drop_tools: bool) -> bool:
@@ -118,7 +120,8 @@ def _probe(renderer: ChatRenderer, *, drop_tools: bool) -> bool:
                     window = [messages[-1], reply, *new]
                     messages = [*messages, reply, *new]
                     whole = renderer.render(messages, tool_list, generation_prompt=True)
-                    if extension(renderer, prompt, window, None if drop_tools else tool_list) != whole:
+                    new = extension(renderer, window, None if drop_tools else tool_list)
+                    if new is None or prompt + new != whole:
                         return False
                     prompt = whole
     except ChatError:

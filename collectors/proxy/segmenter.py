@@ -12,9 +12,10 @@ nearly every turn although the model's context did not change at all. The check 
 done on rendered text, and the tokens are spliced:
 
 - after each call the session keeps `text` = the rendered prompt + the sampled text (decoded
-  with special tokens kept: exactly what the model saw and wrote; kept as its two parts, never
-  joined), and `ids` = the prompt ids sent + the *sampled* output ids (a `TokenLog`: the next
-  call's ids are a view of it plus the delta, and its JSON is encoded once, as it grows);
+  with special tokens kept: exactly what the model saw and wrote; kept as its parts, never
+  joined: the prompt as the pieces its calls added), and `ids` = the prompt ids sent + the
+  *sampled* output ids (a `TokenLog`: the next call's ids are a view of it plus the delta, and
+  its JSON is encoded once, as it grows);
 - the next call continues the segment iff its rendered prompt text starts with `text`: the
   template rendered the reply the agent sent back to exactly what the model wrote. Its
   prompt ids are the tokens of the rest of the text (what the template writes after the
@@ -31,8 +32,12 @@ done on rendered text, and the tokens are spliced:
 - any other mismatch (compaction, edited or dropped messages, changed tools or system
   prompt) forks with reason `history_rewrite`.
 
-Nothing here copies or encodes the session's history per call: the prefix check compares
-text, the ids to send are a view (`TokenIds`), and the session's ids grow in place.
+Nothing here copies or encodes the session's history per call: the ids to send are a view
+(`TokenIds`), and the session's ids grow in place. A prompt rendered as the held prompt and what
+is new (`Extended`, from `collectors.proxy.extend`) is checked by its new part alone, and held
+as the pieces it is made of: an agent's 80k-token history is never joined into one string or
+compared again, call after call (a copy and a compare of 300 kB each that evict what the call
+itself works on from the caches). Any other prompt is a whole text, compared piece by piece.
 
 The check is made once, on the prompt the next call renders anyway, so a reply is never
 rendered a second time just to predict what the agent will send. Only text the template emits
@@ -56,31 +61,78 @@ TEMPLATE_DRIFT = "template_drift"
 RETRY = "retry"
 
 
+@dataclass(frozen=True)
+class Extended:
+    """A prompt made of a held prompt's pieces (`base`, the very tuple a `Held` keeps) and the text after them
+    (`new`): what `collectors.proxy.extend` renders for a call that extends its session's last."""
+
+    base: tuple[str, ...]
+    new: str
+
+    def __str__(self) -> str:
+        return "".join((*self.base, self.new))
+
+
+Prompt = str | Extended  # a rendered prompt: whole, or extended from the session's held one
+
+
+def prompt_pieces(prompt: Prompt) -> tuple[str, ...]:
+    """The pieces a prompt's text is, in order (a piece a call: none for an empty one)."""
+    if isinstance(prompt, Extended):
+        return (*prompt.base, prompt.new) if prompt.new else prompt.base
+    return (prompt,)
+
+
 @dataclass
 class Held:
     """What a segment holds after a call (see the module docstring)."""
 
-    prompt_text: str  # the last call's rendered prompt
+    prompt: tuple[str, ...] | str  # the last call's rendered prompt, as the pieces the calls added (a str: one)
     sampled_text: str  # the text the model sampled after it (special tokens kept)
     ids: TokenLog  # prompt ids + sampled output ids, in order
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prompt, str):
+            self.prompt = (self.prompt,)
+
+    @property
+    def prompt_text(self) -> str:
+        """The last call's prompt, joined (a copy of the whole: the checks here never make it)."""
+        return "".join(self.prompt)
 
     @property
     def text(self) -> str:
         """The prompt and the sampled text, joined (a copy of the whole: `rest` checks without one)."""
-        return self.prompt_text + self.sampled_text
+        return "".join((*self.prompt, self.sampled_text))
 
-    def fork_reason(self, prompt_text: str) -> str:
+    def _after_prompt(self, prompt: Prompt) -> tuple[str, int] | None:
+        """(`prompt`'s text or its new part, where the held prompt ends in it) when `prompt` starts with the held
+        prompt; None otherwise. An `Extended` of the held prompt starts with it by construction: only its new part
+        is looked at."""
+        if isinstance(prompt, Extended) and prompt.base is self.prompt:
+            return prompt.new, 0
+        text, at = str(prompt), 0
+        for piece in self.prompt:
+            if not text.startswith(piece, at):
+                return None
+            at += len(piece)
+        return text, at
+
+    def fork_reason(self, prompt: Prompt) -> str:
         """Why a prompt that does not extend the held text forks (see the module docstring)."""
-        if not prompt_text.startswith(self.prompt_text):
+        after = self._after_prompt(prompt)
+        if after is None:
             return HISTORY_REWRITE
-        return RETRY if len(prompt_text) == len(self.prompt_text) else TEMPLATE_DRIFT
+        text, at = after
+        return RETRY if len(text) == at else TEMPLATE_DRIFT
 
-    def rest(self, prompt_text: str) -> str | None:
-        """What `prompt_text` adds after the held text, or None when it does not start with it."""
-        end = len(self.prompt_text)
-        if not (prompt_text.startswith(self.prompt_text) and prompt_text.startswith(self.sampled_text, end)):
+    def rest(self, prompt: Prompt) -> str | None:
+        """What `prompt` adds after the held text, or None when it does not start with it."""
+        after = self._after_prompt(prompt)
+        if after is None or not after[0].startswith(self.sampled_text, after[1]):
             return None
-        return prompt_text[end + len(self.sampled_text):]
+        text, at = after
+        return text[at + len(self.sampled_text):]
 
 
 @dataclass
@@ -109,17 +161,17 @@ class TurnPlan:
     previous_segment: str | None
 
 
-def plan_turn(state: SessionState, prompt_text: str, encode: Encode, new_segment_id: Callable[[], str]) -> TurnPlan:
+def plan_turn(state: SessionState, prompt: Prompt, encode: Encode, new_segment_id: Callable[[], str]) -> TurnPlan:
     """Decide the next call's segment without changing `state` (the call may still fail)."""
     held = state.held
     fork: str | None = None
     if held is not None and state.segment_id is not None:
-        rest = held.rest(prompt_text)
+        rest = held.rest(prompt)
         if rest is not None:
             view = held.ids.view(encode(rest))  # the delta is its tail: its JSON is encoded once, for both
             return TurnPlan(state.segment_id, state.next_turn, view.tail, view, None, None)
-        fork = held.fork_reason(prompt_text)
-    ids = encode(prompt_text)
+        fork = held.fork_reason(prompt)
+    ids = encode(str(prompt))
     # the segment's log from its first call: a policy server that holds a session's ids under the log's key
     # (`collectors.policy.embedded_client`) learns them from this call, and `record_turn` keeps this very log
     view = TokenLog(ids).view()
@@ -133,7 +185,7 @@ def _first_log(full_ids: Sequence[int]) -> TokenLog:
     return TokenLog(full_ids)
 
 
-def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_ids: Sequence[int],
+def record_turn(state: SessionState, plan: TurnPlan, prompt: Prompt, output_ids: Sequence[int],
                 sampled_text: str) -> None:
     """Advance `state` past a stored call whose output ids decode to `sampled_text` (special tokens kept)."""
     if plan.turn_index == 0:
@@ -154,6 +206,6 @@ def record_turn(state: SessionState, plan: TurnPlan, prompt_text: str, output_id
             ids.extend(plan.prompt_ids)
     ids.extend(output_ids)
     dropped = state.held.ids if state.held is not None and state.held.ids is not ids else None
-    state.held = Held(prompt_text=prompt_text, sampled_text=sampled_text, ids=ids)
+    state.held = Held(prompt=prompt_pieces(prompt), sampled_text=sampled_text, ids=ids)
     if dropped is not None:  # a new segment: the last one's ids are freed here, a slice at a time
         drain(dropped)

@@ -19,6 +19,7 @@ from collectors.proxy.chat import ChatRequest
 from collectors.proxy.extend import Extender
 from collectors.proxy.reconcile import reconcile
 from collectors.proxy.render import ChatRenderer
+from collectors.proxy.segmenter import prompt_pieces
 from tests.collectors.proxy_harness import MODEL, Harness, assert_exact, call
 
 PLAIN = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -53,10 +54,10 @@ def _calls(renderer: ChatRenderer, extender: Extender, replies: list[str]) -> li
         req = ChatRequest("openai", MODEL, list(messages), TOOLS, True, 8)
         rendered, how = reconcile(req.messages, answered)
         got = extender.prompt_text(req, rendered, how, answered, last)
-        out.append((got, renderer.prompt_text(req, rendered)))
+        out.append((str(got), renderer.prompt_text(req, rendered)))
         answered = Answered(messages=req.messages, prompt_messages=rendered, continue_final=False, tools=TOOLS,
                             reply=reply_message(text, None, []), sampled={"role": "assistant", "content": text})
-        last = got
+        last = prompt_pieces(got)
         messages += [{"role": "assistant", "content": text}, {"role": "tool", "content": f"result {i}"}]
     return out
 

@@ -16,6 +16,7 @@ from collectors.proxy.segmenter import (
     HISTORY_REWRITE,
     RETRY,
     TEMPLATE_DRIFT,
+    Extended,
     SessionState,
     TurnPlan,
     plan_turn,
@@ -137,6 +138,37 @@ def test_a_long_chain_sends_every_prompt_delta_and_sampled_id_in_order() -> None
         delta = f"\nU{k + 1}\nA:"
         prompt = prompt + f"r{k}" + END + delta
         expected = expected + encode(delta)
+
+
+def test_a_prompt_extended_from_the_held_pieces_plans_as_its_joined_text_without_joining_it() -> None:
+    """A prompt given as the held prompt's pieces and what follows them (`Extended`, as `collectors.proxy.extend`
+    renders it) plans exactly as its joined text, continuations and forks alike; the session holds the pieces."""
+    new_id = ids_factory()
+    whole, pieces = SessionState("main"), SessionState("main")
+    for state in (whole, pieces):
+        call(state, "U0\nA:", '{"a":1}' + END, new_id)
+    steps = [  # (what follows the held prompt, the reply sampled next, the fork expected)
+        (lambda held: held.sampled_text + "\nU1\nA:", "b" + END, None),
+        (lambda held: '{"a": 1}' + END + "\nU2\nA:", "c" + END, None),  # respaced: not what was sampled
+        (lambda held: "", "d" + END, RETRY),  # the last prompt again
+        (lambda held: held.sampled_text + "\nU3\nA:", "e" + END, None)]
+    forks = [None, TEMPLATE_DRIFT, RETRY, None]
+    replies = ['{"a":1}' + END] + [reply for _, reply, _ in steps]
+    for k, (after, reply, _) in enumerate(steps):
+        text = whole.held.prompt_text + after(whole.held)
+        extended = Extended(pieces.held.prompt, after(pieces.held))
+        assert str(extended) == text
+        a, b = plan_turn(whole, text, encode, new_id), plan_turn(pieces, extended, encode, new_id)
+        assert a.fork == b.fork == forks[k] and a.turn_index == b.turn_index
+        assert list(a.prompt_ids) == list(b.prompt_ids) and list(a.full_ids) == list(b.full_ids)
+        record_turn(whole, a, text, [3000 + k], replies[k + 1])
+        record_turn(pieces, b, extended, [3000 + k], replies[k + 1])
+        assert pieces.held.prompt_text == whole.held.prompt_text and len(whole.held.prompt) == 1
+    assert whole.forks == pieces.forks == {TEMPLATE_DRIFT: 1, RETRY: 1}
+    assert len(pieces.held.prompt) == 4  # a piece a call, forks included; none for the retry's empty one
+    # an `Extended` of other pieces than the held ones is checked as its text
+    stranger = Extended((pieces.held.prompt_text,), pieces.held.sampled_text + "\nU4\nA:")
+    assert plan_turn(pieces, stranger, encode, new_id).fork is None
 
 
 def counted(encoded: list[int], dumps, ids) -> bytes:

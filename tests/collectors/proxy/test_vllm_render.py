@@ -65,7 +65,7 @@ def test_token_boundary_finds_the_end_of_a_text_or_none() -> None:
 
 def test_a_continued_segment_sends_the_sampled_ids_and_vllms_own_ids_after_them() -> None:
     state = SessionState("main", segment_id="s1", next_turn=1,
-                        held=Held(prompt_text="<s>", sampled_text="hello", ids=TokenLog([1, 2, 3])))  # sampled "he" + "llo"
+                        held=Held(prompt="<s>", sampled_text="hello", ids=TokenLog([1, 2, 3])))  # sampled "he" + "llo"
     rendered = [1, 4, 5, 6, 7]  # vLLM re-tokenizes the reply as "hello"
     plan = plan_rendered(state, decode(rendered), rendered, decode, encode, lambda: "new")
     assert (plan.segment_id, plan.turn_index, plan.fork) == ("s1", 1, None)
