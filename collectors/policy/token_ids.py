@@ -3,11 +3,13 @@
 A policy server is sent the whole prompt on every call (vLLM and the embedded server both take
 plain JSON token ids), and an agent's session grows by a few thousand tokens a call on top of
 tens of thousands already sent. `TokenLog` is a session's ids, append-only, with their JSON text
-grown in step: `extend` encodes only the ids it adds. `TokenLog.view(delta)` is the next prompt,
-the log as it is now plus the new ids, as a read-only `TokenIds`: its JSON (`json()`) is the
-log's text up to that point, copied, and the encoding of the delta alone, byte for byte what
-`orjson.dumps(list(ids))` writes. A view stays valid while the log grows (it remembers its
-length), so a `Sample` may hold it as its `prompt_ids`.
+grown as it is needed: the first time a view's JSON is asked for, only the ids added since the
+last time are encoded. `TokenLog.view(delta)` is the next prompt, the log as it is now plus the
+new ids, as a read-only `TokenIds`: its JSON (`json()`) is the log's text up to that point,
+copied, and the encoding of the delta alone, byte for byte what `orjson.dumps(list(ids))` writes.
+A view stays valid while the log grows (it remembers its length), so a `Sample` may hold it as
+its `prompt_ids`. A session whose server holds its ids (below) is sent only the ids after them,
+packed, so its log never encodes JSON at all.
 
 The policy clients (`collectors.policy.http`) take a `TokenIds` wherever they take a list and
 write its JSON into the request body as it is (`orjson.Fragment`), whatever field holds it.
@@ -46,7 +48,6 @@ from itertools import chain, islice
 from typing import Any, overload
 from weakref import WeakValueDictionary
 
-import numpy as np
 import orjson
 
 SLICE = 1 << 16  # ids per call over a long list (about a millisecond of work each)
@@ -106,7 +107,7 @@ def drain(log: TokenLog) -> None:
     if len(log.ids) > SLICE and not log._views:
         while log.ids:
             del log.ids[-SLICE:]
-        log._json, log._int32, log._b64, log._crc = bytearray(b"["), bytearray(), bytearray(), 0
+        log._json, log._json_n, log._int32, log._b64, log._crc = bytearray(b"["), 0, bytearray(), bytearray(), 0
 
 
 def ids_int32(ids: Sequence[int]) -> bytes:
@@ -191,11 +192,11 @@ class PackedIds:
 class TokenLog:
     """A session's token ids, append-only, and their JSON text without its closing bracket (module docstring)."""
 
-    __slots__ = ("__weakref__", "_b64", "_crc", "_int32", "_json", "_pack_lock", "_views", "ids", "key")
+    __slots__ = ("__weakref__", "_b64", "_crc", "_int32", "_json", "_json_n", "_pack_lock", "_views", "ids", "key")
 
     def __init__(self, ids: Sequence[int] = ()) -> None:
         self.ids: list[int] = []
-        self._json = bytearray(b"[")
+        self._json, self._json_n = bytearray(b"["), 0  # the JSON text of ids[:_json_n], grown when asked for
         self._views: WeakValueDictionary[int, TokenIds] = WeakValueDictionary()  # alive, by id (a view is unhashable)
         # the packed form (module docstring), grown only when a view is packed: int32 bytes of ids[:len // 4],
         # and the base64 of their first len // 3 * 3 bytes; a request body may be encoded on a thread
@@ -208,41 +209,44 @@ class TokenLog:
         return len(self.ids)
 
     def extend(self, more: Sequence[int], encoded: bytes | None = None, int32: bytes | None = None) -> None:
-        """Append `more`, encoding only it; `encoded`: `ids_json(more)`, when the caller has it (a view of no log's
-        ids brings its own: `TokenIds.tail_json`); `int32`: `ids_int32(more)`, likewise (a view's packed tail:
-        `TokenIds.tail_int32`), taken into the packed form when that has caught up with the log."""
+        """Append `more`; `encoded`: `ids_json(more)`, when the caller has it (a view's tail, sent as JSON:
+        `TokenIds.tail_json`), taken into the JSON form when that has caught up with the log; `int32`:
+        `ids_int32(more)`, likewise (a view's packed tail: `TokenIds.tail_int32`) for the packed form."""
         if isinstance(more, TokenIds) and not more._n:
-            more, encoded = more.tail, more.tail_json()
+            more, encoded = more.tail, more.tail_json(made_only=True)
         elif type(more) is not list:
             more = more[:] if isinstance(more, TokenIds) else [int(t) for t in more]
         if not more:
             return
-        if self.ids:
-            self._json += b","
-        if encoded is not None:
-            self._json += memoryview(encoded)[1:-1]
-        else:
-            _encode_into(self._json, more)
-        if int32 is not None:
-            with self._pack_lock:
-                if len(self._int32) == 4 * len(self.ids):  # the packed form is whole: it grows by these bytes
-                    self._int32 += int32
-                    self._crc = zlib.crc32(int32, self._crc)
-        _copy_into(self.ids, more, 0, len(more))
+        with self._pack_lock:
+            if encoded is not None and self._json_n == len(self.ids):  # caught up: it grows by these bytes
+                if self._json_n:
+                    self._json += b","
+                self._json += memoryview(encoded)[1:-1]
+                self._json_n += len(more)
+            if int32 is not None and len(self._int32) == 4 * len(self.ids):  # likewise the packed form
+                self._int32 += int32
+                self._crc = zlib.crc32(int32, self._crc)
+            _copy_into(self.ids, more, 0, len(more))
 
     def view(self, delta: Sequence[int] = ()) -> TokenIds:
         """The log as it is now followed by `delta`, read-only (it does not change as the log grows)."""
-        return TokenIds(self, len(self.ids), len(self._json), copied(delta))
+        return TokenIds(self, len(self.ids), copied(delta))
 
-    def prefix_json(self, end: int) -> bytes:
-        """The first `end` bytes of the log's JSON text (what a view of it was taken at)."""
-        with memoryview(self._json) as whole:  # released at once: a bytearray cannot grow while one is held
-            return whole[:end].tobytes()
-
-    def joined(self, end: int, *more: bytes | memoryview) -> bytes:
-        """The first `end` bytes of the log's JSON text, then `more`, copied once."""
-        with memoryview(self._json) as whole:
-            return b"".join((whole[:end], *more))
+    def joined(self, n: int, *more: bytes | memoryview) -> bytes:
+        """The JSON text of the first `n` ids without its closing bracket, then `more`, copied once. The log's
+        JSON form grows to `n` ids first (encoding only those it lacks); a view older than the form (the log grew
+        and was sent since) is encoded whole."""
+        with self._pack_lock:
+            if self._json_n < n:
+                if self._json_n:
+                    self._json += b","
+                _encode_into(self._json, self.ids[self._json_n:n])
+                self._json_n = n
+            if self._json_n == n:
+                with memoryview(self._json) as whole:  # released at once: a bytearray cannot grow while one is held
+                    return b"".join((whole, *more))
+        return b"".join((ids_json(self.ids[:n])[:-1], *more))
 
     def packed(self, n: int, tail: list[int], more: bytes | None = None) -> bytes:
         """The first `n` ids then `tail`, packed (`PackedIds.quoted`): the kept base64 of the log's whole 3-byte
@@ -282,10 +286,10 @@ class TokenLog:
 class TokenIds(Sequence[int]):
     """Token ids: the first `n` ids of a `TokenLog`, then `tail`; read-only, with their JSON ready (`json()`)."""
 
-    __slots__ = ("__weakref__", "_end", "_log", "_n", "_tail", "_tail_int32", "_tail_json")
+    __slots__ = ("__weakref__", "_log", "_n", "_tail", "_tail_int32", "_tail_json")
 
-    def __init__(self, log: TokenLog, n: int, end: int, tail: list[int]) -> None:
-        self._log, self._n, self._end, self._tail = log, n, end, tail
+    def __init__(self, log: TokenLog, n: int, tail: list[int]) -> None:
+        self._log, self._n, self._tail = log, n, tail
         self._tail_json: bytes | None = None
         self._tail_int32: bytes | None = None
         log._views[id(self)] = self  # `drain` leaves a log with a view alive as it is
@@ -348,9 +352,9 @@ class TokenIds(Sequence[int]):
         """`TokenLog.crc32` of the log's part."""
         return self._log.crc32(self._n)
 
-    def tail_json(self) -> bytes:
-        """`ids_json(self.tail)`, encoded on the first call only."""
-        if self._tail_json is None:
+    def tail_json(self, made_only: bool = False) -> bytes | None:
+        """`ids_json(self.tail)`, encoded on the first call only; with `made_only`, None unless it was."""
+        if self._tail_json is None and not made_only:
             self._tail_json = ids_json(self._tail)
         return self._tail_json
 
@@ -367,11 +371,11 @@ class TokenIds(Sequence[int]):
     def json(self) -> bytes:
         """`orjson.dumps(list(self))`, encoding only the tail (once: `tail_json`)."""
         if not self._tail:
-            return self._log.prefix_json(self._end) + b"]"
+            return self._log.joined(self._n, b"]")
         tail = self.tail_json()
         if not self._n:
             return tail
-        return self._log.joined(self._end, b",", memoryview(tail)[1:])
+        return self._log.joined(self._n, b",", memoryview(tail)[1:])
 
     def fragment(self) -> Any:
         """The JSON as an `orjson.Fragment`, for `orjson.dumps(..., default=...)` to write as it is."""

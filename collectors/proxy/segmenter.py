@@ -15,7 +15,7 @@ done on rendered text, and the tokens are spliced:
   with special tokens kept: exactly what the model saw and wrote; kept as its parts, never
   joined: the prompt as the pieces its calls added), and `ids` = the prompt ids sent + the
   *sampled* output ids (a `TokenLog`: the next call's ids are a view of it plus the delta, and
-  its JSON is encoded once, as it grows);
+  each id's JSON is encoded at most once);
 - the next call continues the segment iff its rendered prompt text starts with `text`: the
   template rendered the reply the agent sent back to exactly what the model wrote. Its
   prompt ids are the tokens of the rest of the text (what the template writes after the
@@ -201,7 +201,7 @@ def record_turn(state: SessionState, plan: TurnPlan, prompt: Prompt, output_ids:
         ids = state.held.ids
         full = plan.full_ids  # the delta's JSON and packed bytes, when the policy client was sent them (the tail)
         if isinstance(full, TokenIds) and full.tail is plan.prompt_ids:
-            ids.extend(plan.prompt_ids, full.tail_json(), full.tail_int32(made_only=True))
+            ids.extend(plan.prompt_ids, full.tail_json(made_only=True), full.tail_int32(made_only=True))
         else:
             ids.extend(plan.prompt_ids)
     ids.extend(output_ids)

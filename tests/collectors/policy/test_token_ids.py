@@ -61,6 +61,23 @@ def test_a_view_does_not_change_as_its_log_grows() -> None:
     assert log.view().json() == b"[1,2,3,4,5,6,7]" and log.view() == [1, 2, 3, 4, 5, 6, 7]
 
 
+def test_a_log_makes_its_json_only_when_a_view_asks_and_then_only_for_the_ids_added_since() -> None:
+    """A session sent only packed ids (to a server holding its prefix) never encodes JSON; a view of an older
+    length than what was encoded since is still exact."""
+    log = TokenLog([1, 2, 3])
+    for more in ([4], [5, 6]):
+        view = log.view(more)
+        view.packed()  # what a packed prompt costs: no JSON
+        log.extend(view.tail, view.tail_json(made_only=True), view.tail_int32(made_only=True))
+    assert log._json_n == 0 and log.ids == [1, 2, 3, 4, 5, 6]  # noqa: SLF001
+    old = log.view()
+    log.extend([7])
+    assert log.view([8]).json() == b"[1,2,3,4,5,6,7,8]" and log._json_n == 7  # noqa: SLF001
+    assert old.json() == b"[1,2,3,4,5,6]"  # older than the JSON form: encoded on its own
+    log.extend([9], b"[9]")  # a caught-up form takes the JSON a caller has
+    assert log._json_n == 8 and log.view().json() == b"[1,2,3,4,5,6,7,9]"  # noqa: SLF001
+
+
 def test_a_view_reads_as_the_list_it_stands_for() -> None:
     log = TokenLog([10, 11, 12])
     view, plain = log.view([13, 14]), [10, 11, 12, 13, 14]

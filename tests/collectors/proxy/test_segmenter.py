@@ -177,8 +177,9 @@ def counted(encoded: list[int], dumps, ids) -> bytes:
 
 
 def test_a_stored_call_grows_the_session_by_the_json_its_prompt_was_sent_with(monkeypatch) -> None:
-    """The prompt ids are encoded to JSON once per call (for the policy server); recording the call takes that JSON
-    (a huge call's ids are millions): only the sampled ids are encoded there."""
+    """The prompt ids are encoded to JSON once per call (for a policy server sent JSON); recording the call takes
+    that JSON (a huge call's ids are millions) and encodes nothing; the next call's JSON encodes only the ids
+    added since, the sampled ones."""
     state, new_id = SessionState("main"), ids_factory()
     for prompt, sampled in (("U:hi\nA:", "yo" + END), ("U:hi\nA:yo" + END + "\nU:more\nA:", "ok" + END),
                             ("U:other\nA:", "no" + END)):  # a first call, a continued one, a fork
@@ -188,9 +189,11 @@ def test_a_stored_call_grows_the_session_by_the_json_its_prompt_was_sent_with(mo
         monkeypatch.setattr(token_ids.orjson, "dumps", functools.partial(counted, encoded, token_ids.orjson.dumps))
         output = [1000 + i for i in range(len(sampled))]
         record_turn(state, plan, prompt, output, sampled)
+        assert encoded == [], encoded
+        grown = state.held.ids.view().json()
         monkeypatch.undo()
         assert encoded == [len(output)], encoded
-        assert state.held.ids.view().json() == sent[:-1] + b"," + orjson.dumps(output)[1:]
+        assert grown == sent[:-1] + b"," + orjson.dumps(output)[1:]
 
 
 def test_a_new_segment_drains_the_last_ones_ids_unless_a_view_of_them_is_alive(monkeypatch) -> None:
