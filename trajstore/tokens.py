@@ -73,6 +73,10 @@ def row_array(value: Any, element: str) -> tuple[np.ndarray | None, str]:
     if isinstance(value, (list, tuple)):
         if not value:
             return np.empty(0, _NUMPY[element]), ""
+        if len(value) > LONG_LISTS:  # a slice at a time (see `_in_slices`); anything odd goes the checked way below
+            sliced = _in_slices(value)
+            if sliced is not None and _dtype_ok(sliced.dtype, element):
+                return sliced, ""
         try:
             arr = pa.array(value)  # inference, not a typed conversion: see above
         except (pa.ArrowException, TypeError, ValueError, OverflowError):

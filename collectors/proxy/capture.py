@@ -48,15 +48,17 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
+
 from collectors.errors import CollectorError
 from collectors.policy import Chunk, PolicyClient, Sample, StreamedSample
-from collectors.policy.token_ids import SLICE, drain
+from collectors.policy.token_ids import SLICE, TokenIds, drain
 from collectors.proxy.appender import INLINE_BODY_BYTES, BatchAppender
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.extend import Extender
@@ -79,6 +81,16 @@ INLINE_RETOKENIZE_CHARS = 4096  # a reply up to this long is tokenized again on 
 HEAVY_BODY_BYTES = 1 << 20  # a call this large is rendered on threads of a lower CPU priority (`priority`)
 LONG_TURN_IDS = SLICE  # a turn whose prompt holds more ids is recorded into its session off the event loop
 T = TypeVar("T")
+
+
+def stored_prompt_ids(plan: TurnPlan) -> Sequence[int]:
+    """A turn's `prompt_ids` as the store takes them: a continued segment's delta as the little-endian int32 bytes
+    it was packed into for the policy server (or is packed into here, once: `record_turn` grows the session's packed
+    form by them), read by numpy, so the store checks and converts it in bulk instead of id by id."""
+    full = plan.full_ids
+    if isinstance(full, TokenIds) and full.tail is plan.prompt_ids and plan.prompt_ids:
+        return np.frombuffer(full.tail_int32(), dtype="<i4")
+    return plan.prompt_ids
 
 
 def sample_routes(sample: Sample, stored_prompt: int) -> dict[str, Any]:
@@ -286,7 +298,7 @@ class Capture:
             event_id=event_id, run=rollout.run, group_id=rollout.group_id, rollout_id=rollout.rollout_id,
             session_id=prep.session,
             segment_id=plan.segment_id, turn_index=plan.turn_index, policy_version=sample.policy_version,
-            prompt_ids=plan.prompt_ids, output_ids=list(sample.output_ids),
+            prompt_ids=stored_prompt_ids(plan), output_ids=list(sample.output_ids),
             output_logprobs=list(sample.output_logprobs), finish_reason=reply.finish, sampling=sampling,
             **stored.columns(), response=response, meta=meta,
             support_sizes=sample.support_sizes, support_ids=sample.support_ids, output_version_starts=sample.version_starts,

@@ -351,6 +351,27 @@ def test_a_long_token_list_is_checked_as_a_short_one(tail: Any) -> None:
     assert reasons[0] == reasons[1]
 
 
+@pytest.mark.parametrize("tail", [7, -3, "x", 2**40, True, None])
+def test_a_long_token_list_beside_numpy_rows_is_stored_or_refused_as_it_is_alone(tail: Any) -> None:
+    """The capture proxy stores a continued call's prompt delta as numpy (its packed bytes) and a new segment's
+    prompt as a Python list: in one append, the list, converted a slice at a time, keeps every check."""
+    from trajstore.tokens import LONG_LISTS
+
+    long = [1] * (LONG_LISTS + 5) + [tail]
+    packed = np.frombuffer(np.array([5, 6], "<i4").tobytes(), dtype="<i4")
+    outcomes = []
+    for events in ([turn(prompt_ids=long)], [turn(prompt_ids=packed), turn(prompt_ids=long)]):
+        try:
+            columns = to_columns(events)
+        except InvalidEventError as exc:
+            outcomes.append(str(exc).splitlines()[-1].split(": ", 2)[-1].split(" (item")[0])
+        else:
+            outcomes.append(columns["prompt_ids"][-1].values.to_numpy().tolist())
+            assert columns["prompt_ids"][0].as_py() == ([5, 6] if len(events) == 2 else long)
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0] == long) == (tail == 7)
+
+
 def test_a_long_token_list_is_stored_whole_and_exact() -> None:
     """A million ids (converted a slice at a time) and long logprob and mask lists come back exactly."""
     ids = list(range(1_000_000))
