@@ -40,17 +40,28 @@ from __future__ import annotations
 
 import base64
 import secrets
+import sys
 import struct
 import threading
 import zlib
+from array import array
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
 from typing import Any, overload
-from weakref import WeakValueDictionary
 
 import orjson
 
 SLICE = 1 << 16  # ids per call over a long list (about a millisecond of work each)
+_LITTLE = sys.byteorder == "little"  # an int32 array's bytes are the packed form as they are
+if array("i").itemsize != 4:
+    raise ImportError("collectors.policy.token_ids needs a 4-byte C int for its int32 arrays")
+
+
+def _swapped(data: bytes) -> bytes:
+    """Little-endian int32 bytes as this (big-endian) machine's own."""
+    ids = array("i", data)
+    ids.byteswap()
+    return ids.tobytes()
 
 
 def ids_json(ids: Sequence[int]) -> bytes:
@@ -100,19 +111,11 @@ def listed(ids: Any) -> list[int]:
     return out
 
 
-def drain(log: TokenLog) -> None:
-    """Empty a long `log` a slice at a time, unless a view of it is alive: a log dropped at once frees its millions
-    of ids in one call, a hold of the GIL for tens of milliseconds. For a log its owner is done with (a session's
-    last segment, replaced by a new one); a view still being read keeps the log as it is."""
-    if len(log.ids) > SLICE and not log._views:
-        while log.ids:
-            del log.ids[-SLICE:]
-        log._json, log._json_n, log._int32, log._b64, log._crc = bytearray(b"["), 0, bytearray(), bytearray(), 0
-
-
 def ids_int32(ids: Sequence[int]) -> bytes:
     """Token ids as little-endian int32 bytes, a slice at a time when long; OverflowError for an id outside int32
     (no model has one). `struct` packs a list of ints in a third less time than numpy's conversion of it."""
+    if type(ids) is array and ids.typecode == "i":  # a log's own ids: their bytes
+        return ids.tobytes() if _LITTLE else _swapped(ids.tobytes())
     ids = ids if type(ids) is list else [int(t) for t in ids]
     try:
         if len(ids) <= SLICE:
@@ -190,18 +193,18 @@ class PackedIds:
 
 
 class TokenLog:
-    """A session's token ids, append-only, and their JSON text without its closing bracket (module docstring)."""
+    """A session's token ids, append-only, as int32, with their JSON text and packed forms (module docstring)."""
 
-    __slots__ = ("__weakref__", "_b64", "_crc", "_int32", "_json", "_json_n", "_pack_lock", "_views", "ids", "key")
+    __slots__ = ("__weakref__", "_b64", "_crc", "_crc_n", "_json", "_json_n", "_lock", "ids", "key")
 
     def __init__(self, ids: Sequence[int] = ()) -> None:
-        self.ids: list[int] = []
+        self.ids = array("i")  # 4 bytes an id, nothing for the garbage collector to walk (module docstring)
         self._json, self._json_n = bytearray(b"["), 0  # the JSON text of ids[:_json_n], grown when asked for
-        self._views: WeakValueDictionary[int, TokenIds] = WeakValueDictionary()  # alive, by id (a view is unhashable)
-        # the packed form (module docstring), grown only when a view is packed: int32 bytes of ids[:len // 4],
-        # and the base64 of their first len // 3 * 3 bytes; a request body may be encoded on a thread
-        self._int32, self._b64, self._pack_lock = bytearray(), bytearray(), threading.Lock()
-        self._crc = 0  # zlib.crc32 of `_int32`
+        # the packed form (module docstring) is the ids' own bytes: the base64 of their first len // 3 * 3 bytes
+        # is kept, grown only when a view is packed, and the crc32 of the first `_crc_n` ids; a request body may
+        # be encoded on a thread
+        self._b64, self._lock = bytearray(), threading.Lock()
+        self._crc, self._crc_n = 0, 0
         self.key = secrets.token_hex(16)  # this session's name on a server that holds its ids (`session_key`)
         self.extend(ids)
 
@@ -211,23 +214,29 @@ class TokenLog:
     def extend(self, more: Sequence[int], encoded: bytes | None = None, int32: bytes | None = None) -> None:
         """Append `more`; `encoded`: `ids_json(more)`, when the caller has it (a view's tail, sent as JSON:
         `TokenIds.tail_json`), taken into the JSON form when that has caught up with the log; `int32`:
-        `ids_int32(more)`, likewise (a view's packed tail: `TokenIds.tail_int32`) for the packed form."""
+        `ids_int32(more)`, likewise (a view's packed tail: `TokenIds.tail_int32`): appended as they are, and taken
+        into the crc32 when that has caught up. ValueError for an id outside int32 (no model has one)."""
         if isinstance(more, TokenIds) and not more._n:
-            more, encoded = more.tail, more.tail_json(made_only=True)
-        elif type(more) is not list:
-            more = more[:] if isinstance(more, TokenIds) else [int(t) for t in more]
-        if not more:
+            more, encoded, int32 = more.tail, more.tail_json(made_only=True), more.tail_int32(made_only=True)
+        elif isinstance(more, TokenIds):
+            more = more[:]
+        if not len(more):
             return
-        with self._pack_lock:
-            if encoded is not None and self._json_n == len(self.ids):  # caught up: it grows by these bytes
+        if int32 is None or not _LITTLE:
+            try:
+                int32 = ids_int32(more)  # first: an id past int32 leaves the log as it was
+            except OverflowError as exc:
+                raise ValueError(str(exc)) from None
+        with self._lock:
+            n = len(self.ids)
+            self.ids.frombytes(int32 if _LITTLE else _swapped(int32))
+            if encoded is not None and self._json_n == n:  # caught up: it grows by these bytes
                 if self._json_n:
                     self._json += b","
                 self._json += memoryview(encoded)[1:-1]
-                self._json_n += len(more)
-            if int32 is not None and len(self._int32) == 4 * len(self.ids):  # likewise the packed form
-                self._int32 += int32
-                self._crc = zlib.crc32(int32, self._crc)
-            _copy_into(self.ids, more, 0, len(more))
+                self._json_n = len(self.ids)
+            if self._crc_n == n:
+                self._crc, self._crc_n = zlib.crc32(int32, self._crc), len(self.ids)
 
     def view(self, delta: Sequence[int] = ()) -> TokenIds:
         """The log as it is now followed by `delta`, read-only (it does not change as the log grows)."""
@@ -237,50 +246,49 @@ class TokenLog:
         """The JSON text of the first `n` ids without its closing bracket, then `more`, copied once. The log's
         JSON form grows to `n` ids first (encoding only those it lacks); a view older than the form (the log grew
         and was sent since) is encoded whole."""
-        with self._pack_lock:
+        with self._lock:
             if self._json_n < n:
                 if self._json_n:
                     self._json += b","
-                _encode_into(self._json, self.ids[self._json_n:n])
+                _encode_into(self._json, self.ids[self._json_n:n].tolist())
                 self._json_n = n
             if self._json_n == n:
                 with memoryview(self._json) as whole:  # released at once: a bytearray cannot grow while one is held
                     return b"".join((whole, *more))
-        return b"".join((ids_json(self.ids[:n])[:-1], *more))
+            older = self.ids[:n].tolist()
+        return b"".join((ids_json(older)[:-1], *more))
 
     def packed(self, n: int, tail: list[int], more: bytes | None = None) -> bytes:
         """The first `n` ids then `tail`, packed (`PackedIds.quoted`): the kept base64 of the log's whole 3-byte
         groups, then the rest encoded here (0-2 bytes of the log's, and `tail`'s: `more`, its int32 bytes, when the
-        caller has them); the log's form grows to `n` first."""
-        more = ids_int32(tail) if more is None else more  # first: an id past int32 leaves the log's form as it was
-        with self._pack_lock:
-            self._grow_int32(n)
-            # the base64 catches up with the int32 form, which `crc32` may have grown alone
-            done, whole = len(self._b64) // 4 * 3, len(self._int32) // 3 * 3
-            if done < whole:
-                with memoryview(self._int32) as raw:
-                    self._b64 += b64(raw[done:whole])
-            cut = 4 * n // 3 * 3  # the log's bytes whose base64 is kept
-            with memoryview(self._b64) as kept, memoryview(self._int32) as raw:
-                rest = b64(b"".join((raw[cut:4 * n], more)))
-                return b"".join((b'"', kept[:cut // 3 * 4], rest, b'"'))
+        caller has them); the kept base64 grows to `n` ids first."""
+        more = ids_int32(tail) if more is None else more  # first: an id past int32 leaves the log as it was
+        whole = 4 * n // 3 * 3  # the log's bytes whose base64 is kept
+        with self._lock, self._int32() as raw:
+            done = len(self._b64) // 4 * 3
+            for at in range(done, whole, _B64_BLOCK):
+                self._b64 += base64.b64encode(raw[at:min(at + _B64_BLOCK, whole)])
+            rest = b64(b"".join((raw[whole:4 * n], more)))
+            with memoryview(self._b64) as kept:
+                return b"".join((b'"', kept[:whole // 3 * 4], rest, b'"'))
 
     def crc32(self, n: int) -> int:
-        """zlib.crc32 of the first `n` ids as little-endian int32 bytes: kept as the int32 form grows (to `n` first),
-        so a view's whole log part costs O(ids new since); an older view's is computed."""
-        with self._pack_lock:
-            self._grow_int32(n)
-            if 4 * n == len(self._int32):
-                return self._crc
-            with memoryview(self._int32) as raw:
-                return zlib.crc32(raw[:4 * n])
+        """zlib.crc32 of the first `n` ids as little-endian int32 bytes: kept as the log grows (to `n` first), so a
+        view's whole log part costs O(ids new since); an older view's is computed."""
+        with self._lock, self._int32() as raw:
+            for at in range(4 * self._crc_n, 4 * n, 4 * SLICE):
+                self._crc = zlib.crc32(raw[at:min(at + 4 * SLICE, 4 * n)], self._crc)
+            self._crc_n = max(self._crc_n, n)
+            return self._crc if n == self._crc_n else zlib.crc32(raw[:4 * n])
 
-    def _grow_int32(self, n: int) -> None:
-        """Extend the int32 form (and its crc32) to the first `n` ids; under `_pack_lock`."""
-        for at in range(len(self._int32) // 4, n, SLICE):
-            more = ids_int32(self.ids[at:min(at + SLICE, n)])
-            self._int32 += more
-            self._crc = zlib.crc32(more, self._crc)
+    def _int32(self) -> memoryview:
+        """The ids as little-endian int32 bytes (their own buffer on a little-endian machine; release it before the
+        log grows: an array cannot resize while a view of it is held). Under `_lock`."""
+        if _LITTLE:
+            return memoryview(self.ids).cast("B")
+        swapped = array("i", self.ids)
+        swapped.byteswap()
+        return memoryview(swapped).cast("B")
 
 
 class TokenIds(Sequence[int]):
@@ -292,7 +300,6 @@ class TokenIds(Sequence[int]):
         self._log, self._n, self._tail = log, n, tail
         self._tail_json: bytes | None = None
         self._tail_int32: bytes | None = None
-        log._views[id(self)] = self  # `drain` leaves a log with a view alive as it is
 
     def __len__(self) -> int:
         return self._n + len(self._tail)
@@ -326,7 +333,7 @@ class TokenIds(Sequence[int]):
             return False
         n = self._n
         other = other if isinstance(other, list) else list(other)
-        return other[:n] == self._log.ids[:n] and other[n:] == self._tail
+        return other[:n] == self._log.ids[:n].tolist() and other[n:] == self._tail
 
     __hash__ = None  # type: ignore[assignment]  # equal to a list, so unhashable like one
 
@@ -387,4 +394,5 @@ class TokenIds(Sequence[int]):
 
     def unpacked(self) -> int:
         """How many of the ids packing them (`PackedIds`) would encode: the tail and what the log has not packed."""
-        return max(self._n - len(self._log._int32) // 4, 0) + len(self._tail)
+        kept = (len(self._log._b64) // 4 * 3 + 3) // 4  # ids the kept base64 reaches (the last may end in `rest`)
+        return max(self._n - kept, 0) + len(self._tail)

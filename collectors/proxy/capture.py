@@ -58,7 +58,7 @@ import numpy as np
 
 from collectors.errors import CollectorError
 from collectors.policy import Chunk, PolicyClient, Sample, StreamedSample
-from collectors.policy.token_ids import SLICE, TokenIds, drain
+from collectors.policy.token_ids import SLICE, TokenIds
 from collectors.proxy.appender import INLINE_BODY_BYTES, BatchAppender
 from collectors.proxy.chat import ChatError, ChatReply, ChatRequest, Message
 from collectors.proxy.extend import Extender
@@ -479,12 +479,9 @@ class Capture:
             rollout.closed = False
             raise
         rollout.status = status
-        logs = [slot.state.held.ids for slot in rollout.sessions.values() if slot.state.held is not None]
         for slot in rollout.sessions.values():
             slot.state.held = slot.state.answered = None  # keep the counts, free the tokens and messages
             slot.last_request = None
         rollout.last_bodies.clear()
-        long = [ids for ids in logs if len(ids) > LONG_TURN_IDS]  # millions of ids: freed a slice at a time
-        await self._sized(bool(long), lambda: [drain(ids) for ids in long])
         self.stats.rollouts_closed += 1
         return rollout.summary()

@@ -51,7 +51,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from collectors.policy.token_ids import TokenIds, TokenLog, drain
+from collectors.policy.token_ids import TokenIds, TokenLog
 from collectors.proxy.reconcile import Answered
 
 Encode = Callable[[str], list[int]]
@@ -205,7 +205,4 @@ def record_turn(state: SessionState, plan: TurnPlan, prompt: Prompt, output_ids:
         else:
             ids.extend(plan.prompt_ids)
     ids.extend(output_ids)
-    dropped = state.held.ids if state.held is not None and state.held.ids is not ids else None
     state.held = Held(prompt=prompt_pieces(prompt), sampled_text=sampled_text, ids=ids)
-    if dropped is not None:  # a new segment: the last one's ids are freed here, a slice at a time
-        drain(dropped)

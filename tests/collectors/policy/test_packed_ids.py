@@ -64,7 +64,7 @@ def test_an_id_past_int32_is_refused_and_leaves_the_log_packable() -> None:
 def test_long_logs_and_deltas_pack_a_slice_at_a_time_as_in_one_call() -> None:
     """Past `SLICE` ids (a huge prompt), the ids are packed and base64-encoded a slice at a time, so that no single
     call holds the GIL for the whole list; the text is the one-shot encoding, wherever the slices fall."""
-    from collectors.policy.token_ids import SLICE, drain
+    from collectors.policy.token_ids import SLICE
 
     rng = np.random.default_rng(0)
     first = rng.integers(0, 2**31 - 1, 2 * SLICE + 5).tolist()
@@ -74,9 +74,6 @@ def test_long_logs_and_deltas_pack_a_slice_at_a_time_as_in_one_call() -> None:
     assert PackedIds(log.view(delta)).quoted() == one_shot(first + delta)
     log.extend(delta)
     assert PackedIds(log.view([7])).quoted() == one_shot(first + delta + [7])
-    drain(log)  # a drained log keeps no packed form of the ids it let go
-    log.extend([1, 2])
-    assert PackedIds(log.view([3])).quoted() == one_shot([1, 2, 3])
 
 
 @settings(max_examples=200)
@@ -103,7 +100,7 @@ def test_a_log_grown_by_a_packed_tail_takes_its_bytes_and_stays_exact(
         plain += delta + output
         if check:  # else the packed form stays behind the log, and the next tail's bytes are not taken
             assert log.crc32(len(plain)) == zlib.crc32(np.array(plain, dtype="<i4").tobytes())
-        assert log.ids == plain and log.view().json() == orjson.dumps(plain)
+        assert log.ids.tolist() == plain and log.view().json() == orjson.dumps(plain)
     assert log.crc32(len(plain)) == zlib.crc32(np.array(plain, dtype="<i4").tobytes())
     if plain:
         assert PackedIds(log.view()).quoted() == one_shot(plain)

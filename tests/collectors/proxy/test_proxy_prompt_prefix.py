@@ -80,7 +80,7 @@ def test_a_segments_first_call_is_a_view_of_the_log_the_session_keeps() -> None:
     first_log = plan.full_ids.log  # type: ignore[attr-defined]
     assert list(plan.full_ids) == plan.prompt_ids == encode("hello")
     record_turn(state, plan, "hello", [1, 2], "\x01\x02")
-    assert state.held is not None and state.held.ids is first_log and first_log.ids == encode("hello") + [1, 2]
+    assert state.held is not None and state.held.ids is first_log and first_log.ids.tolist() == encode("hello") + [1, 2]
     nxt = plan_turn(state, "hello\x01\x02 more", encode, lambda: "other")
     assert nxt.full_ids.log is first_log and nxt.full_ids.logged == 7  # type: ignore[attr-defined]
     # a first call's view whose log was grown elsewhere is copied, not adopted
@@ -89,4 +89,4 @@ def test_a_segments_first_call_is_a_view_of_the_log_the_session_keeps() -> None:
     other = SessionState(name="t")
     record_turn(other, grown, "abc", [3], "\x03")
     assert other.held is not None and other.held.ids is not grown.full_ids.log  # type: ignore[attr-defined]
-    assert other.held.ids.ids == encode("abc") + [3] and isinstance(other.held.ids, TokenLog)
+    assert other.held.ids.ids.tolist() == encode("abc") + [3] and isinstance(other.held.ids, TokenLog)

@@ -196,15 +196,12 @@ def test_a_stored_call_grows_the_session_by_the_json_its_prompt_was_sent_with(mo
         assert grown == sent[:-1] + b"," + orjson.dumps(output)[1:]
 
 
-def test_a_new_segment_drains_the_last_ones_ids_unless_a_view_of_them_is_alive(monkeypatch) -> None:
-    monkeypatch.setattr(token_ids, "SLICE", 4)
+def test_a_new_segment_starts_a_new_log_and_a_view_of_the_last_one_stays_exact() -> None:
     state, new_id = SessionState("main"), ids_factory()
     call(state, "U:a long first prompt\\nA:", "yo" + END, new_id)
     first = state.held.ids
-    call(state, "U:another one\\nA:", "ok" + END, new_id)  # a fork: the first segment's ids are freed
-    assert first.ids == [] and state.segments == 2
-    second = state.held.ids
-    kept = second.view()  # e.g. a prompt still being sent
-    call(state, "U:a third\\nA:", "no" + END, new_id)
-    assert kept == encode("U:another one\\nA:") + [1000 + i for i in range(len("ok" + END))]
-    assert len(second.ids) == len(kept)
+    kept = first.view()  # e.g. a prompt still being sent
+    call(state, "U:another one\\nA:", "ok" + END, new_id)  # a fork: a new log
+    assert state.held.ids is not first and state.segments == 2
+    assert kept == encode("U:a long first prompt\\nA:") + [1000 + i for i in range(len("yo" + END))]
+    assert state.held.ids.ids.tolist() == encode("U:another one\\nA:") + [1000 + i for i in range(len("ok" + END))]
