@@ -130,6 +130,27 @@ def test_the_c_scan_names_what_the_cache_lacks_and_refuses_what_it_cannot_take()
         scan.encode("ab", {"ab": (1,)}, 1)
 
 
+@needs_c_scan
+def test_the_c_scans_table_of_recent_words_answers_as_the_word_cache_does(backends: dict[str, Tokenizer]) -> None:
+    """The table in front of the word cache (words found lately, looked up without making their strings) gives
+    the cache's own ids: when full of them, after the cache starts over (a word's ids never change), and for
+    another tokenizer's cache, which it starts over for."""
+    scan = ascii_bpe._ascii_words
+    fast, _ = AsciiBPE.of(backends["hermes"])
+    assert fast is not None
+    text = "def f(x):\n    return x + 1  # the same words again and again: " * 50
+    cold = fast.encode(text)
+    assert cold == whole(backends["hermes"], text) == fast.encode(text)  # the second from the table
+    fast._cache.clear()  # noqa: SLF001 - the dict starts over; the table still knows its words, rightly
+    assert scan.encode(text, fast._cache, 1)[0] == cold  # noqa: SLF001
+    scan.clear_front()
+    assert scan.encode(text, fast._cache, 1)[0] is None  # noqa: SLF001 - the dict alone lacks them now
+    mine, other = {"ab": [1], " cd": [2, 3]}, {"ab": [9], " cd": [8]}
+    assert scan.encode("ab cd", mine, 1) == ([1, 2, 3], [])
+    assert scan.encode("ab cd", other, 1) == ([9, 8], [])  # another cache: the table started over
+    assert scan.encode("ab cd", mine, 1) == ([1, 2, 3], [])
+
+
 def test_ids_are_right_while_the_word_cache_starts_over(backends: dict[str, Tokenizer],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A text of more distinct words than the cache holds: learning them clears the cache over and over."""
@@ -210,6 +231,8 @@ def test_a_difference_met_later_turns_the_path_off(
     text = "the weather in Paris"
     fast.encode(text)
     fast._cache[" Paris"] = [0]  # a wrong entry: only a verified call can find it
+    if ascii_bpe._ascii_words is not None:  # the C scan's table of recent words holds the right one: let it go
+        ascii_bpe._ascii_words.clear_front()
     fast.calls = 0
     answers = [fast.encode(text) for _ in range(VERIFY_EVERY)]
     assert answers[0] != whole(backend, text) and all(a == answers[0] for a in answers[:-1])
