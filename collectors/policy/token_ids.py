@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import base64
 import secrets
-import sys
 import struct
+import sys
 import threading
 import zlib
 from array import array

@@ -46,8 +46,8 @@ from aiohttp import web
 from collectors.policy import PolicyClient
 from collectors.proxy.chat import ChatError
 from collectors.proxy.protocol import KEY_PREFIX, split_key
-from collectors.serving import check_control
 from collectors.proxy.waits import percentile_ms
+from collectors.serving import check_control
 
 log = logging.getLogger(__name__)
 WORKER_KEY = re.compile(rf"^{re.escape(KEY_PREFIX)}w(\d+)g(\d+)-")
