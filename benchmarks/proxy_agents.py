@@ -339,8 +339,9 @@ def table_cpu(args: argparse.Namespace, loads: dict[int, Workload], upstream: st
         overall[context] = [1000 * r.proxy_cpu / r.turns for r in got]
         steady[context] = [1000 * r.steady_cpu / max(1, r.steady_turns) for r in got]
         waits = [sum(c) for c in zip(*(r.waits for r in got))]
+        first = statistics.median(1000 * r.first_cpu / args.cpu_sessions for r in got)  # ms a session's first call
         print(f"  {context:>8,} {loads[context].last_prompt_tokens:>11,} {loads[context].added_tokens:>10,.0f} {turns:>6} "
-              f"{spread(overall[context]):>20} {statistics.median(1000 * r.first_cpu / args.cpu_sessions for r in got):>11.1f} "
+              f"{spread(overall[context]):>20} {first:>11.1f} "
               f"{spread(steady[context]):>20} "
               f"{statistics.median(1000 * r.steady_kernel / max(1, r.steady_turns) for r in got):>8.2f} "
               f"{statistics.median(1000 * r.steady_upstream / max(1, r.steady_turns) for r in got):>8.2f} "

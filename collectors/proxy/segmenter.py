@@ -87,13 +87,9 @@ def prompt_pieces(prompt: Prompt) -> tuple[str, ...]:
 class Held:
     """What a segment holds after a call (see the module docstring)."""
 
-    prompt: tuple[str, ...] | str  # the last call's rendered prompt, as the pieces the calls added (a str: one)
+    prompt: tuple[str, ...]  # the last call's rendered prompt, as the pieces the calls added (`prompt_pieces`)
     sampled_text: str  # the text the model sampled after it (special tokens kept)
     ids: TokenLog  # prompt ids + sampled output ids, in order
-
-    def __post_init__(self) -> None:
-        if isinstance(self.prompt, str):
-            self.prompt = (self.prompt,)
 
     @property
     def prompt_text(self) -> str:

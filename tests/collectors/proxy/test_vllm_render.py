@@ -64,8 +64,8 @@ def test_token_boundary_finds_the_end_of_a_text_or_none() -> None:
 
 
 def test_a_continued_segment_sends_the_sampled_ids_and_vllms_own_ids_after_them() -> None:
-    state = SessionState("main", segment_id="s1", next_turn=1,
-                        held=Held(prompt="<s>", sampled_text="hello", ids=TokenLog([1, 2, 3])))  # sampled "he" + "llo"
+    state = SessionState("main", segment_id="s1", next_turn=1,  # sampled "he" + "llo"
+                         held=Held(prompt=("<s>",), sampled_text="hello", ids=TokenLog([1, 2, 3])))
     rendered = [1, 4, 5, 6, 7]  # vLLM re-tokenizes the reply as "hello"
     plan = plan_rendered(state, decode(rendered), rendered, decode, encode, lambda: "new")
     assert (plan.segment_id, plan.turn_index, plan.fork) == ("s1", 1, None)
@@ -73,14 +73,14 @@ def test_a_continued_segment_sends_the_sampled_ids_and_vllms_own_ids_after_them(
 
 
 def test_no_boundary_after_the_held_text_tokenizes_the_rest_here() -> None:
-    state = SessionState("main", segment_id="s1", next_turn=1, held=Held("<s>", "hel", TokenLog([1, 8])))
+    state = SessionState("main", segment_id="s1", next_turn=1, held=Held(("<s>",), "hel", TokenLog([1, 8])))
     rendered = [1, 4, 5]  # "hello" straddles the end of the held "hel"
     plan = plan_rendered(state, decode(rendered), rendered, decode, encode, lambda: "new")
     assert plan.fork is None and plan.prompt_ids == encode("lo</s>") and plan.full_ids == [1, 8, *encode("lo</s>")]
 
 
 def test_a_prompt_that_does_not_extend_the_held_text_forks_with_vllms_ids() -> None:
-    state = SessionState("main", segment_id="s1", next_turn=1, held=Held("<s>", "hello", TokenLog([1, 2, 3])))
+    state = SessionState("main", segment_id="s1", next_turn=1, held=Held(("<s>",), "hello", TokenLog([1, 2, 3])))
     drift = [1, 2, 6]  # the reply came back other than sampled ("he"), after the same prompt
     plan = plan_rendered(state, decode(drift), drift, decode, encode, lambda: "s2")
     assert (plan.segment_id, plan.turn_index, plan.fork, plan.previous_segment) == ("s2", 0, "template_drift", "s1")
