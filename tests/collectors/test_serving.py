@@ -118,6 +118,26 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(server: RunningServe
     assert r.status == 413 and "takes at most" in json.dumps(r.body)
 
 
+def test_a_chunked_body_over_the_limit_is_refused_as_it_streams_in(server: RunningServer) -> None:
+    """Without a Content-Length (chunked transfer encoding) the limit is found while reading: a 413 that says
+    so, and the server goes on serving."""
+    import http.client as client  # not bound as `http`: this module's `http` is the tests' helper
+    import urllib.parse
+
+    where = urllib.parse.urlsplit(server.url)
+    conn = client.HTTPConnection(where.hostname, where.port, timeout=60)
+    piece = b"x" * (1 << 20)
+    body = iter([b'{"prompt": "', *[piece] * (SERVER_MAX_BODY >> 20), b'"}'])  # the limit and 14 bytes: all sent
+    try:
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"},
+                     encode_chunked=True)
+        reply = conn.getresponse()
+        assert reply.status == 413 and b"this server's limit" in reply.read()
+    finally:
+        conn.close()
+    assert http.get(server.url + "/health").status == 200
+
+
 def test_health_answers_while_a_large_body_is_decoded(server: RunningServer, proxy: Harness,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The decode of a large body is held until /health has answered: on the event loop's thread that
